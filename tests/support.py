@@ -1,0 +1,86 @@
+"""Shared test helpers: segment GraphDefs from tf.functions, engines built from them, comparisons."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework import convert_to_constants
+
+from tftrt_py.convert.build import INPUT_PREFIX, OUTPUT_PREFIX, build_engine
+from tftrt_py.engine import BuilderConfig
+
+RNG = np.random.default_rng(1234)
+
+
+def random_array(shape, dtype="float32", low=-2.0, high=2.0, positive=False):
+    """Fresh random values, never zeros (magnitudes in [0.1, high])."""
+    if np.dtype(dtype).kind in "iu":
+        return RNG.integers(1, 10, size=shape).astype(dtype)
+    if np.dtype(dtype) == np.bool_:
+        return RNG.random(size=shape) > 0.5
+    mag = RNG.uniform(0.1, high, size=shape)
+    sign = 1.0 if positive else RNG.choice([-1.0, 1.0], size=shape)
+    return (mag * sign).astype(dtype)
+
+
+def frozen_graph_def(fn, specs):
+    """(GraphDef, input names, output refs) of `fn` traced with `specs`, variables frozen."""
+    concrete = tf.function(fn).get_concrete_function(*specs)
+    frozen = convert_to_constants.convert_variables_to_constants_v2(concrete)
+    graph_def = frozen.graph.as_graph_def()
+    inputs = [t.name.split(":")[0] for t in frozen.inputs]
+    outputs = [t.name for t in frozen.outputs]
+    return graph_def, inputs, outputs
+
+
+def segment_graph_def(fn, specs):
+    """A segment GraphDef (TensorRTInputPH_i / TensorRTOutputPH_i) made of everything `fn` computes."""
+    graph_def, inputs, outputs = frozen_graph_def(fn, specs)
+    renames = {name: f"{INPUT_PREFIX}{i}" for i, name in enumerate(inputs)}
+    out = graph_pb2.GraphDef()
+    for node in graph_def.node:
+        new = out.node.add()
+        new.CopyFrom(node)
+        new.name = renames.get(node.name, node.name)
+        del new.input[:]
+        for ref in node.input:
+            ctrl = ref.startswith("^")
+            name, sep, port = ref.lstrip("^").partition(":")
+            new.input.append(("^" if ctrl else "") + renames.get(name, name) + sep + port)
+    for i, ref in enumerate(outputs):
+        name, port = ref.split(":")
+        node = out.node.add(name=f"{OUTPUT_PREFIX}{i}", op="Identity", input=[f"{renames.get(name, name)}:{port}"])
+        node.attr["T"].type = graph_def_dtype(graph_def, name, int(port))
+    return out
+
+
+def graph_def_dtype(graph_def, name, port):
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return g.get_tensor_by_name(f"{name}:{port}").dtype.as_datatype_enum
+
+
+def run_engine(fn, inputs, precision="FP32"):
+    """Build an engine from `fn` for the shapes of `inputs`; returns (engine, outputs list)."""
+    specs = [tf.TensorSpec(np.shape(x), tf.as_dtype(np.asarray(x).dtype)) for x in inputs]
+    engine = build_engine(segment_graph_def(fn, specs), [np.shape(x) for x in inputs],
+                          config=BuilderConfig(precision=precision))
+    outs = engine.create_execution_context().execute_v2([np.asarray(x) for x in inputs])
+    return engine, outs
+
+
+def assert_converts(fn, inputs, rtol=1e-5, atol=1e-5, expect_kinds=()):
+    """`fn` built into an engine gives what TensorFlow gives, within rtol/atol; returns the engine."""
+    engine, outs = run_engine(fn, inputs)
+    expected = fn(*[tf.constant(x) for x in inputs])
+    expected = [np.asarray(e) for e in tf.nest.flatten(expected)]
+    assert len(outs) == len(expected)
+    for got, want in zip(outs, expected):
+        assert got.shape == want.shape, (got.shape, want.shape)
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    kinds = {layer.kind for layer in engine.network.layers}
+    for kind in expect_kinds:
+        assert kind in kinds, f"expected a {kind} layer, engine has {sorted(kinds)}"
+    return engine

@@ -1,0 +1,164 @@
+"""A read-only view over a TF GraphDef: nodes with decoded attributes, edges, dtypes and shapes.
+
+Tensor references are "node:port" strings; control inputs are kept apart. Output dtypes
+and static shapes come from importing the GraphDef into a ``tf.Graph`` once.
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
+
+__all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr"]
+
+Shape = Optional[Tuple[Optional[int], ...]]
+
+
+def split_ref(ref: str) -> Tuple[str, int]:
+    """'node:1' -> ('node', 1); 'node' -> ('node', 0)."""
+    name, _, port = ref.partition(":")
+    return name, int(port) if port else 0
+
+
+def tensor_ref(name: str, port: int = 0) -> str:
+    return f"{name}:{port}"
+
+
+def decode_attr(value: attr_value_pb2.AttrValue):
+    """AttrValue -> a plain Python value (lists, ints, floats, bytes, dtypes as names, shapes as tuples)."""
+    kind = value.WhichOneof("value")
+    if kind == "list":
+        lst = value.list
+        for field in ("s", "i", "f", "b", "type", "shape", "tensor", "func"):
+            items = getattr(lst, field)
+            if items:
+                return [decode_attr(_wrap(field, v)) for v in items]
+        return []
+    if kind == "type":
+        return tf.dtypes.as_dtype(value.type).name
+    if kind == "shape":
+        return _shape(value.shape)
+    if kind == "tensor":
+        return tf.make_ndarray(value.tensor)
+    if kind == "func":
+        return value.func.name
+    if kind is None:
+        return None
+    return getattr(value, kind)
+
+
+def _wrap(field, v):
+    a = attr_value_pb2.AttrValue()
+    if field in ("shape", "tensor", "func"):
+        getattr(a, field).CopyFrom(v)
+    else:
+        setattr(a, field, v)
+    return a
+
+
+def _shape(proto) -> Shape:
+    if proto.unknown_rank:
+        return None
+    return tuple(d.size if d.size >= 0 else None for d in proto.dim)
+
+
+class NodeView:
+    """One node: name, op, data inputs ("node:port"), control inputs and decoded attrs."""
+
+    def __init__(self, node_def):
+        self.def_ = node_def
+        self.name: str = node_def.name
+        self.op: str = node_def.op
+        self.device: str = node_def.device
+        refs = list(node_def.input)
+        self.inputs: List[str] = [tensor_ref(*split_ref(r)) for r in refs if not r.startswith("^")]
+        self.control_inputs: List[str] = [r[1:] for r in refs if r.startswith("^")]
+
+    @functools.cached_property
+    def attrs(self) -> Dict[str, object]:
+        return {k: decode_attr(v) for k, v in self.def_.attr.items()}
+
+    def attr(self, key: str, default=None):
+        return self.attrs.get(key, default)
+
+    def __repr__(self):
+        return f"<{self.op} {self.name!r}>"
+
+
+class GraphView:
+    """Nodes by name, consumers, and each tensor's dtype and static shape."""
+
+    def __init__(self, graph_def: graph_pb2.GraphDef):
+        self.graph_def = graph_def
+        self.nodes: Dict[str, NodeView] = {}
+        for n in graph_def.node:
+            self.nodes[n.name] = NodeView(n)
+
+    @functools.cached_property
+    def _tensor_info(self) -> Tuple[Dict[str, str], Dict[str, Shape], Dict[str, int]]:
+        """(dtypes, shapes, output counts) from TF's shape inference, computed on first use."""
+        dtypes, shapes, counts = {}, {}, {}
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.graph_util.import_graph_def(self.graph_def, name="")
+        for op in graph.get_operations():
+            counts[op.name] = len(op.outputs)
+            for i, t in enumerate(op.outputs):
+                ref = tensor_ref(op.name, i)
+                dtypes[ref] = t.dtype.base_dtype.name if t.dtype != tf.resource else "resource"
+                shapes[ref] = None if t.shape.rank is None else tuple(t.shape.as_list())
+        return dtypes, shapes, counts
+
+    # -- queries ----------------------------------------------------------
+    def dtype(self, ref: str) -> str:
+        return self._tensor_info[0][tensor_ref(*split_ref(ref))]
+
+    def shape(self, ref: str) -> Shape:
+        return self._tensor_info[1].get(tensor_ref(*split_ref(ref)))
+
+    def num_outputs(self, name: str) -> int:
+        return self._tensor_info[2].get(name, 0)
+
+    def producer(self, ref: str) -> NodeView:
+        return self.nodes[split_ref(ref)[0]]
+
+    def const_value(self, ref: str) -> Optional[np.ndarray]:
+        """The value of `ref` when its producer is a Const node, else None."""
+        node = self.producer(ref)
+        return node.attr("value") if node.op == "Const" else None
+
+    @functools.cached_property
+    def consumers(self) -> Dict[str, List[str]]:
+        """Node name -> names of nodes reading it (data or control), in graph order."""
+        users: Dict[str, List[str]] = {name: [] for name in self.nodes}
+        for node in self.nodes.values():
+            for ref in node.inputs:
+                users[split_ref(ref)[0]].append(node.name)
+            for name in node.control_inputs:
+                users[name].append(node.name)
+        return users
+
+    def topological_order(self) -> List[NodeView]:
+        """Nodes in a deterministic topological order (graph order breaks ties)."""
+        index = {name: i for i, name in enumerate(self.nodes)}
+        pending = {name: len(set(split_ref(r)[0] for r in n.inputs) | set(n.control_inputs))
+                   for name, n in self.nodes.items()}
+
+        ready = [index[name] for name, k in pending.items() if k == 0]
+        heapq.heapify(ready)
+        names = list(self.nodes)
+        order = []
+        while ready:
+            name = names[heapq.heappop(ready)]
+            order.append(self.nodes[name])
+            for user in dict.fromkeys(self.consumers[name]):
+                pending[user] -= 1
+                if pending[user] == 0:
+                    heapq.heappush(ready, index[user])
+        if len(order) != len(self.nodes):
+            raise ValueError("graph has a cycle (or an input names a missing node)")
+        return order

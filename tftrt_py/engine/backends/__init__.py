@@ -1,0 +1,37 @@
+"""Backends run layer kinds. ``numpy`` always works; ``cupy`` needs an NVIDIA GPU."""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from tftrt_py.engine.errors import BackendError
+
+__all__ = ["get_backend", "register_backend", "backend_names"]
+
+_FACTORIES: Dict[str, Callable[[], object]] = {}
+_INSTANCES: Dict[str, object] = {}
+
+
+def register_backend(name: str, factory: Callable[[], object]) -> None:
+    _FACTORIES[name] = factory
+
+
+def backend_names():
+    return sorted(_FACTORIES)
+
+
+def get_backend(name: str = "numpy"):
+    """The backend called `name`, created once per process."""
+    if name not in _INSTANCES:
+        if name not in _FACTORIES:
+            raise BackendError(f"unknown backend {name!r} (known: {', '.join(backend_names())})")
+        _INSTANCES[name] = _FACTORIES[name]()
+    return _INSTANCES[name]
+
+
+def _numpy():
+    from tftrt_py.engine.backends.numpy_backend import NumpyBackend
+
+    return NumpyBackend()
+
+
+register_backend("numpy", _numpy)

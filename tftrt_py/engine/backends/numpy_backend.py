@@ -1,0 +1,326 @@
+"""The reference backend: every layer kind in numpy, on the CPU.
+
+One short function per layer kind, registered in ``KERNELS``. Each takes the layer and
+its input arrays and returns the output arrays. Accumulation is in float32 (float64 for
+the few ops numpy would otherwise lose accuracy on), results cast to the layer's dtype.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tftrt_py.engine.errors import BackendError
+
+__all__ = ["NumpyBackend", "KERNELS"]
+
+KERNELS: Dict[str, Callable] = {}
+
+
+def kernel(kind: str):
+    def wrap(fn):
+        KERNELS[kind] = fn
+        return fn
+
+    return wrap
+
+
+def _erf(x):
+    """erf by Abramowitz & Stegun 7.1.26 in float64 (absolute error below 1.5e-7)."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (np.sign(x) * (1.0 - poly * np.exp(-z * z))).astype(x.dtype)
+
+
+def _gelu_erf(x):
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
+
+
+def _gelu_tanh(x):
+    c = np.asarray(np.sqrt(2.0 / np.pi), x.dtype)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x ** 3)))
+
+
+def _sigmoid(x):
+    return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+
+ACTIVATION_FNS = {
+    "relu": lambda x, a, b: np.maximum(x, 0),
+    "relu6": lambda x, a, b: np.clip(x, 0, 6),
+    "clip": lambda x, a, b: np.clip(x, a, b),
+    "leaky_relu": lambda x, a, b: np.where(x >= 0, x, x * np.asarray(a, x.dtype)),
+    "elu": lambda x, a, b: np.where(x > 0, x, np.asarray(a, x.dtype) * np.expm1(np.minimum(x, 0))),
+    "selu": lambda x, a, b: np.asarray(_SELU_SCALE, x.dtype) * np.where(
+        x > 0, x, np.asarray(_SELU_ALPHA, x.dtype) * np.expm1(np.minimum(x, 0))),
+    "sigmoid": lambda x, a, b: _sigmoid(x),
+    "tanh": lambda x, a, b: np.tanh(x),
+    "softplus": lambda x, a, b: np.logaddexp(x, np.zeros((), x.dtype)),
+    "softsign": lambda x, a, b: x / (1 + np.abs(x)),
+    "gelu_erf": lambda x, a, b: _gelu_erf(x),
+    "gelu_tanh": lambda x, a, b: _gelu_tanh(x),
+    "swish": lambda x, a, b: x * _sigmoid(x),
+    "hard_sigmoid": lambda x, a, b: np.clip(x * np.asarray(a, x.dtype) + np.asarray(b, x.dtype), 0, 1),
+}
+
+UNARY_FNS = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
+    "recip": lambda x: 1 / x, "abs": np.abs, "neg": np.negative, "sin": np.sin, "cos": np.cos,
+    "tan": np.tan, "sinh": np.sinh, "cosh": np.cosh, "asin": np.arcsin, "acos": np.arccos,
+    "atan": np.arctan, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "ceil": np.ceil, "floor": np.floor, "round": np.round, "sign": np.sign, "erf": _erf,
+    "square": np.square, "not": np.logical_not,
+}
+
+
+def _floor_div(a, b):
+    if np.issubdtype(a.dtype, np.integer):
+        return np.floor_divide(a, b)
+    return np.floor(a / b)
+
+
+ELEMENTWISE_FNS = {
+    "sum": np.add, "sub": np.subtract, "prod": np.multiply, "div": np.divide, "max": np.maximum,
+    "min": np.minimum, "pow": np.power, "floor_div": _floor_div, "floor_mod": np.mod,
+    "squared_difference": lambda a, b: np.square(a - b), "equal": np.equal, "greater": np.greater,
+    "greater_equal": np.greater_equal, "less": np.less, "less_equal": np.less_equal,
+    "not_equal": np.not_equal, "and": np.logical_and, "or": np.logical_or,
+}
+
+REDUCE_FNS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+def apply_activation(x, activation):
+    if not activation:
+        return x
+    return ACTIVATION_FNS[activation["type"]](x, activation.get("alpha"), activation.get("beta"))
+
+
+@kernel("Constant")
+def _constant(layer, inputs):
+    return [layer.weights["value"]]
+
+
+@kernel("Identity")
+def _identity(layer, inputs):
+    return [inputs[0].astype(layer.outputs[0].dtype, copy=False)]
+
+
+def _windows(x, window, strides, dilations, pre, post, pad_value=0.0):
+    """Sliding windows of a channels-last tensor: [N, *O, C, *K]."""
+    nsp = len(window)
+    pad = [(0, 0)] + [(a, b) for a, b in zip(pre, post)] + [(0, 0)]
+    if any(pre) or any(post):
+        x = np.pad(x, pad, constant_values=pad_value)
+    span = [d * (k - 1) + 1 for k, d in zip(window, dilations)]
+    win = sliding_window_view(x, span, axis=tuple(range(1, nsp + 1)))
+    index = (slice(None),) + tuple(slice(None, None, s) for s in strides) + (slice(None),)
+    index += tuple(slice(None, None, d) for d in dilations)
+    return win[index]
+
+
+@kernel("Convolution")
+def _convolution(layer, inputs):
+    x = inputs[0]
+    p, w = layer.params, layer.weights
+    k = w["kernel"]
+    nsp = k.ndim - 2
+    groups = p.get("groups", 1)
+    win = _windows(x, k.shape[:nsp], p["strides"], p["dilations"], p["pre_padding"], p["post_padding"])
+    sp = "abcd"[:nsp]
+    if groups == 1:
+        wk = np.moveaxis(k, nsp, 0)  # [C, *K, Cout]
+        out = np.tensordot(win, wk, axes=(list(range(nsp + 1, 2 * nsp + 2)), list(range(nsp + 1))))
+    else:
+        n, *o, c = win.shape[:nsp + 2]
+        cg = c // groups
+        win = win.reshape(n, *o, groups, cg, *k.shape[:nsp])
+        wk = k.reshape(*k.shape[:nsp], cg, groups, k.shape[-1] // groups)
+        osub = "hwz"[:nsp]
+        out = np.einsum(f"n{osub}gc{sp},{sp}cgm->n{osub}gm", win, wk, optimize=True)
+        out = out.reshape(n, *o, k.shape[-1])
+    if "bias" in w:
+        out = out + w["bias"]
+    if len(inputs) > 1:
+        out = out + inputs[1]
+    return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Deconvolution")
+def _deconvolution(layer, inputs):
+    """Transposed convolution as scatter-add of per-pixel kernel products, then crop."""
+    x = inputs[0]
+    p = layer.params
+    k = layer.weights["kernel"]  # [*K, Cout, Cin]
+    nsp = k.ndim - 2
+    strides, out_sp = p["strides"], p["output_spatial"]
+    prod = np.tensordot(x, k, axes=([x.ndim - 1], [k.ndim - 1]))  # [N, *S, *K, Cout]
+    full = [(s - 1) * st + kk for s, st, kk in zip(x.shape[1:-1], strides, k.shape[:nsp])]
+    acc = np.zeros((x.shape[0], *full, k.shape[-2]), dtype=np.float32)
+    for kidx in np.ndindex(*k.shape[:nsp]):
+        sl = (slice(None),) + tuple(slice(i, i + (s - 1) * st + 1, st)
+                                    for i, s, st in zip(kidx, x.shape[1:-1], strides))
+        acc[sl] += prod[(slice(None),) * (nsp + 1) + kidx]
+    crop = (slice(None),) + tuple(slice(b, b + o) for b, o in zip(p["pre_padding"], out_sp))
+    return [acc[crop].astype(layer.outputs[0].dtype)]
+
+
+@kernel("MatrixMultiply")
+def _matmul(layer, inputs):
+    a, b = inputs[:2]
+    p = layer.params
+    if p.get("transpose_a"):
+        a = np.swapaxes(a, -1, -2)
+    if p.get("transpose_b"):
+        b = np.swapaxes(b, -1, -2)
+    out = np.matmul(a, b)
+    if "bias" in layer.weights:
+        out = out + layer.weights["bias"]
+    return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("ElementWise")
+def _elementwise(layer, inputs):
+    a, b = inputs
+    return [np.asarray(ELEMENTWISE_FNS[layer.params["op"]](a, b)).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Select")
+def _select(layer, inputs):
+    return [np.where(*inputs).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Unary")
+def _unary(layer, inputs):
+    with np.errstate(all="ignore"):
+        out = UNARY_FNS[layer.params["op"]](inputs[0])
+    return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Activation")
+def _activation(layer, inputs):
+    with np.errstate(over="ignore"):
+        out = apply_activation(inputs[0], layer.params)
+    return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Scale")
+def _scale(layer, inputs):
+    x = inputs[0]
+    axis = layer.params.get("channel_axis", -1) % x.ndim
+    shape = [1] * x.ndim
+    shape[axis] = -1
+
+    def w(key):
+        v = layer.weights.get(key)
+        return None if v is None else v.reshape(shape if v.size > 1 else [])
+
+    out = x
+    scale, shift, power = w("scale"), w("shift"), w("power")
+    if scale is not None:
+        out = out * scale
+    if shift is not None:
+        out = out + shift
+    if power is not None:
+        out = out ** power
+    return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Pooling")
+def _pooling(layer, inputs):
+    x = inputs[0]
+    p = layer.params
+    nsp = len(p["window"])
+    ones = [1] * nsp
+    axes = tuple(range(-nsp, 0))
+    if p["type"] == "max":
+        win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"], -np.inf)
+        out = win.max(axis=axes)
+    else:
+        win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"])
+        out = win.sum(axis=axes, dtype=np.float32)
+        if p.get("count_include_pad", False):
+            out = out / float(np.prod(p["window"]))
+        else:
+            mask = np.ones((1, *x.shape[1:-1], 1), np.float32)
+            counts = _windows(mask, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"])
+            out = out / counts.sum(axis=axes)
+    return [out.astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Reduce")
+def _reduce(layer, inputs):
+    x = inputs[0]
+    axes = tuple(a % x.ndim for a in layer.params["axes"])
+    out = REDUCE_FNS[layer.params["op"]](x, axis=axes, keepdims=bool(layer.params.get("keep_dims")))
+    return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("ArgReduce")
+def _argreduce(layer, inputs):
+    fn = np.argmax if layer.params["op"] == "max" else np.argmin
+    return [fn(inputs[0], axis=layer.params["axis"]).astype(np.int32)]
+
+
+@kernel("Shuffle")
+def _shuffle(layer, inputs):
+    x = inputs[0]
+    p = layer.params
+    if p.get("first_perm") is not None:
+        x = np.transpose(x, p["first_perm"])
+    if p.get("reshape") is not None:
+        x = x.reshape(layer.outputs[0].shape if p.get("second_perm") is None else p["reshape"])
+    if p.get("second_perm") is not None:
+        x = np.transpose(x, p["second_perm"])
+    return [np.ascontiguousarray(x)]
+
+
+@kernel("Padding")
+def _padding(layer, inputs):
+    p = layer.params
+    pads = list(zip(p["pre"], p["post"]))
+    mode = p.get("mode", "constant")
+    if mode == "constant":
+        return [np.pad(inputs[0], pads, constant_values=p.get("value", 0))]
+    return [np.pad(inputs[0], pads, mode=mode)]
+
+
+@kernel("Concatenation")
+def _concat(layer, inputs):
+    return [np.concatenate(inputs, axis=layer.params["axis"])]
+
+
+@kernel("Slice")
+def _slice(layer, inputs):
+    p = layer.params
+    index = tuple(slice(s, s + (n - 1) * st + 1 if n else s, st) for s, n, st in zip(p["start"], p["size"], p["stride"]))
+    return [np.ascontiguousarray(inputs[0][index])]
+
+
+@kernel("Softmax")
+def _softmax(layer, inputs):
+    x = inputs[0]
+    axis = layer.params["axis"]
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return [(e / e.sum(axis=axis, keepdims=True)).astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Gather")
+def _gather(layer, inputs):
+    return [np.take(inputs[0], inputs[1], axis=layer.params["axis"])]
+
+
+class NumpyBackend:
+    """Runs layers with numpy on the host."""
+
+    name = "numpy"
+
+    def run_layer(self, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        fn = KERNELS.get(layer.kind)
+        if fn is None:
+            raise BackendError(f"don't know how to run layer kind {layer.kind!r} on backend 'numpy'")
+        return fn(layer, inputs)

@@ -1,0 +1,83 @@
+"""The builder: Network -> optimized Network -> Engine (serializable to a plan).
+
+The pipeline is a flat, named list of passes run to a fixed point; with
+``BuilderConfig.lint`` the network is checked between passes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, List, Optional, Tuple
+
+from tftrt_py.engine.builder import passes
+from tftrt_py.engine.errors import BuildError, EngineError
+
+__all__ = ["BuilderConfig", "Builder", "PIPELINE", "PRECISIONS"]
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("FP32", "FP16", "INT8")
+
+#: (name, pass) in the order they run; the whole list repeats until no pass changes anything.
+PIPELINE: List[Tuple[str, Callable]] = [
+    ("constant folding", passes.fold_constants),
+    ("dead-layer elimination", passes.eliminate_dead_layers),
+]
+
+MAX_ROUNDS = 50
+
+
+@dataclasses.dataclass
+class BuilderConfig:
+    """How to build: precision, workspace limit and target backend."""
+
+    precision: str = "FP32"
+    max_workspace_size: int = 1 << 30
+    backend: str = "numpy"
+    lint: bool = False
+
+    def __post_init__(self):
+        self.precision = self.precision.upper()
+        if self.precision not in PRECISIONS:
+            raise BuildError(f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+
+
+class Builder:
+    """Optimizes a network and packages it as an :class:`~tftrt_py.engine.runtime.Engine`."""
+
+    def __init__(self, config: Optional[BuilderConfig] = None):
+        self.config = config or BuilderConfig()
+
+    def optimize(self, network) -> None:
+        """Run the pass pipeline in place until it reaches a fixed point."""
+        for _ in range(MAX_ROUNDS):
+            changed = False
+            for name, pass_ in PIPELINE:
+                if pass_(network):
+                    changed = True
+                    logger.debug("pass %s changed %s", name, network.name)
+                    if self.config.lint:
+                        network.lint()
+            if not changed:
+                return
+        logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
+
+    def build_engine(self, network):
+        from tftrt_py.engine.runtime import Engine
+
+        if not network.outputs:
+            raise BuildError(f"network {network.name!r} has no outputs; mark at least one with mark_output()")
+        start = time.perf_counter()
+        try:
+            network.lint()
+            self.optimize(network)
+            for layer in network.layers:
+                layer.precision = self.config.precision if layer.kind != "Constant" else None
+        except EngineError as exc:
+            raise BuildError(f"building {network.name!r} failed: {exc}") from exc
+        engine = Engine(network, precision=self.config.precision, backend=self.config.backend,
+                        build_config=dataclasses.asdict(self.config))
+        logger.info("built engine %s: %d layers in %.3f s", network.name, len(network.layers),
+                    time.perf_counter() - start)
+        return engine

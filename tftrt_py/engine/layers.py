@@ -1,0 +1,344 @@
+"""Layer kinds: the few, general operations an engine is made of.
+
+Each kind registers a spec with two rules that do not depend on any backend:
+``infer(layer) -> [(dtype, shape), ...]`` and ``rowwise(layer, batched) -> bool``, which
+says whether output row i depends only on row i of the batched inputs (so an engine
+built for batch B can serve a smaller batch). Backends implement kinds, not TF ops.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.errors import NetworkError
+
+__all__ = ["register", "get", "kinds", "ELEMENTWISE_OPS", "UNARY_OPS", "ACTIVATIONS", "REDUCE_OPS",
+           "conv_output_size"]
+
+Info = Tuple[str, Tuple[int, ...]]
+
+
+class KindSpec:
+    def __init__(self, kind: str, infer: Callable, rowwise: Callable):
+        self.kind, self.infer, self.rowwise = kind, infer, rowwise
+
+
+_SPECS: Dict[str, KindSpec] = {}
+
+
+def register(kind: str, rowwise: Callable = None):
+    """Decorator registering the shape rule of a layer kind (and optionally its batch rule)."""
+
+    def wrap(infer):
+        if kind in _SPECS:
+            raise ValueError(f"layer kind {kind!r} registered twice")
+        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default)
+        return infer
+
+    return wrap
+
+
+def get(kind: str) -> KindSpec:
+    try:
+        return _SPECS[kind]
+    except KeyError:
+        raise NetworkError(f"unknown layer kind {kind!r} (known: {', '.join(sorted(_SPECS))})") from None
+
+
+def kinds() -> List[str]:
+    return sorted(_SPECS)
+
+
+# -- policy tables ------------------------------------------------------------
+#: ElementWise ops; comparisons produce bool.
+ELEMENTWISE_OPS = ("sum", "sub", "prod", "div", "max", "min", "pow", "floor_div", "floor_mod",
+                   "squared_difference", "equal", "greater", "greater_equal", "less", "less_equal",
+                   "not_equal", "and", "or")
+COMPARISONS = ("equal", "greater", "greater_equal", "less", "less_equal", "not_equal")
+UNARY_OPS = ("exp", "log", "sqrt", "rsqrt", "recip", "abs", "neg", "sin", "cos", "tan", "sinh", "cosh",
+             "asin", "acos", "atan", "asinh", "acosh", "atanh", "ceil", "floor", "round", "sign", "erf",
+             "square", "not")
+ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
+               "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid")
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+
+
+# -- helpers ------------------------------------------------------------------
+def _same_as_input(layer) -> List[Info]:
+    t = layer.inputs[0]
+    return [(t.dtype, t.shape)]
+
+
+def _rowwise_default(layer, batched: Sequence[bool]) -> bool:
+    """Shape-preserving kinds are row-wise when every unbatched operand broadcasts over axis 0."""
+    out_rank = layer.outputs[0].rank
+    for t, b in zip(layer.inputs, batched):
+        if not b and t.rank == out_rank and out_rank and t.shape[0] != 1:
+            return False
+    return True
+
+
+def broadcast_shape(*shapes: Sequence[int]) -> Tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise NetworkError(f"shapes {[list(s) for s in shapes]} do not broadcast") from None
+
+
+def conv_output_size(size: int, k: int, stride: int, dilation: int, pre: int, post: int) -> int:
+    out = (size + pre + post - dilation * (k - 1) - 1) // stride + 1
+    if out <= 0:
+        raise NetworkError(f"window {k} (dilation {dilation}) does not fit input size {size} with padding {pre}+{post}")
+    return out
+
+
+def _axes(layer, key: str = "axes") -> List[int]:
+    rank = layer.inputs[0].rank
+    axes = [a + rank if a < 0 else a for a in layer.params[key]]
+    if any(a < 0 or a >= rank for a in axes):
+        raise NetworkError(f"axes {layer.params[key]} out of range for rank {rank}")
+    return axes
+
+
+# -- kinds --------------------------------------------------------------------
+@register("Constant")
+def _constant(layer):
+    v = layer.weights["value"]
+    return [(v.dtype.name, v.shape)]
+
+
+@register("Identity")
+def _identity(layer):
+    t = layer.inputs[0]
+    return [(layer.params.get("dtype", t.dtype), t.shape)]
+
+
+def _conv_rowwise(layer, batched):
+    return batched[0] and all(batched[1:])
+
+
+@register("Convolution", rowwise=_conv_rowwise)
+def _convolution(layer):
+    """Channels-last N-d convolution: x [N, *S, C], kernel [*K, C/groups, Cout] -> [N, *O, Cout].
+
+    Optional: bias [Cout], a residual input (second input, same shape as the output) added
+    before the activation, and an ``activation`` dict (type, alpha, beta).
+    """
+    x = layer.inputs[0]
+    k = layer.weights["kernel"]
+    nsp = k.ndim - 2
+    p = layer.params
+    groups = p.get("groups", 1)
+    if x.rank != nsp + 2:
+        raise NetworkError(f"input rank {x.rank} does not match a {nsp}-d kernel")
+    if x.shape[-1] != k.shape[-2] * groups:
+        raise NetworkError(f"input channels {x.shape[-1]} != kernel in-channels {k.shape[-2]} x groups {groups}")
+    out = [conv_output_size(x.shape[1 + i], k.shape[i], p["strides"][i], p["dilations"][i],
+                            p["pre_padding"][i], p["post_padding"][i]) for i in range(nsp)]
+    shape = (x.shape[0], *out, k.shape[-1])
+    if len(layer.inputs) > 1 and layer.inputs[1].shape != shape:
+        raise NetworkError(f"residual shape {layer.inputs[1].shape} != convolution output {shape}")
+    return [(x.dtype, shape)]
+
+
+@register("Deconvolution", rowwise=_conv_rowwise)
+def _deconvolution(layer):
+    """Channels-last transposed convolution: kernel [*K, Cout, Cin]; params give the output spatial size."""
+    x = layer.inputs[0]
+    k = layer.weights["kernel"]
+    if x.shape[-1] != k.shape[-1]:
+        raise NetworkError(f"input channels {x.shape[-1]} != kernel in-channels {k.shape[-1]}")
+    return [(x.dtype, (x.shape[0], *layer.params["output_spatial"], k.shape[-2]))]
+
+
+def _matmul_rowwise(layer, batched):
+    a, b = layer.inputs[:2]
+    ba, bb = batched[:2]
+    if bb:
+        # Both batched: row-wise only as a batched matmul over a leading batch axis.
+        return ba and a.rank >= 3 and b.rank >= 3
+    return ba and not layer.params.get("transpose_a") or (ba and a.rank >= 3)
+
+
+@register("MatrixMultiply", rowwise=_matmul_rowwise)
+def _matmul(layer):
+    """np.matmul semantics with optional transposes of the last two axes; optional bias/activation."""
+    a, b = layer.inputs[:2]
+    if a.rank < 2 or b.rank < 2:
+        raise NetworkError("MatrixMultiply needs operands of rank >= 2")
+    sa, sb = list(a.shape), list(b.shape)
+    if layer.params.get("transpose_a"):
+        sa[-2], sa[-1] = sa[-1], sa[-2]
+    if layer.params.get("transpose_b"):
+        sb[-2], sb[-1] = sb[-1], sb[-2]
+    if sa[-1] != sb[-2]:
+        raise NetworkError(f"inner dims differ: {a.shape} x {b.shape}")
+    batch = broadcast_shape(sa[:-2], sb[:-2])
+    return [(a.dtype, (*batch, sa[-2], sb[-1]))]
+
+
+@register("ElementWise")
+def _elementwise(layer):
+    op = layer.params["op"]
+    if op not in ELEMENTWISE_OPS:
+        raise NetworkError(f"unknown ElementWise op {op!r}")
+    a, b = layer.inputs
+    dtype = "bool" if op in COMPARISONS else a.dtype
+    return [(dtype, broadcast_shape(a.shape, b.shape))]
+
+
+@register("Select")
+def _select(layer):
+    c, a, b = layer.inputs
+    return [(a.dtype, broadcast_shape(c.shape, a.shape, b.shape))]
+
+
+@register("Unary")
+def _unary(layer):
+    if layer.params["op"] not in UNARY_OPS:
+        raise NetworkError(f"unknown Unary op {layer.params['op']!r}")
+    return _same_as_input(layer)
+
+
+@register("Activation")
+def _activation(layer):
+    if layer.params["type"] not in ACTIVATIONS:
+        raise NetworkError(f"unknown activation {layer.params['type']!r}")
+    return _same_as_input(layer)
+
+
+@register("Scale", rowwise=lambda layer, batched: batched[0] and layer.params.get("channel_axis", -1) != 0)
+def _scale(layer):
+    """y = (x * scale + shift) ** power, each optional, per channel along ``channel_axis`` or uniform."""
+    x = layer.inputs[0]
+    axis = layer.params.get("channel_axis", -1) % x.rank
+    for key in ("scale", "shift", "power"):
+        w = layer.weights.get(key)
+        if w is not None and w.size not in (1, x.shape[axis]):
+            raise NetworkError(f"Scale {key} has {w.size} values for {x.shape[axis]} channels")
+    return _same_as_input(layer)
+
+
+def _pool_rowwise(layer, batched):
+    return batched[0]
+
+
+@register("Pooling", rowwise=_pool_rowwise)
+def _pooling(layer):
+    """Channels-last max/average pooling over the spatial axes of [N, *S, C]."""
+    x = layer.inputs[0]
+    p = layer.params
+    nsp = len(p["window"])
+    if x.rank != nsp + 2:
+        raise NetworkError(f"input rank {x.rank} does not match a {nsp}-d window")
+    out = [conv_output_size(x.shape[1 + i], p["window"][i], p["strides"][i], 1, p["pre_padding"][i],
+                            p["post_padding"][i]) for i in range(nsp)]
+    return [(x.dtype, (x.shape[0], *out, x.shape[-1]))]
+
+
+@register("Reduce", rowwise=lambda layer, batched: 0 not in _axes(layer))
+def _reduce(layer):
+    x = layer.inputs[0]
+    if layer.params["op"] not in REDUCE_OPS:
+        raise NetworkError(f"unknown Reduce op {layer.params['op']!r}")
+    axes = _axes(layer)
+    if layer.params.get("keep_dims"):
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return [(x.dtype, shape)]
+
+
+@register("ArgReduce", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0)
+def _argreduce(layer):
+    x = layer.inputs[0]
+    axis = layer.params["axis"] % x.rank
+    return [("int32", tuple(d for i, d in enumerate(x.shape) if i != axis))]
+
+
+def shuffle_shapes(shape: Sequence[int], params) -> Tuple[int, ...]:
+    """Shape after a Shuffle: first transpose, then reshape, then second transpose."""
+    shape = tuple(shape)
+    if params.get("first_perm") is not None:
+        shape = tuple(shape[i] for i in params["first_perm"])
+    if params.get("reshape") is not None:
+        dims = list(params["reshape"])
+        size = int(np.prod(shape))
+        if dims.count(-1) == 1:
+            known = int(np.prod([d for d in dims if d != -1]))
+            dims[dims.index(-1)] = size // known if known else 0
+        if int(np.prod(dims)) != size:
+            raise NetworkError(f"cannot reshape {list(shape)} to {params['reshape']}")
+        shape = tuple(dims)
+    if params.get("second_perm") is not None:
+        shape = tuple(shape[i] for i in params["second_perm"])
+    return shape
+
+
+def _shuffle_rowwise(layer, batched):
+    p, x = layer.params, layer.inputs[0]
+    first = p.get("first_perm")
+    if first is not None and first[0] != 0:
+        return False
+    if p.get("reshape") is not None:
+        mid = shuffle_shapes(x.shape, {"first_perm": first})
+        if not p["reshape"] or p["reshape"][0] != mid[0]:
+            return False
+    second = p.get("second_perm")
+    return second is None or second[0] == 0
+
+
+@register("Shuffle", rowwise=_shuffle_rowwise)
+def _shuffle(layer):
+    x = layer.inputs[0]
+    return [(x.dtype, shuffle_shapes(x.shape, layer.params))]
+
+
+@register("Padding", rowwise=lambda layer, batched: layer.params["pre"][0] == 0 and layer.params["post"][0] == 0)
+def _padding(layer):
+    x = layer.inputs[0]
+    pre, post = layer.params["pre"], layer.params["post"]
+    if len(pre) != x.rank or len(post) != x.rank:
+        raise NetworkError(f"padding needs {x.rank} entries")
+    return [(x.dtype, tuple(d + a + b for d, a, b in zip(x.shape, pre, post)))]
+
+
+def _concat_rowwise(layer, batched):
+    axis = layer.params["axis"] % layer.inputs[0].rank
+    return axis != 0 and all(batched)
+
+
+@register("Concatenation", rowwise=_concat_rowwise)
+def _concat(layer):
+    first = layer.inputs[0]
+    axis = layer.params["axis"] % first.rank
+    for t in layer.inputs[1:]:
+        if t.rank != first.rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
+            raise NetworkError(f"cannot concatenate {first.shape} and {t.shape} on axis {axis}")
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in layer.inputs)
+    return [(first.dtype, tuple(shape))]
+
+
+@register("Slice", rowwise=lambda layer, batched: (layer.params["start"][0] == 0 and layer.params["stride"][0] == 1
+                                                    and layer.params["size"][0] == layer.inputs[0].shape[0]))
+def _slice(layer):
+    x = layer.inputs[0]
+    p = layer.params
+    if not (len(p["start"]) == len(p["size"]) == len(p["stride"]) == x.rank):
+        raise NetworkError(f"Slice needs start/size/stride of rank {x.rank}")
+    return [(x.dtype, tuple(p["size"]))]
+
+
+@register("Softmax", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0)
+def _softmax(layer):
+    return _same_as_input(layer)
+
+
+@register("Gather", rowwise=lambda layer, batched: batched[0] and not batched[1]
+          and layer.params["axis"] % layer.inputs[0].rank != 0)
+def _gather(layer):
+    x, idx = layer.inputs
+    axis = layer.params["axis"] % x.rank
+    return [(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))]

@@ -1,0 +1,203 @@
+"""Running engines: Engine, ExecutionContext, Runtime and the Profiler hook (TensorRT-like names)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine.backends import get_backend
+from tftrt_py.engine.errors import RuntimeExecutionError
+from tftrt_py.engine.network import Network, Tensor
+
+__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler"]
+
+
+def rowwise(network: Network) -> bool:
+    """True when output row i depends only on input row i (so a smaller batch can be served)."""
+    batched = {t.name: True for t in network.inputs}
+    for layer in network.layers:
+        flags = [batched.get(t.name, False) for t in layer.inputs]
+        if not any(flags):
+            continue
+        if not layer_kinds.get(layer.kind).rowwise(layer, flags):
+            return False
+        for t in layer.outputs:
+            batched[t.name] = True
+    return all(batched.get(t.name, False) for t in network.outputs)
+
+
+class Profiler:
+    """Receives per-layer times in milliseconds (like TensorRT's IProfiler)."""
+
+    def __init__(self):
+        self.records: Dict[str, List[float]] = {}
+
+    def report_layer_time(self, layer_name: str, ms: float) -> None:
+        self.records.setdefault(layer_name, []).append(ms)
+
+
+class Engine:
+    """A built, runnable network: bindings, optimized layers, precision and build metadata."""
+
+    def __init__(self, network: Network, precision: str = "FP32", backend: str = "numpy",
+                 build_config: Optional[dict] = None, tactics: Optional[dict] = None,
+                 device: Optional[str] = None):
+        self.network = network
+        self.precision = precision
+        self.backend_name = backend
+        self.build_config = dict(build_config or {})
+        self.tactics = dict(tactics or {})
+        self.device = device or "cpu"
+        self.rowwise = rowwise(network)
+        self._last_use = self._compute_last_use()
+
+    # -- bindings ---------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.network.name
+
+    @property
+    def inputs(self) -> List[Tensor]:
+        return self.network.inputs
+
+    @property
+    def outputs(self) -> List[Tensor]:
+        return self.network.outputs
+
+    @property
+    def num_bindings(self) -> int:
+        return len(self.inputs) + len(self.outputs)
+
+    def get_binding_name(self, index: int) -> str:
+        return (self.inputs + self.outputs)[index].name
+
+    def binding_is_input(self, index: int) -> bool:
+        return index < len(self.inputs)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.inputs[0].shape[0] if self.inputs and self.inputs[0].rank else 1
+
+    def can_serve(self, shapes: Sequence[Tuple[int, ...]]) -> bool:
+        """Shapes equal the engine's, or (row-wise engines) one batch <= the engine's with equal other dims."""
+        shapes = [tuple(s) for s in shapes]
+        if len(shapes) != len(self.inputs):
+            return False
+        if all(s == t.shape for s, t in zip(shapes, self.inputs)):
+            return True
+        if not self.rowwise or len({s[0] if s else None for s in shapes}) != 1:
+            return False
+        return all(len(s) == t.rank and t.rank and s[1:] == t.shape[1:] and s[0] <= t.shape[0]
+                   for s, t in zip(shapes, self.inputs))
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(w.nbytes for layer in self.network.layers for w in layer.weights.values())
+
+    def _compute_last_use(self) -> Dict[str, int]:
+        last = {}
+        for i, layer in enumerate(self.network.layers):
+            for t in layer.inputs:
+                last[t.name] = i
+        for t in self.network.outputs:
+            last[t.name] = len(self.network.layers)
+        return last
+
+    # -- API --------------------------------------------------------------
+    def create_execution_context(self) -> "ExecutionContext":
+        return ExecutionContext(self)
+
+    def serialize(self) -> bytes:
+        from tftrt_py.engine import plan
+
+        return plan.serialize(self)
+
+    def inspect(self) -> List[dict]:
+        """The final layers: name, kind, precision, input and output shapes."""
+        return [{"name": l.name, "kind": l.kind, "precision": l.precision,
+                 "inputs": [list(t.shape) for t in l.inputs], "outputs": [list(t.shape) for t in l.outputs]}
+                for l in self.network.layers]
+
+
+class ExecutionContext:
+    """Runs one engine; each context may be used from one thread at a time."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.backend = get_backend(engine.backend_name)
+        self.profiler: Optional[Profiler] = None
+        self._lock = threading.Lock()
+
+    def _check_inputs(self, bindings: Mapping[str, np.ndarray]) -> Tuple[Dict[str, np.ndarray], int]:
+        eng = self.engine
+        missing = [t.name for t in eng.inputs if t.name not in bindings]
+        if missing:
+            raise RuntimeExecutionError(f"missing input bindings {missing}; engine inputs are "
+                                        f"{[t.name for t in eng.inputs]}")
+        values, batch = {}, None
+        for t in eng.inputs:
+            arr = np.asarray(bindings[t.name])
+            if arr.dtype.name != t.dtype:
+                raise RuntimeExecutionError(f"input {t.name!r} has dtype {arr.dtype.name}, the engine expects {t.dtype}")
+            values[t.name] = arr
+        shapes = [values[t.name].shape for t in eng.inputs]
+        if not eng.can_serve(shapes):
+            raise RuntimeExecutionError(
+                f"input shapes {[list(s) for s in shapes]} cannot be served by this engine, built for "
+                f"{[list(t.shape) for t in eng.inputs]}" + (" (batch <= engine batch allowed)" if eng.rowwise else ""))
+        if eng.inputs and eng.inputs[0].rank:
+            batch = shapes[0][0]
+            if batch < eng.max_batch_size:
+                values = {k: np.concatenate([v, np.repeat(v[-1:], eng.max_batch_size - batch, axis=0)])
+                          for k, v in values.items()}
+        return values, batch
+
+    def execute(self, bindings: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """Run the engine on input arrays keyed by binding name; returns outputs by binding name."""
+        with self._lock:
+            values, batch = self._check_inputs(bindings)
+            last_use = self.engine._last_use
+            for i, layer in enumerate(self.engine.network.layers):
+                args = [values[t.name] for t in layer.inputs]
+                start = time.perf_counter() if self.profiler else 0.0
+                try:
+                    results = self.backend.run_layer(layer, args)
+                except RuntimeExecutionError:
+                    raise
+                except Exception as exc:
+                    raise RuntimeExecutionError(f"layer {layer.name!r} ({layer.kind}) failed: {exc}") from exc
+                if self.profiler:
+                    self.profiler.report_layer_time(layer.name, (time.perf_counter() - start) * 1e3)
+                for t, r in zip(layer.outputs, results):
+                    values[t.name] = r
+                for t in layer.inputs:
+                    if last_use.get(t.name) == i:
+                        values.pop(t.name, None)
+            outs = {}
+            for i, t in enumerate(self.engine.outputs):
+                out = values[t.name]
+                if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
+                    out = out[:batch]
+                outs[t.name] = np.ascontiguousarray(out)
+            return outs
+
+    def execute_v2(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+        """Positional form of :meth:`execute`: inputs in binding order, outputs in binding order."""
+        outs = self.execute({t.name: a for t, a in zip(self.engine.inputs, inputs)})
+        return [outs[t.name] for t in self.engine.outputs]
+
+    def execute_async(self, bindings: Mapping[str, np.ndarray], stream=None) -> Dict[str, np.ndarray]:
+        """On the CPU backend this runs synchronously; `stream` is accepted for API compatibility."""
+        return self.execute(bindings)
+
+
+class Runtime:
+    """Deserializes plans into engines."""
+
+    def deserialize_cuda_engine(self, data: bytes) -> Engine:
+        from tftrt_py.engine import plan
+
+        return plan.deserialize(data)
