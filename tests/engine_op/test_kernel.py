@@ -1,0 +1,330 @@
+"""The TRTEngineOp kernel (kernel.cc) and its loader, with the dispatcher faked."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import function_pb2, node_def_pb2
+
+from tftrt_py.engine_op import dispatcher, library
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return library.load()
+
+
+class FakeDispatcher:
+    """Records create/run/release calls; run's answer comes from `self.respond`."""
+
+    def __init__(self):
+        self.created, self.runs, self.released = [], [], []
+        self.respond = lambda handle, inputs, assets: None
+        self.lock = threading.Lock()
+
+    def create(self, node_def, function_def):
+        with self.lock:
+            self.created.append((node_def, function_def))
+            return 100 + len(self.created)
+
+    def run(self, handle, inputs, assets):
+        with self.lock:
+            self.runs.append((handle, inputs, assets))
+        return self.respond(handle, inputs, assets)
+
+    def release(self, handle):
+        self.released.append(handle)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeDispatcher()
+    for name in ("create", "run", "release"):
+        monkeypatch.setattr(dispatcher, name, getattr(f, name), raising=False)
+    return f
+
+
+def as_array(item):
+    """An input tuple from the kernel as an ndarray (a view on the tensor's buffer)."""
+    dtype, shape, view = item
+    return np.frombuffer(view, dtype=dtype).reshape(shape)
+
+
+def segment(fn, *specs):
+    """A concrete function usable as segment_func."""
+    return tf.function(fn).get_concrete_function(*specs)
+
+
+def test_outputs_come_from_run(ops, fake):
+    outs = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7, -8, 9], np.int32),
+            np.float32(3.5)]
+    fake.respond = lambda h, inputs, assets: outs
+
+    @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.float32), tf.TensorSpec([4], tf.int32)])
+    def f(x, n):
+        return ops.trt_engine_op([x, n], [], OutT=[tf.float32, tf.int32, tf.float32],
+                                 output_shapes=[[2, 3], [None], []])
+
+    static = f.get_concrete_function().structured_outputs
+    assert [t.shape.as_list() for t in static] == [[2, 3], [None], []]
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    n = np.array([1, 2, 3, 4], np.int32)
+    got = f(x, n)
+    for g, want in zip(got, outs):
+        assert g.dtype.as_numpy_dtype == want.dtype
+        np.testing.assert_array_equal(g.numpy(), want)
+
+    (handle, inputs, assets), = fake.runs
+    assert handle == 101 and assets == []
+    assert [(d, s) for d, s, _ in inputs] == [("float32", (2, 3)), ("int32", (4,))]
+    assert all(isinstance(v, memoryview) and v.readonly for _, _, v in inputs)
+    np.testing.assert_array_equal(as_array(inputs[0]), x)
+    np.testing.assert_array_equal(as_array(inputs[1]), n)
+
+
+def test_inputs_outlive_the_call_and_assets_are_bytes(ops, fake):
+    """Memoryviews kept by Python stay valid after run() returns (they own the tensor buffer)."""
+    fake.respond = lambda h, inputs, assets: [as_array(inputs[0]) + 1]
+    dtypes = [tf.float16, tf.int8, tf.bool]
+
+    @tf.function
+    def f(x, a, b, c):
+        return ops.trt_engine_op([x, a, b], [c, tf.constant([b"p2", b"p3"])], OutT=[tf.float16])
+
+    x = np.linspace(0, 1, 12, dtype=np.float16).reshape(3, 4)
+    a, b = np.array([-3, 4], np.int8), np.array([[True, False]])
+    out, = f(x, a, b, tf.constant(b"p1"))
+    np.testing.assert_array_equal(out.numpy(), x + 1)
+    del out
+    _, inputs, assets = fake.runs[0]
+    assert [d for d, _, _ in inputs] == [t.name for t in dtypes]
+    assert assets == [b"p1", b"p2", b"p3"]
+    for item, want in zip(inputs, [x, a, b]):
+        np.testing.assert_array_equal(as_array(item), want)
+    with pytest.raises(TypeError):
+        as_array(inputs[0])[0, 0] = 1  # read-only
+
+
+def test_none_runs_the_native_segment(ops, fake):
+    seg = segment(lambda x, n: (x * 2 + 1, n * 3),
+                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32)])
+    def f(x, n):
+        return ops.trt_engine_op([x, n], [tf.constant(b"engine.plan")], OutT=[tf.float32, tf.int32],
+                                 segment_func=seg)
+
+    for size in (3, 5):  # the instantiated function handle is reused
+        x = np.arange(size, dtype=np.float32)
+        y, m = f(x, np.arange(size, dtype=np.int32))
+        np.testing.assert_array_equal(y.numpy(), x * 2 + 1)
+        np.testing.assert_array_equal(m.numpy(), np.arange(size) * 3)
+    assert len(fake.runs) == 2 and fake.runs[0][2] == [b"engine.plan"]
+
+
+def test_none_without_segment_func_fails(ops, fake):
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32], name="lonely")
+
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="TRTEngineOp lonely: no engine can serve this input and the native "
+                             "segment is unavailable"):
+        f(tf.ones([2]))
+
+
+@pytest.mark.parametrize("exc, error", [(ValueError, tf.errors.InvalidArgumentError),
+                                        (RuntimeError, tf.errors.InternalError)])
+def test_run_raising_fails_with_its_message(ops, fake, exc, error):
+    def boom(h, inputs, assets):
+        raise exc("engine exploded")
+    fake.respond = boom
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32], name="engine7")
+
+    with pytest.raises(error, match=f"TRTEngineOp engine7: {exc.__name__}: engine exploded"):
+        f(tf.ones([2]))
+
+
+@pytest.mark.parametrize("result, message", [
+    ([np.zeros(2, np.float32)], "returned 1 outputs; expected 2"),
+    ([np.zeros(2, np.float64), np.zeros(2, np.int32)], "output 0 of dispatcher.run has dtype float64; "
+                                                        "expected float32"),
+    ([np.zeros(2, np.float32), np.zeros(2, np.int64)], "output 1 of dispatcher.run has dtype int64; "
+                                                        "expected int32"),
+    ([np.zeros(2, np.float32), np.zeros(2, np.uint32)], "output 1 .* has dtype uint32; expected int32"),
+    ([np.zeros((4, 4), np.float32)[:, ::2], np.zeros(2, np.int32)], "output 0 .* not a C-contiguous float32"),
+    ([np.zeros(3, np.float32), np.zeros(2, np.int32)], r"output 0 .* has shape \[3\], not compatible with "
+                                                       r"output_shapes\[0\] = \[2\]"),
+    ([b"ab", np.zeros(2, np.int32)], "output 0 .* has dtype uint8; expected float32"),
+    ([object(), np.zeros(2, np.int32)], "output 0 .*object.* is not a C-contiguous float32"),
+    (3, "must return a list of arrays or None, got int"),
+])
+def test_wrong_results_give_clear_errors(ops, fake, result, message):
+    fake.respond = lambda h, inputs, assets: result
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32, tf.int32], output_shapes=[[2], [None]])
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        f(tf.ones([2]))
+
+
+def test_create_gets_node_and_function_defs(ops, fake):
+    seg = segment(lambda x: x * 2 + 1, tf.TensorSpec([None], tf.float32))
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32], segment_func=seg, precision_mode="FP16",
+                                 input_shapes=[[None]], serialized_segment=b"\x00seg", name="TRTEngineOp_000")
+
+    np.testing.assert_array_equal(f(tf.ones([3]))[0].numpy(), [3, 3, 3])
+    (node_bytes, function_bytes), = fake.created  # one kernel, built once
+    node = node_def_pb2.NodeDef.FromString(node_bytes)
+    assert node.op == "TRTEngineOp" and node.name == "TRTEngineOp_000"
+    assert node.attr["precision_mode"].s == b"FP16"
+    assert node.attr["serialized_segment"].s == b"\x00seg"
+    assert node.attr["segment_func"].func.name == seg.name
+    assert node.attr["input_shapes"].list.shape[0].dim[0].size == -1
+    function = function_pb2.FunctionDef.FromString(function_bytes)
+    assert function.signature.name == seg.name
+    assert {h for h, _, _ in fake.runs} == {101}
+
+
+def test_create_without_segment_func_gets_empty_bytes(ops, fake):
+    fake.respond = lambda h, inputs, assets: [np.float32(1)]
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32])
+
+    f(tf.ones([1]))
+    assert fake.created[0][1] == b""
+
+
+def test_create_raising_fails_the_call(ops, fake, monkeypatch):
+    def create(node_def, function_def):
+        raise KeyError("no such engine")
+    monkeypatch.setattr(dispatcher, "create", create)
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32])
+
+    with pytest.raises(tf.errors.InternalError, match="dispatcher.create failed: KeyError: 'no such engine'"):
+        f(tf.ones([1]))
+
+
+def test_release_when_the_function_goes(ops, fake):
+    import gc
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32])
+
+    fake.respond = lambda h, inputs, assets: [np.zeros(1, np.float32)]
+    f(tf.ones([1]))
+    del f
+    gc.collect()
+    assert fake.released == [101]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_concurrent_calls(ops, fake, native):
+    def respond(h, inputs, assets):
+        time.sleep(0.005)  # let the threads overlap
+        return None if native else [as_array(inputs[0]) * 2 + 1]
+    fake.respond = respond
+    seg = segment(lambda x: x * 2 + 1, tf.TensorSpec([None], tf.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32], segment_func=seg)
+
+    errors = []
+
+    def worker(k):
+        try:
+            for i in range(20):
+                x = np.full(k + i + 1, float(k * 100 + i), np.float32)
+                np.testing.assert_array_equal(f(x)[0].numpy(), x * 2 + 1)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(fake.runs) == 80
+
+
+def test_saved_model_round_trip(ops, fake, tmp_path):
+    seg = segment(lambda x: x * 2 + 1, tf.TensorSpec([None], tf.float32))
+    module = tf.Module()
+    module.f = tf.function(lambda x: ops.trt_engine_op([x], [], OutT=[tf.float32], segment_func=seg,
+                                                       output_shapes=[[None]]),
+                           input_signature=[tf.TensorSpec([None], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    out = loaded.f(tf.constant([1.0, 2.0]))
+    np.testing.assert_array_equal(out[0].numpy(), [3.0, 5.0])
+    assert fake.created and fake.created[-1][1]  # the segment FunctionDef came along
+
+
+# --- the loader ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """Counts real compiles."""
+    calls = []
+    real = library._compile
+
+    def spy(path):
+        calls.append(path)
+        real(path)
+    monkeypatch.setattr(library, "_compile", spy)
+    return calls
+
+
+def test_build_is_cached_per_cache_dir(monkeypatch, tmp_path, compiles):
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "a"))
+    path = library.build()
+    assert path.is_file() and path.is_relative_to(tmp_path / "a")
+    assert path.parent.name.startswith(tf.__version__ + "-")
+    assert library.build() == path and len(compiles) == 1  # cached
+    assert [p.name for p in path.parent.iterdir()] == [library.LIBRARY_NAME]  # no temp files left
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "b"))
+    monkeypatch.setattr(library, "_compile", lambda p: compiles.append(p))  # a fake compile this time
+    library.build()
+    assert len(compiles) == 2 and compiles[1].is_relative_to(tmp_path / "b")
+
+
+def test_load_is_memoized(ops, compiles):
+    assert library.load() is ops and library.trt_engine_op.__doc__
+    assert compiles == []
+
+
+def test_missing_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(library.OpLibraryError, match=r"\$CXX .*no-such-g\+\+.* not found.*(g\+\+|CXX)"):
+        library.build()
+
+
+def test_compile_failure_shows_the_compiler_output(monkeypatch, tmp_path):
+    cxx = tmp_path / "bad-cxx"
+    cxx.write_text("#!/bin/sh\necho 'kernel.cc:1: error: something broke' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(cxx))
+    with pytest.raises(library.OpLibraryError, match="(?s)failed.*error: something broke"):
+        library.build()
+    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))  # temp file removed

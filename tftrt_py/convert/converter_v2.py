@@ -1,0 +1,171 @@
+"""TrtGraphConverterV2: TF2 SavedModel -> converted SavedModel (TF-TRT's API)."""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import Optional
+
+import tensorflow as tf
+from tensorflow.python.saved_model import signature_constants, tag_constants
+from tensorflow.python.trackable import autotrackable
+
+from tftrt_py.convert import graph_io, summary as summary_lib
+from tftrt_py.convert.graph import GraphView
+from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
+                                     canonical_precision, check_conversion_params)
+from tftrt_py.convert.rewrite import ENGINE_OP, EngineOpAttrs, rewrite
+from tftrt_py.engine_op import dispatcher, library
+from tftrt_py.engine_op.cache import pack_plans
+from tftrt_py.segmenter import segment_graph
+
+__all__ = ["TrtGraphConverterV2"]
+
+logger = logging.getLogger(__name__)
+
+
+def _convert_to_tensors(inp):
+    """(args, kwargs) for one input_fn item: a dict, a list/tuple, or a single array."""
+    try:
+        if isinstance(inp, dict):
+            return [], {k: tf.convert_to_tensor(v) for k, v in inp.items()}
+        if isinstance(inp, (list, tuple)):
+            return [tf.convert_to_tensor(v) for v in inp], {}
+        return [tf.convert_to_tensor(inp)], {}
+    except (TypeError, ValueError) as exc:
+        raise RuntimeError(f"Failed to convert input to tensor: {exc}") from exc
+
+
+class TrtGraphConverterV2:
+    """Converts a TF2 SavedModel signature so its supported subgraphs run in tftrt_py engines."""
+
+    def __init__(self, input_saved_model_dir=None, input_saved_model_tags=None, input_saved_model_signature_key=None,
+                 use_dynamic_shape=None, dynamic_shape_profile_strategy=None,
+                 max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, precision_mode=TrtPrecisionMode.FP32,
+                 minimum_segment_size=3, maximum_cached_engines=1, use_calibration=True, allow_build_at_runtime=True,
+                 conversion_params: Optional[TrtConversionParams] = None):
+        if not tf.executing_eagerly():
+            raise RuntimeError("TrtGraphConverterV2 needs eager execution (TF2 behaviour); use TrtGraphConverter "
+                               "in tf.compat.v1 graph mode")
+        if use_dynamic_shape or dynamic_shape_profile_strategy is not None:
+            raise ValueError("use_dynamic_shape and dynamic_shape_profile_strategy are not supported by this "
+                             "version of tftrt_py; engines are built per input shape (dynamic mode)")
+        if conversion_params is None:
+            conversion_params = TrtConversionParams(
+                max_workspace_size_bytes=max_workspace_size_bytes, precision_mode=precision_mode,
+                minimum_segment_size=minimum_segment_size, maximum_cached_engines=maximum_cached_engines,
+                use_calibration=use_calibration, allow_build_at_runtime=allow_build_at_runtime)
+        check_conversion_params(conversion_params)
+        self._conversion_params = conversion_params
+        self._input_saved_model_dir = input_saved_model_dir
+        self._input_saved_model_tags = input_saved_model_tags or [tag_constants.SERVING]
+        self._input_saved_model_signature_key = (input_saved_model_signature_key
+                                                 or signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
+        precision = canonical_precision(conversion_params.precision_mode)
+        self._need_calibration = precision == TrtPrecisionMode.INT8 and conversion_params.use_calibration
+        self._converted = False
+        self._build_called_once = False
+        self._converted_func = None
+        self._converted_graph_def = None
+        self._report = None
+
+    # -- convert --------------------------------------------------------------
+    def convert(self, calibration_input_fn=None):
+        """Segment the signature and insert engine ops; returns the converted ConcreteFunction."""
+        assert not self._converted, "convert() was already called"
+        if self._need_calibration and not calibration_input_fn:
+            raise ValueError("Should specify calibration_input_fn because INT8 calibration is needed")
+        if not self._need_calibration and calibration_input_fn:
+            raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
+        if self._need_calibration:
+            raise NotImplementedError("INT8 calibration is not implemented in this version of tftrt_py; use "
+                                      "precision_mode='FP32' or 'FP16'")
+        library.load()
+        self._saved_model, self._func = graph_io.load_signature(
+            self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
+        frozen = graph_io.freeze(self._func)
+        self._input_names = [t.name for t in frozen.inputs]
+        output_names = [t.name for t in frozen.outputs]
+        graph_def = graph_io.optimize(frozen.graph.as_graph_def(), frozen.graph, self._input_names + output_names)
+        view = GraphView(graph_def)
+        params = self._conversion_params
+        result = segment_graph(graph_def, minimum_segment_size=params.minimum_segment_size, fetches=output_names)
+        self._report = result.report
+        attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
+                              max_cached_engines_count=params.maximum_cached_engines,
+                              workspace_size_bytes=params.max_workspace_size_bytes,
+                              use_calibration=params.use_calibration)
+        converted, fetch_map = rewrite(graph_def, view, result.segments, attrs, fetches=output_names)
+        self._output_names = [fetch_map[n] for n in output_names]
+        self._converted_graph_def = converted
+        self._converted_func = graph_io.function_from_graph_def(self._func, converted, self._input_names,
+                                                                self._output_names)
+        self._converted = True
+        logger.info("converted %s: %d engine op(s)", self._input_saved_model_dir, len(result.segments))
+        return self._converted_func
+
+    # -- build ----------------------------------------------------------------
+    def build(self, input_fn):
+        """Run the converted function on input_fn's inputs so engines get built for those shapes."""
+        if self._build_called_once:
+            raise NotImplementedError("build() is already called. It is not supported to call build() more "
+                                      "than once.")
+        if not input_fn:
+            raise RuntimeError("input_fn is None. Method build() needs input_fn to be specified in order to "
+                               "build TensorRT engines")
+        if not self._converted:
+            raise RuntimeError("Need to call convert() before build()")
+        for inp in input_fn():
+            args, kwargs = _convert_to_tensors(inp)
+            self._converted_func(*args, **kwargs)
+        self._build_called_once = True
+
+    # -- save -----------------------------------------------------------------
+    def _engine_nodes(self):
+        return [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
+
+    def save(self, output_saved_model_dir, save_gpu_specific_engines=True, options=None):
+        """Save the converted signature as a SavedModel, with the engines built so far as assets."""
+        if not self._converted:
+            raise RuntimeError("Need to call convert() before save()")
+        graph_def = type(self._converted_graph_def)()
+        graph_def.CopyFrom(self._converted_graph_def)
+        root = autotrackable.AutoTrackable()
+        assets, captures = [], {}
+        asset_dir = tempfile.mkdtemp(prefix="tftrt_engines_")
+        for node in graph_def.node:
+            if node.op != ENGINE_OP:
+                continue
+            node.attr["allow_build_at_runtime"].b = bool(self._conversion_params.allow_build_at_runtime)
+            op = dispatcher.find(node.attr["segment_key"].s.decode())
+            plans = [e.serialize() for e in op.engines()] if (op and save_gpu_specific_engines) else []
+            if not plans:
+                continue
+            path = os.path.join(asset_dir, f"{node.name}.engines")
+            with open(path, "wb") as f:
+                f.write(pack_plans(plans))
+            asset = tf.saved_model.Asset(path)
+            assets.append(asset)
+            placeholder = graph_def.node.add(name=f"{node.name}/engine_assets", op="Placeholder")
+            placeholder.attr["dtype"].type = tf.string.as_datatype_enum
+            placeholder.attr["shape"].shape.SetInParent()
+            node.input.insert(len(node.attr["InT"].list.type), f"{placeholder.name}:0")
+            node.attr["Tassets"].list.type.append(tf.string.as_datatype_enum)
+            captures[placeholder.name] = asset.asset_path
+            logger.info("saving %d engine(s) of %s", len(plans), node.name)
+        root.tftrt_engine_assets = assets
+        func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
+                                                captures)
+        tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},
+                            options=options)
+
+    # -- summary --------------------------------------------------------------
+    def summary(self, line_length=160, detailed=True, print_fn=None):
+        """Print each engine (device, node count, I/O dtypes and shapes, op histogram), totals and the
+        non-conversion report."""
+        if not self._converted:
+            raise RuntimeError(f"Impossible to call `{type(self).__name__}.summary()` before calling "
+                               f"{type(self).__name__}.convert()`.")
+        if line_length < 160:
+            raise ValueError(f"Invalid `line_length` value has been received: {line_length}. Minimum: 160.")
+        summary_lib.print_summary(self._converted_graph_def, self._report, line_length, detailed, print_fn or print)

@@ -1,0 +1,54 @@
+"""Conversion parameters, precision modes and their validation (TF-TRT's names and defaults)."""
+from __future__ import annotations
+
+import collections
+
+__all__ = ["TrtPrecisionMode", "TrtConversionParams", "DEFAULT_TRT_CONVERSION_PARAMS",
+           "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "check_conversion_params", "canonical_precision"]
+
+DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES = 1 << 30
+
+
+class TrtPrecisionMode:
+    FP32 = "FP32"
+    FP16 = "FP16"
+    INT8 = "INT8"
+
+    @staticmethod
+    def supported_precision_modes():
+        precisions = [TrtPrecisionMode.FP32, TrtPrecisionMode.FP16, TrtPrecisionMode.INT8]
+        return precisions + [p.lower() for p in precisions]
+
+
+class TrtConversionParams(collections.namedtuple("TrtConversionParams", [
+        "max_workspace_size_bytes", "precision_mode", "minimum_segment_size", "maximum_cached_engines",
+        "use_calibration", "allow_build_at_runtime"])):
+    """Parameters of a conversion (see TF-TRT's TrtConversionParams for each field's meaning)."""
+
+    def __new__(cls, max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES,
+                precision_mode=TrtPrecisionMode.FP32, minimum_segment_size=3, maximum_cached_engines=1,
+                use_calibration=True, allow_build_at_runtime=True):
+        return super().__new__(cls, max_workspace_size_bytes, precision_mode, minimum_segment_size,
+                               maximum_cached_engines, use_calibration, allow_build_at_runtime)
+
+
+DEFAULT_TRT_CONVERSION_PARAMS = TrtConversionParams()
+
+
+def canonical_precision(mode: str) -> str:
+    return str(mode).upper()
+
+
+def check_conversion_params(params: TrtConversionParams) -> None:
+    """Raise TF-TRT's errors for invalid values."""
+    supported = TrtPrecisionMode.supported_precision_modes()
+    if params.precision_mode not in supported:
+        raise ValueError(f"precision mode '{params.precision_mode}' is not supported."
+                         f"It should be one of {supported}")
+    if params.minimum_segment_size <= 0 and params.minimum_segment_size != -1:
+        raise ValueError("minimum segment size should be positive or -1 (to disable main graph conversion).")
+    if not isinstance(params.maximum_cached_engines, int) or params.maximum_cached_engines < 1:
+        raise ValueError(f"maximum_cached_engines should be a positive integer, got {params.maximum_cached_engines!r}")
+    if not isinstance(params.max_workspace_size_bytes, int) or params.max_workspace_size_bytes <= 0:
+        raise ValueError(f"max_workspace_size_bytes should be a positive integer, got "
+                         f"{params.max_workspace_size_bytes!r}")

@@ -1,0 +1,147 @@
+"""Replace each segment by a TRTEngineOp node; keep the segment as <name>_native_segment."""
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_shape_pb2
+from tensorflow.python.framework import graph_to_function_def
+
+from tftrt_py.convert.build import INPUT_PREFIX, OUTPUT_PREFIX
+from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
+
+__all__ = ["ENGINE_OP", "EngineOpAttrs", "engine_name", "native_segment_name", "rewrite", "native_segment_function"]
+
+ENGINE_OP = "TRTEngineOp"
+
+
+def engine_name(graph_index: int, index: int) -> str:
+    return f"{ENGINE_OP}_{graph_index:03d}_{index:03d}"
+
+
+def native_segment_name(engine: str) -> str:
+    return f"{engine}_native_segment"
+
+
+@dataclasses.dataclass
+class EngineOpAttrs:
+    """The conversion-wide attributes every engine op gets."""
+
+    precision_mode: str = "FP32"
+    max_cached_engines_count: int = 1
+    workspace_size_bytes: int = 1 << 30
+    use_calibration: bool = True
+    allow_build_at_runtime: bool = True
+    static_engine: bool = False
+    max_batch_size: int = 1
+    use_function_backup: bool = True
+
+
+def native_segment_function(segment_graph_def, name: str):
+    """FunctionDef `name` whose args are the TensorRTInputPH_i and results the TensorRTOutputPH_i."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(segment_graph_def, name="")
+    ops = graph.get_operations()
+    by_index = lambda prefix: sorted((op for op in ops if op.name.startswith(prefix)),
+                                     key=lambda op: int(op.name.rsplit("_", 1)[1]))
+    inputs = [op.outputs[0] for op in by_index(INPUT_PREFIX)]
+    outputs = [op.outputs[0] for op in by_index(OUTPUT_PREFIX)]
+    body = [op for op in ops if op.type != "Placeholder" or not op.name.startswith(INPUT_PREFIX)]
+    fdef = graph_to_function_def.graph_to_function_def(graph, body, inputs, outputs,
+                                                       out_names=[t.op.name for t in outputs])
+    fdef.signature.name = name
+    return fdef
+
+
+def _shape_proto(shape) -> tensor_shape_pb2.TensorShapeProto:
+    return tf.TensorShape(None if shape is None else list(shape)).as_proto()
+
+
+def _engine_node(name: str, segment, view: GraphView, attrs: EngineOpAttrs, func_name: str):
+    node = node_def_pb2.NodeDef(name=name, op=ENGINE_OP)
+    node.input.extend(segment.inputs)
+    node.input.extend(f"^{c}" for c in segment.control_inputs)
+    a = node.attr
+    for key, refs in (("InT", segment.inputs), ("OutT", segment.outputs), ("Tassets", ())):
+        a[key].list.SetInParent()
+        a[key].list.type.extend(tf.as_dtype(view.dtype(r)).as_datatype_enum for r in refs)
+    for key, refs in (("input_shapes", segment.inputs), ("output_shapes", segment.outputs)):
+        a[key].list.SetInParent()
+        a[key].list.shape.extend(_shape_proto(view.shape(r)) for r in refs)
+    if attrs.use_function_backup:
+        a["segment_func"].func.name = func_name
+    else:
+        a["segment_func"].func.SetInParent()
+    a["serialized_segment"].s = b""
+    a["calibration_data"].s = b""
+    a["precision_mode"].s = attrs.precision_mode.encode()
+    a["max_cached_engines_count"].i = attrs.max_cached_engines_count
+    a["workspace_size_bytes"].i = attrs.workspace_size_bytes
+    a["max_batch_size"].i = attrs.max_batch_size
+    a["use_calibration"].b = attrs.use_calibration
+    a["static_engine"].b = attrs.static_engine
+    a["allow_build_at_runtime"].b = attrs.allow_build_at_runtime
+    a["segment_key"].s = uuid.uuid4().hex.encode()
+    return node
+
+
+def rewrite(graph_def, view: GraphView, segments: Sequence, attrs: EngineOpAttrs, fetches: Sequence[str] = (),
+            graph_index: int = 0) -> Tuple[graph_pb2.GraphDef, Dict[str, str]]:
+    """The GraphDef with every segment replaced by an engine op, and the renamed fetches.
+
+    Consumers of a segment output read the engine op's output instead; control edges
+    into and out of members move to the engine op; Consts only the segments read go.
+    """
+    refmap: Dict[str, str] = {}
+    owner: Dict[str, str] = {}
+    engines: List = []
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    for i, seg in enumerate(segments):
+        name = engine_name(graph_index, i)
+        fname = native_segment_name(name)
+        out.library.function.add().CopyFrom(native_segment_function(seg.graph_def(view), fname))
+        engines.append(_engine_node(name, seg, view, attrs, fname))
+        refmap.update({ref: tensor_ref(name, k) for k, ref in enumerate(seg.outputs)})
+        owner.update({member: name for member in seg.nodes})
+
+    def remap(ref: str) -> str:
+        if ref.startswith("^"):
+            return "^" + owner.get(ref[1:], ref[1:])
+        return refmap.get(tensor_ref(*split_ref(ref)), ref)
+
+    def copy_inputs(node, inputs, self_name):
+        mapped = [remap(r) for r in inputs]
+        seen, result = set(), []
+        for r in mapped:
+            if r.startswith("^") and (r in seen or r[1:] == self_name):
+                continue
+            seen.add(r)
+            result.append(r)
+        del node.input[:]
+        node.input.extend(result)
+
+    for node in graph_def.node:
+        if node.name in owner:
+            continue
+        new = out.node.add()
+        new.CopyFrom(node)
+        copy_inputs(new, node.input, node.name)
+    for node in engines:
+        new = out.node.add()
+        new.CopyFrom(node)
+        copy_inputs(new, node.input, node.name)
+    _drop_unused_consts(out, {c for seg in segments for c in seg.const_nodes}, fetches)
+    return out, {f: remap(f) for f in fetches}
+
+
+def _drop_unused_consts(graph_def, candidates, fetches) -> None:
+    used = {split_ref(r.lstrip("^"))[0] for n in graph_def.node for r in n.input}
+    used |= {split_ref(f)[0] for f in fetches}
+    keep = [n for n in graph_def.node if n.name not in candidates or n.name in used]
+    del graph_def.node[:]
+    graph_def.node.extend(keep)

@@ -1,0 +1,92 @@
+"""The per-op engine cache: LRU over input shapes, failed builds remembered without a slot.
+
+Also the engine-cache file saved as a SavedModel asset: several plans in one file.
+"""
+from __future__ import annotations
+
+import collections
+import struct
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from tftrt_py.engine.errors import PlanError
+
+__all__ = ["EngineCache", "pack_plans", "unpack_plans"]
+
+Key = Tuple[Tuple[int, ...], ...]
+
+
+class EngineCache:
+    """Engines keyed by input shapes; the least recently used goes when a build finds it full."""
+
+    def __init__(self, capacity: int):
+        self.capacity = max(1, int(capacity))
+        self._entries: "collections.OrderedDict[Key, object]" = collections.OrderedDict()
+        self.failed: Dict[Key, str] = {}
+
+    def __len__(self):
+        return len(self._entries)
+
+    def engines(self) -> List[object]:
+        return list(self._entries.values())
+
+    def keys(self) -> List[Key]:
+        return list(self._entries)
+
+    def lookup(self, shapes: Key) -> Optional[Key]:
+        """The key of the engine serving `shapes`: an exact match, else the smallest engine that can."""
+        if shapes not in self._entries:
+            fits = [k for k, e in self._entries.items() if e.can_serve(shapes)]
+            if not fits:
+                return None
+            shapes = min(fits, key=lambda k: (sum(_numel(s) for s in k), k))
+        self._entries.move_to_end(shapes)
+        return shapes
+
+    def insert(self, key: Key, engine) -> Optional[Key]:
+        """Add an engine; returns the key evicted to make room, if any."""
+        evicted = None
+        if key not in self._entries and len(self._entries) >= self.capacity:
+            evicted, _ = self._entries.popitem(last=False)
+        self._entries[key] = engine
+        self._entries.move_to_end(key)
+        return evicted
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_MAGIC = b"TFTRTENG"
+_HEAD = struct.Struct("<8sII")
+_LEN = struct.Struct("<Q")
+_VERSION = 1
+
+
+def pack_plans(plans: Sequence[bytes]) -> bytes:
+    """One file holding several plans (an engine op's cache)."""
+    body = [_HEAD.pack(_MAGIC, _VERSION, len(plans))]
+    for plan in plans:
+        body += [_LEN.pack(len(plan)), plan]
+    return b"".join(body)
+
+
+def unpack_plans(data: bytes) -> List[bytes]:
+    if len(data) < _HEAD.size:
+        raise PlanError("engine cache file is truncated")
+    magic, version, count = _HEAD.unpack_from(data)
+    if magic != _MAGIC or version != _VERSION:
+        raise PlanError(f"not a tftrt_py engine cache file (magic {magic!r}, version {version})")
+    plans, pos = [], _HEAD.size
+    for _ in range(count):
+        if pos + _LEN.size > len(data):
+            raise PlanError("engine cache file is truncated")
+        (n,) = _LEN.unpack_from(data, pos)
+        pos += _LEN.size
+        if pos + n > len(data):
+            raise PlanError("engine cache file is truncated")
+        plans.append(data[pos:pos + n])
+        pos += n
+    return plans

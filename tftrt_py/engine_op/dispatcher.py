@@ -1,0 +1,247 @@
+"""The Python side of the TRTEngineOp kernel: engine cache, builds and native fallback.
+
+The C++ kernel (kernel.cc) calls three functions of this module, looked up by name on
+every call:
+
+- ``create(node_def: bytes, function_def: bytes) -> int`` when a kernel is constructed;
+- ``run(handle, inputs, assets) -> list[np.ndarray] | None`` per execution, where inputs
+  is a list of ``(dtype name, shape tuple, memoryview)`` and assets the ``engine_assets``
+  strings as bytes; None asks the kernel to run the native segment function;
+- ``release(handle)`` when the kernel is destroyed.
+
+Kernels of the same segment (same ``segment_key``) share one :class:`EngineOp`, so a
+model loaded twice, or a function instantiated twice, builds each engine once.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tftrt_py.engine import BuilderConfig, EngineError, Runtime
+from tftrt_py.engine_op.cache import EngineCache, unpack_plans
+
+__all__ = ["create", "run", "release", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
+           "NativeFallbackForbidden"]
+
+logger = logging.getLogger(__name__)
+
+#: TF-TRT's switch: "0"/"false" forbids running the native segment (then it is an error).
+FALLBACK_ENV = "TF_TRT_ALLOW_ENGINE_NATIVE_SEGMENT_EXECUTION"
+
+
+class NativeFallbackForbidden(RuntimeError):
+    pass
+
+
+def native_fallback_allowed() -> bool:
+    return os.environ.get(FALLBACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters of one engine op, readable through :func:`stats`."""
+
+    hits: int = 0
+    builds: int = 0
+    build_failures: int = 0
+    evictions: int = 0
+    engine_runs: int = 0
+    fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["fallbacks"] = dict(self.fallbacks)
+        d["fallback_total"] = sum(self.fallbacks.values())
+        return d
+
+
+class EngineOp:
+    """State shared by every kernel of one segment: engine cache, stats, the segment graph.
+
+    Per-kernel settings (allow_build_at_runtime) stay with the kernel's handle.
+    """
+
+    def __init__(self, node_def, function_def: bytes):
+        from tftrt_py.convert.graph import NodeView
+
+        node = NodeView(node_def)
+        self.name = node.name
+        self.segment_key = node.attr("segment_key") or node.name
+        self.precision = node.attr("precision_mode", b"FP32").decode().upper()
+        self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
+        self.workspace = int(node.attr("workspace_size_bytes") or 1 << 30)
+        self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
+        self.stats = Stats()
+        self._function_def = function_def
+        self._segment_graph = None
+        self._contexts: Dict[tuple, object] = {}
+        self._lock = threading.RLock()
+        self._loaded_assets: set = set()
+        self._logged: set = set()
+        static = node.attr("serialized_segment") or b""
+        if static:
+            self.add_plan(static, source="serialized_segment")
+
+    # -- engines ------------------------------------------------------------
+    def add_plan(self, plan: bytes, source: str) -> None:
+        """Put a serialized engine into the cache (a bad plan is logged and skipped)."""
+        try:
+            engine = Runtime().deserialize_cuda_engine(plan)
+        except EngineError as exc:
+            logger.warning("%s: ignoring engine from %s: %s", self.name, source, exc)
+            return
+        with self._lock:
+            self._insert(tuple(t.shape for t in engine.inputs), engine)
+
+    def _insert(self, key, engine) -> None:
+        evicted = self.cache.insert(key, engine)
+        self._contexts[key] = engine.create_execution_context()
+        if evicted is not None:
+            self._contexts.pop(evicted, None)
+            self.stats.evictions += 1
+
+    def load_assets(self, assets: Sequence[bytes]) -> None:
+        for path in assets:
+            path = path.decode() if isinstance(path, bytes) else str(path)
+            if path in self._loaded_assets:
+                continue
+            self._loaded_assets.add(path)
+            try:
+                with open(path, "rb") as f:
+                    plans = unpack_plans(f.read())
+            except (OSError, EngineError) as exc:
+                logger.warning("%s: cannot read saved engines %s: %s", self.name, path, exc)
+                continue
+            for plan in plans:
+                self.add_plan(plan, source=path)
+            logger.info("%s: restored %d engine(s) from %s", self.name, len(plans), path)
+
+    def segment_graph(self):
+        """The segment GraphDef, from the native segment FunctionDef."""
+        if self._segment_graph is None:
+            from tensorflow.core.framework import function_pb2
+            from tensorflow.python.framework import function_def_to_graph
+
+            if not self._function_def:
+                raise EngineError("the native segment function is unavailable, so no engine can be built")
+            fdef = function_pb2.FunctionDef.FromString(self._function_def)
+            self._segment_graph, _ = function_def_to_graph.function_def_to_graph_def(fdef)
+        return self._segment_graph
+
+    def build(self, shapes):
+        """Build and cache an engine for `shapes`; its cache key, or None (remembered) when the build fails."""
+        from tftrt_py.convert.build import build_engine
+
+        try:
+            engine = build_engine(self.segment_graph(), list(shapes), name=self.name,
+                                  config=BuilderConfig(precision=self.precision,
+                                                       max_workspace_size=self.workspace))
+        except Exception as exc:  # any failure means: remember it and run the native segment
+            self.cache.failed[shapes] = f"{type(exc).__name__}: {exc}"
+            self.stats.build_failures += 1
+            return None
+        self.stats.builds += 1
+        self._insert(shapes, engine)
+        return shapes
+
+    def engines(self) -> List[object]:
+        with self._lock:
+            return self.cache.engines()
+
+    # -- execution ----------------------------------------------------------
+    def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True
+            ) -> Optional[List[np.ndarray]]:
+        """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively."""
+        if assets:
+            self.load_assets(assets)
+        shapes = tuple(tuple(a.shape) for a in arrays)
+        with self._lock:
+            key = self.cache.lookup(shapes)
+            if key is not None:
+                self.stats.hits += 1
+            elif shapes in self.cache.failed:
+                return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
+                                                     f"{self.cache.failed[shapes]}")
+            elif not allow_build:
+                return self.fallback("no_engine", f"no engine serves input shapes {list(shapes)} and "
+                                                  f"allow_build_at_runtime is False")
+            else:
+                key = self.build(shapes)
+                if key is None:
+                    return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
+                                                         f"{self.cache.failed[shapes]}")
+            context = self._contexts[key]
+        try:
+            outs = context.execute_v2(arrays)
+        except Exception as exc:
+            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}")
+        self.stats.engine_runs += 1
+        return [np.ascontiguousarray(o, dtype=dt) for o, dt in zip(outs, self.out_dtypes)]
+
+    def fallback(self, reason: str, detail: str) -> None:
+        """Count and log (once per reason) a native-segment run; raise when fallback is forbidden."""
+        self.stats.fallbacks[reason] += 1
+        if not native_fallback_allowed():
+            raise NativeFallbackForbidden(f"TRTEngineOp {self.name}: {detail}; running the native segment is "
+                                          f"forbidden by {FALLBACK_ENV}=0")
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("TRTEngineOp %s runs its native segment: %s", self.name, detail)
+        return None
+
+
+_OPS: Dict[str, EngineOp] = {}
+_HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
+_COUNTER = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def create(node_def: bytes, function_def: bytes) -> int:
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef.FromString(node_def)
+    key = node.attr["segment_key"].s.decode() or node.name
+    with _LOCK:
+        op = _OPS.get(key)
+        if op is None:
+            op = _OPS[key] = EngineOp(node, function_def)
+        elif function_def and not op._function_def:
+            op._function_def = function_def
+        handle = next(_COUNTER)
+        _HANDLES[handle] = (op, node.attr["allow_build_at_runtime"].b if "allow_build_at_runtime" in node.attr
+                            else True)
+    return handle
+
+
+def run(handle: int, inputs, assets) -> Optional[List[np.ndarray]]:
+    op, allow_build = _HANDLES[handle]
+    arrays = [np.frombuffer(buf, dtype=dtype).reshape(shape) for dtype, shape, buf in inputs]
+    return op.run(arrays, assets, allow_build)
+
+
+def release(handle: int) -> None:
+    with _LOCK:
+        _HANDLES.pop(handle, None)
+
+
+def engine_ops() -> Dict[str, EngineOp]:
+    """Every engine op seen in this process, by segment key."""
+    with _LOCK:
+        return dict(_OPS)
+
+
+def find(segment_key: str) -> Optional[EngineOp]:
+    with _LOCK:
+        return _OPS.get(segment_key)
+
+
+def stats() -> Dict[str, dict]:
+    """Counters (hits, builds, build failures, evictions, engine runs, fallbacks) by engine op name."""
+    return {op.name: dict(op.stats.as_dict(), engines=len(op.cache)) for op in engine_ops().values()}

@@ -1,0 +1,534 @@
+// TRTEngineOp for tftrt_py: a TensorFlow op whose kernel hands its inputs to
+// Python (tftrt_py.engine_op.dispatcher) and, when no engine serves them, runs
+// the native segment function instead.
+//
+// Python protocol (functions looked up by name on every call):
+//   dispatcher.create(node_def: bytes, function_def: bytes) -> int
+//   dispatcher.run(handle: int, inputs: list[(dtype name, shape, memoryview)],
+//                  assets: list[bytes]) -> list of buffers | None
+//   dispatcher.release(handle: int)
+//
+// GIL rules: TF calls kernels without the GIL (the Python caller released it),
+// so every Python call takes it with PyGILState_Ensure. It is never held while
+// waiting on TensorFlow: it is released before the native segment runs and
+// before done() is called.
+
+#include <Python.h>  // first, as Python asks
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
+
+namespace tftrt_py {
+namespace {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeVector;
+using ::tensorflow::FunctionLibraryRuntime;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+constexpr char kDispatcherModule[] = "tftrt_py.engine_op.dispatcher";
+
+// ---------------------------------------------------------------------------
+// Python helpers. All of them need the GIL held by the caller.
+
+// Holds the GIL for its scope (reentrant: fine on a thread that has it).
+class Gil {
+ public:
+  Gil() : state_(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state_); }
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
+// Owned reference; Py_XDECREF on scope exit (GIL must still be held then).
+struct PyDecRef {
+  void operator()(PyObject* o) const { Py_XDECREF(o); }
+};
+using PyRef = std::unique_ptr<PyObject, PyDecRef>;
+
+std::string PyStr(PyObject* o) {
+  if (o == nullptr) return "";
+  PyRef s(PyObject_Str(o));
+  if (!s) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  const char* utf8 = PyUnicode_AsUTF8(s.get());
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  return utf8;
+}
+
+// Turns the pending Python exception into a Status (clearing it):
+// ValueError/TypeError -> InvalidArgument, anything else -> Internal.
+absl::Status StatusFromPyErr(const std::string& prefix) {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  if (type == nullptr) return errors::Internal(prefix, "unknown Python error");
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyRef t(type), v(value), b(tb);
+  std::string name = reinterpret_cast<PyTypeObject*>(type)->tp_name;
+  std::string msg = absl::StrCat(prefix, name, ": ", PyStr(value));
+  if (PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
+      PyErr_GivenExceptionMatches(type, PyExc_TypeError)) {
+    return errors::InvalidArgument(msg);
+  }
+  return errors::Internal(msg);
+}
+
+// dispatcher.<name>(args...), imported and looked up at each call so tests
+// (and a reloaded module) take effect. Returns a new reference or nullptr
+// with a Python exception set.
+template <typename... Args>
+PyObject* CallDispatcher(const char* name, Args... args) {
+  PyRef module(PyImport_ImportModule(kDispatcherModule));
+  if (!module) return nullptr;
+  PyRef fn(PyObject_GetAttrString(module.get(), name));
+  if (!fn) return nullptr;
+  return PyObject_CallFunctionObjArgs(fn.get(), args..., nullptr);
+}
+
+// A Python object that owns a reference to a Tensor's buffer and exports it
+// read-only through the buffer protocol. The memoryviews handed to run() are
+// made from it, so they stay valid however long Python keeps them (a bare
+// PyMemoryView_FromMemory would dangle once the kernel call ends). Zero copy.
+struct TensorHolder {
+  PyObject_HEAD
+  Tensor* tensor;  // a copy sharing the buffer (refcounted), deleted in dealloc
+};
+
+int TensorHolderGetBuffer(PyObject* self, Py_buffer* view, int flags) {
+  static char empty = 0;
+  auto data = reinterpret_cast<TensorHolder*>(self)->tensor->tensor_data();
+  void* ptr = data.empty() ? &empty : const_cast<char*>(data.data());
+  return PyBuffer_FillInfo(view, self, ptr, data.size(), /*readonly=*/1, flags);
+}
+
+void TensorHolderDealloc(PyObject* self) {
+  delete reinterpret_cast<TensorHolder*>(self)->tensor;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyTypeObject* TensorHolderType() {
+  // Initialised once, on first use (under the GIL; C++ statics are also
+  // thread-safe). Never freed: types live as long as the interpreter.
+  static PyBufferProcs procs = {TensorHolderGetBuffer, nullptr};
+  static PyTypeObject* type = []() -> PyTypeObject* {
+    static PyTypeObject t = {PyVarObject_HEAD_INIT(nullptr, 0)};
+    t.tp_name = "tftrt_py.engine_op.TensorBuffer";
+    t.tp_basicsize = sizeof(TensorHolder);
+    t.tp_flags = Py_TPFLAGS_DEFAULT;
+    t.tp_doc = "A TensorFlow tensor's buffer, read-only.";
+    t.tp_dealloc = TensorHolderDealloc;
+    t.tp_as_buffer = &procs;
+    return PyType_Ready(&t) == 0 ? &t : nullptr;
+  }();
+  if (type == nullptr && !PyErr_Occurred()) {
+    PyErr_SetString(PyExc_RuntimeError, "TensorBuffer type is unusable");
+  }
+  return type;
+}
+
+// A read-only memoryview over `t`'s bytes (format 'B', 1-D), new reference.
+PyObject* ReadOnlyView(const Tensor& t) {
+  PyTypeObject* type = TensorHolderType();
+  if (type == nullptr) return nullptr;
+  auto* holder = PyObject_New(TensorHolder, type);
+  if (holder == nullptr) return nullptr;
+  holder->tensor = new Tensor(t);
+  PyRef owner(reinterpret_cast<PyObject*>(holder));
+  return PyMemoryView_FromObject(owner.get());  // keeps `owner` alive
+}
+
+// ---------------------------------------------------------------------------
+// dtype helpers.
+
+const char* NumpyName(DataType dt) {
+  switch (dt) {
+    case tensorflow::DT_FLOAT: return "float32";
+    case tensorflow::DT_HALF: return "float16";
+    case tensorflow::DT_INT32: return "int32";
+    case tensorflow::DT_INT8: return "int8";
+    case tensorflow::DT_BOOL: return "bool";
+    default: return nullptr;
+  }
+}
+
+// A struct-module format char's family: 'f' float, 'i' signed, 'u' unsigned,
+// 'b' bool, 0 other.
+char FormatFamily(char c) {
+  if (std::strchr("efd", c)) return 'f';
+  if (std::strchr("bhilqn", c)) return 'i';
+  if (std::strchr("BHILQN", c)) return 'u';
+  if (c == '?') return 'b';
+  return 0;
+}
+
+std::string BufferDtypeName(const Py_buffer& b, const std::string& fmt) {
+  if (fmt.size() == 1) {
+    const std::string bits = std::to_string(8 * b.itemsize);
+    switch (FormatFamily(fmt[0])) {
+      case 'f': return "float" + bits;
+      case 'i': return "int" + bits;
+      case 'u': return "uint" + bits;
+      case 'b': return "bool";
+    }
+  }
+  return absl::StrCat("buffer format '", fmt, "' (itemsize ", b.itemsize, ")");
+}
+
+// Whether buffer `b` holds native-order elements of type `dt`.
+bool BufferMatches(const Py_buffer& b, const std::string& fmt, DataType dt) {
+  if (fmt.size() != 1) return false;
+  const char family = FormatFamily(fmt[0]);
+  switch (dt) {
+    case tensorflow::DT_FLOAT: return fmt[0] == 'f' && b.itemsize == 4;
+    case tensorflow::DT_HALF: return fmt[0] == 'e' && b.itemsize == 2;
+    case tensorflow::DT_INT32: return family == 'i' && b.itemsize == 4;
+    case tensorflow::DT_INT8: return family == 'i' && b.itemsize == 1;
+    case tensorflow::DT_BOOL: return family == 'b' && b.itemsize == 1;
+    default: return false;
+  }
+}
+
+// The element format of a buffer without its native byte-order prefix;
+// "!"/">" (non-native on the little-endian hosts TF runs on) stay in it and
+// so never match.
+std::string NativeFormat(const Py_buffer& b) {
+  std::string fmt = b.format ? b.format : "B";
+  if (!fmt.empty() && (fmt[0] == '@' || fmt[0] == '=' || fmt[0] == '<')) {
+    fmt.erase(0, 1);
+  }
+  return fmt;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+class TRTEngineOp : public AsyncOpKernel {
+ public:
+  explicit TRTEngineOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_func", &func_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("InT", &in_types_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("OutT", &out_types_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
+    OP_REQUIRES(ctx, Py_IsInitialized(),
+                errors::FailedPrecondition(
+                    Prefix(), "needs a Python interpreter (tftrt_py)"));
+
+    std::string function_def;
+    FunctionLibraryRuntime* lib = ctx->function_library();
+    if (!func_.name().empty() && lib != nullptr) {
+      const tensorflow::FunctionDef* fdef =
+          lib->GetFunctionLibraryDefinition()->Find(func_.name());
+      if (fdef != nullptr) function_def = fdef->SerializeAsString();
+    }
+    const std::string node_def = def().SerializeAsString();
+
+    Gil gil;
+    PyRef nd(PyBytes_FromStringAndSize(node_def.data(), node_def.size()));
+    PyRef fd(PyBytes_FromStringAndSize(function_def.data(), function_def.size()));
+    PyRef result;
+    if (nd && fd) result.reset(CallDispatcher("create", nd.get(), fd.get()));
+    OP_REQUIRES(ctx, result != nullptr,
+                StatusFromPyErr(Prefix() + "dispatcher.create failed: "));
+    handle_ = PyLong_AsLongLong(result.get());
+    OP_REQUIRES(ctx, !(handle_ == -1 && PyErr_Occurred()),
+                StatusFromPyErr(Prefix() + "dispatcher.create must return "
+                                           "an int handle: "));
+    created_ = true;
+  }
+
+  ~TRTEngineOp() override {
+    // Kernels can outlive the interpreter (process exit): skip Python then.
+    if (!created_ || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+    Gil gil;
+    PyRef h(PyLong_FromLongLong(handle_));
+    PyRef r(h ? CallDispatcher("release", h.get()) : nullptr);
+    if (!r) PyErr_Clear();  // errors on release are swallowed
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    bool served = false;
+    // Python part; the GIL is taken and released inside.
+    OP_REQUIRES_OK_ASYNC(ctx, RunDispatcher(ctx, &served), done);
+    if (served) {
+      done();
+      return;
+    }
+    ExecuteNativeSegment(ctx, std::move(done));
+  }
+
+ private:
+  std::string Prefix() const { return absl::StrCat("TRTEngineOp ", name(), ": "); }
+
+  // Calls dispatcher.run; on a list result sets the outputs and *served=true,
+  // on None leaves *served=false. Holds the GIL only within.
+  absl::Status RunDispatcher(OpKernelContext* ctx, bool* served) {
+    const int n_in = static_cast<int>(in_types_.size());
+    Gil gil;
+    PyRef inputs(PyList_New(n_in));
+    if (!inputs) return StatusFromPyErr(Prefix());
+    for (int i = 0; i < n_in; ++i) {
+      const Tensor& t = ctx->input(i);
+      const char* dtype = NumpyName(t.dtype());
+      if (dtype == nullptr) {
+        return errors::InvalidArgument(Prefix(), "input ", i, " has dtype ",
+                                       tensorflow::DataTypeString(t.dtype()),
+                                       ", which is not supported");
+      }
+      PyRef shape(PyTuple_New(t.dims()));
+      if (!shape) return StatusFromPyErr(Prefix());
+      for (int d = 0; d < t.dims(); ++d) {
+        PyObject* dim = PyLong_FromLongLong(t.dim_size(d));
+        if (dim == nullptr) return StatusFromPyErr(Prefix());
+        PyTuple_SET_ITEM(shape.get(), d, dim);  // steals `dim`
+      }
+      PyRef view(ReadOnlyView(t));
+      if (!view) return StatusFromPyErr(Prefix());
+      PyObject* item = Py_BuildValue("(sOO)", dtype, shape.get(), view.get());
+      if (item == nullptr) return StatusFromPyErr(Prefix());
+      PyList_SET_ITEM(inputs.get(), i, item);  // steals `item`
+    }
+
+    PyRef assets(PyList_New(0));
+    if (!assets) return StatusFromPyErr(Prefix());
+    for (int i = n_in; i < ctx->num_inputs(); ++i) {  // engine_assets
+      auto flat = ctx->input(i).flat<tensorflow::tstring>();
+      for (int64_t j = 0; j < flat.size(); ++j) {
+        PyRef b(PyBytes_FromStringAndSize(flat(j).data(), flat(j).size()));
+        if (!b || PyList_Append(assets.get(), b.get()) != 0) {
+          return StatusFromPyErr(Prefix());
+        }
+      }
+    }
+
+    PyRef handle(PyLong_FromLongLong(handle_));
+    if (!handle) return StatusFromPyErr(Prefix());
+    PyRef result(
+        CallDispatcher("run", handle.get(), inputs.get(), assets.get()));
+    if (!result) return StatusFromPyErr(Prefix());
+    if (result.get() == Py_None) return absl::OkStatus();
+
+    PyRef seq(PySequence_Fast(result.get(), ""));
+    if (!seq) {
+      PyErr_Clear();
+      return errors::InvalidArgument(
+          Prefix(), "dispatcher.run must return a list of arrays or None, got ",
+          Py_TYPE(result.get())->tp_name);
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+    if (n != static_cast<Py_ssize_t>(out_types_.size())) {
+      return errors::InvalidArgument(Prefix(), "dispatcher.run returned ", n,
+                                     " outputs; expected ", out_types_.size());
+    }
+    for (int i = 0; i < n; ++i) {
+      TF_RETURN_IF_ERROR(
+          SetOutput(ctx, i, PySequence_Fast_GET_ITEM(seq.get(), i)));
+    }
+    *served = true;
+    return absl::OkStatus();
+  }
+
+  // Copies array `obj` (any C-contiguous buffer) into output i. GIL held.
+  absl::Status SetOutput(OpKernelContext* ctx, int i, PyObject* obj) {
+    const DataType dt = out_types_[i];
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      const std::string why(StatusFromPyErr("").message());
+      return errors::InvalidArgument(
+          Prefix(), "output ", i, " of dispatcher.run (",
+          Py_TYPE(obj)->tp_name, ") is not a C-contiguous ", NumpyName(dt),
+          " array: ", why);
+    }
+    // Released on every path below; holding a Py_buffer needs no GIL.
+    std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&b, PyBuffer_Release);
+
+    const std::string fmt = NativeFormat(b);
+    if (!BufferMatches(b, fmt, dt)) {
+      return errors::InvalidArgument(Prefix(), "output ", i,
+                                     " of dispatcher.run has dtype ",
+                                     BufferDtypeName(b, fmt), "; expected ",
+                                     NumpyName(dt));
+    }
+    TensorShape shape;
+    for (int d = 0; d < b.ndim; ++d) {
+      TF_RETURN_IF_ERROR(shape.AddDimWithStatus(b.shape[d]));
+    }
+    if (i < static_cast<int>(output_shapes_.size()) &&
+        !PartialTensorShape(shape.dim_sizes())
+             .IsCompatibleWith(output_shapes_[i])) {
+      return errors::InvalidArgument(
+          Prefix(), "output ", i, " of dispatcher.run has shape ",
+          shape.DebugString(), ", not compatible with output_shapes[", i,
+          "] = ", output_shapes_[i].DebugString());
+    }
+    if (shape.num_elements() * b.itemsize != b.len) {
+      return errors::InvalidArgument(Prefix(), "output ", i,
+                                     " of dispatcher.run: buffer of ", b.len,
+                                     " bytes for shape ", shape.DebugString());
+    }
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &out));
+    if (b.len > 0) {
+      auto dst = out->tensor_data();
+      if (b.len >= (1 << 16)) {  // let other Python threads run meanwhile
+        Py_BEGIN_ALLOW_THREADS
+        std::memcpy(const_cast<char*>(dst.data()), b.buf, b.len);
+        Py_END_ALLOW_THREADS
+      } else {
+        std::memcpy(const_cast<char*>(dst.data()), b.buf, b.len);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs segment_func on the in_tensor inputs (no GIL held here).
+  void ExecuteNativeSegment(OpKernelContext* ctx, DoneCallback done) {
+    OP_REQUIRES_ASYNC(
+        ctx, !func_.name().empty(),
+        errors::FailedPrecondition(Prefix(),
+                                   "no engine can serve this input and the "
+                                   "native segment is unavailable"),
+        done);
+    FunctionLibraryRuntime* lib = ctx->function_library();
+    OP_REQUIRES_ASYNC(ctx, lib != nullptr,
+                      errors::Internal(Prefix(), "no function library"), done);
+    FunctionLibraryRuntime::Handle handle;
+    absl::Status status;
+    {
+      // Instantiated once per function library runtime, then cached.
+      tensorflow::mutex_lock lock(mu_);
+      if (func_lib_ != lib) {
+        FunctionLibraryRuntime::InstantiateOptions inst;
+        inst.target = ctx->device()->name();
+        status = lib->Instantiate(func_.name(),
+                                  tensorflow::AttrSlice(&func_.attr()), inst,
+                                  &func_handle_);
+        if (status.ok()) func_lib_ = lib;
+      }
+      handle = func_handle_;
+    }
+    OP_REQUIRES_OK_ASYNC(ctx, status, done);
+
+    FunctionLibraryRuntime::Options opts(ctx->step_id());
+    opts.rendezvous = ctx->rendezvous();
+    opts.cancellation_manager = ctx->cancellation_manager();
+    opts.collective_executor = ctx->collective_executor();
+    opts.step_container = ctx->step_container();
+    opts.stats_collector = ctx->stats_collector();
+    opts.runner = ctx->runner();
+    opts.run_all_kernels_inline = ctx->run_all_kernels_inline();
+
+    std::vector<Tensor> args;
+    args.reserve(in_types_.size());
+    for (size_t i = 0; i < in_types_.size(); ++i) args.push_back(ctx->input(i));
+    // Owned by the callback; ctx stays valid until done() is called.
+    auto* rets = new std::vector<Tensor>();
+    lib->Run(opts, handle, args, rets,
+             [this, ctx, rets, done = std::move(done)](const absl::Status& s) {
+               std::unique_ptr<std::vector<Tensor>> owned(rets);
+               if (!s.ok()) {
+                 ctx->SetStatus(absl::Status(
+                     s.code(), absl::StrCat(Prefix(), "native segment ",
+                                            func_.name(), ": ", s.message())));
+                 done();
+                 return;
+               }
+               OP_REQUIRES_ASYNC(
+                   ctx, rets->size() == out_types_.size(),
+                   errors::Internal(Prefix(), "native segment returned ",
+                                    rets->size(), " outputs; expected ",
+                                    out_types_.size()),
+                   done);
+               for (size_t i = 0; i < rets->size(); ++i) {
+                 OP_REQUIRES_ASYNC(
+                     ctx, (*rets)[i].dtype() == out_types_[i],
+                     errors::Internal(
+                         Prefix(), "native segment output ", i, " is ",
+                         tensorflow::DataTypeString((*rets)[i].dtype()),
+                         "; expected ",
+                         tensorflow::DataTypeString(out_types_[i])),
+                     done);
+                 ctx->set_output(i, (*rets)[i]);
+               }
+               done();
+             });
+  }
+
+  tensorflow::NameAttrList func_;
+  DataTypeVector in_types_;
+  DataTypeVector out_types_;
+  std::vector<PartialTensorShape> output_shapes_;
+  int64_t handle_ = 0;   // from dispatcher.create
+  bool created_ = false;  // whether release() is owed
+
+  tensorflow::mutex mu_;
+  FunctionLibraryRuntime* func_lib_ TF_GUARDED_BY(mu_) = nullptr;
+  FunctionLibraryRuntime::Handle func_handle_ TF_GUARDED_BY(mu_) =
+      tensorflow::kInvalidHandle;
+};
+
+REGISTER_OP("TRTEngineOp")
+    .Input("in_tensor: InT")
+    .Input("engine_assets: Tassets")
+    .Output("out_tensor: OutT")
+    .Attr("serialized_segment: string = ''")
+    .Attr("segment_func: func = {}")
+    .Attr("InT: list({bool,int8,float16,float32,int32}) >= 0")
+    .Attr("OutT: list({bool,int8,float16,float32,int32}) >= 1")
+    .Attr("Tassets: list({string}) >= 0 = []")
+    .Attr("input_shapes: list(shape) = []")
+    .Attr("output_shapes: list(shape) = []")
+    .Attr("max_cached_engines_count: int = 1")
+    .Attr("max_batch_size: int = 1")
+    .Attr("workspace_size_bytes: int = 1073741824")
+    .Attr("precision_mode: {'FP32', 'FP16', 'INT8'} = 'FP32'")
+    .Attr("calibration_data: string = ''")
+    .Attr("use_calibration: bool = true")
+    .Attr("static_engine: bool = false")
+    .Attr("allow_build_at_runtime: bool = true")
+    .Attr("segment_key: string = ''")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      std::vector<PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
+      if (!shapes.empty() && static_cast<int>(shapes.size()) != c->num_outputs()) {
+        return errors::InvalidArgument("TRTEngineOp: ", shapes.size(),
+                                       " output_shapes for ", c->num_outputs(),
+                                       " outputs");
+      }
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        tensorflow::shape_inference::ShapeHandle h = c->UnknownShape();
+        if (!shapes.empty()) {
+          TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &h));
+        }
+        c->set_output(i, h);
+      }
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("TRTEngineOp").Device(tensorflow::DEVICE_CPU),
+                        TRTEngineOp);
+
+}  // namespace tftrt_py

@@ -1,0 +1,52 @@
+"""Which nodes may join a segment: a converter accepts them and nothing denies them."""
+from __future__ import annotations
+
+import os
+from typing import AbstractSet, Dict, FrozenSet, List, Optional
+
+from tftrt_py.convert.context import ValidationContext
+from tftrt_py.convert.graph import GraphView, NodeView, tensor_ref
+from tftrt_py.convert.ops import find_converter
+
+__all__ = ["OP_DENYLIST_ENV", "UNSUPPORTED_DTYPES", "op_denylist", "classify"]
+
+#: Comma-separated op types that never convert, read at each segmentation.
+OP_DENYLIST_ENV = "TF_TRT_OP_DENYLIST"
+
+#: Tensors of these dtypes never enter an engine.
+UNSUPPORTED_DTYPES = ("resource", "variant", "string")
+
+
+def op_denylist() -> FrozenSet[str]:
+    """The op types named in TF_TRT_OP_DENYLIST now."""
+    return frozenset(op.strip() for op in os.environ.get(OP_DENYLIST_ENV, "").split(",") if op.strip())
+
+
+def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet[str]) -> Dict[str, Optional[str]]:
+    """Every node but Consts -> None when it is a candidate, else the reason it stays native."""
+    ctx, denied_ops = ValidationContext(view), op_denylist()
+    return {node.name: _reason(node, view, ctx, nodes_denylist, denied_ops) for node in order if node.op != "Const"}
+
+
+def _reason(node, view, ctx, nodes_denylist, denied_ops) -> Optional[str]:
+    if node.op == "Placeholder":
+        return "graph input"
+    if node.name in nodes_denylist:
+        return "in nodes_denylist"
+    if node.op in denied_ops:
+        return f"op type in {OP_DENYLIST_ENV}"
+    converter = find_converter(node.op)
+    if converter is None:
+        return f"no converter for op {node.op}"
+    dtype = _unsupported_dtype(node, view)
+    if dtype is not None:
+        return f"uses a {dtype} tensor"
+    try:
+        return converter.check(node, ctx)
+    except Exception as exc:  # a converter that cannot judge the node keeps it native
+        return f"check raised {type(exc).__name__}: {exc}"
+
+
+def _unsupported_dtype(node, view) -> Optional[str]:
+    refs = node.inputs + [tensor_ref(node.name, port) for port in range(view.num_outputs(node.name))]
+    return next((d for d in map(view.dtype, refs) if d in UNSUPPORTED_DTYPES), None)
