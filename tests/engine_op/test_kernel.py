@@ -1,6 +1,8 @@
 """The TRTEngineOp kernel (kernel.cc) and its loader, with the dispatcher faked."""
 from __future__ import annotations
 
+import gc
+import itertools
 import threading
 import time
 
@@ -17,18 +19,25 @@ def ops():
     return library.load()
 
 
+_handles = itertools.count(101)
+
+
 class FakeDispatcher:
-    """Records create/run/release calls; run's answer comes from `self.respond`."""
+    """Records create/run/release calls; run's answer comes from `self.respond`.
+
+    Handles are unique across tests: kernels of earlier tests may be released later.
+    """
 
     def __init__(self):
-        self.created, self.runs, self.released = [], [], []
+        self.created, self.handles, self.runs, self.released = [], [], [], []
         self.respond = lambda handle, inputs, assets: None
         self.lock = threading.Lock()
 
     def create(self, node_def, function_def):
         with self.lock:
             self.created.append((node_def, function_def))
-            return 100 + len(self.created)
+            self.handles.append(next(_handles))
+            return self.handles[-1]
 
     def run(self, handle, inputs, assets):
         with self.lock:
@@ -55,7 +64,7 @@ def as_array(item):
 
 def segment(fn, *specs):
     """A concrete function usable as segment_func."""
-    return tf.function(fn).get_concrete_function(*specs)
+    return tf.function(fn, autograph=False).get_concrete_function(*specs)
 
 
 def test_outputs_come_from_run(ops, fake):
@@ -78,7 +87,7 @@ def test_outputs_come_from_run(ops, fake):
         np.testing.assert_array_equal(g.numpy(), want)
 
     (handle, inputs, assets), = fake.runs
-    assert handle == 101 and assets == []
+    assert handle == fake.handles[0] and assets == []
     assert [(d, s) for d, s, _ in inputs] == [("float32", (2, 3)), ("int32", (4,))]
     assert all(isinstance(v, memoryview) and v.readonly for _, _, v in inputs)
     np.testing.assert_array_equal(as_array(inputs[0]), x)
@@ -104,7 +113,7 @@ def test_inputs_outlive_the_call_and_assets_are_bytes(ops, fake):
     assert assets == [b"p1", b"p2", b"p3"]
     for item, want in zip(inputs, [x, a, b]):
         np.testing.assert_array_equal(as_array(item), want)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="read-only"):
         as_array(inputs[0])[0, 0] = 1  # read-only
 
 
@@ -123,6 +132,23 @@ def test_none_runs_the_native_segment(ops, fake):
         np.testing.assert_array_equal(y.numpy(), x * 2 + 1)
         np.testing.assert_array_equal(m.numpy(), np.arange(size) * 3)
     assert len(fake.runs) == 2 and fake.runs[0][2] == [b"engine.plan"]
+
+
+@pytest.mark.parametrize("body, outs, error, message", [
+    (lambda x: tf.debugging.check_numerics(tf.math.log(x), "needs positive"), [tf.float32],
+     tf.errors.InvalidArgumentError, "TRTEngineOp seg7: native segment .*needs positive"),
+    (lambda x: x, [tf.int32], tf.errors.InternalError, "native segment output 0 is float; expected int32"),
+    (lambda x: x, [tf.float32, tf.float32], tf.errors.InternalError, "returned 1 outputs; expected 2"),
+])
+def test_native_segment_failures(ops, fake, body, outs, error, message):
+    seg = segment(body, tf.TensorSpec([None], tf.float32))
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=outs, segment_func=seg, name="seg7")
+
+    with pytest.raises(error, match=message):
+        f(-tf.ones([2]))
 
 
 def test_none_without_segment_func_fails(ops, fake):
@@ -190,11 +216,11 @@ def test_create_gets_node_and_function_defs(ops, fake):
     assert node.op == "TRTEngineOp" and node.name == "TRTEngineOp_000"
     assert node.attr["precision_mode"].s == b"FP16"
     assert node.attr["serialized_segment"].s == b"\x00seg"
-    assert node.attr["segment_func"].func.name == seg.name
+    assert node.attr["segment_func"].func.name == seg.name.decode()
     assert node.attr["input_shapes"].list.shape[0].dim[0].size == -1
     function = function_pb2.FunctionDef.FromString(function_bytes)
-    assert function.signature.name == seg.name
-    assert {h for h, _, _ in fake.runs} == {101}
+    assert function.signature.name == seg.name.decode()
+    assert {h for h, _, _ in fake.runs} == set(fake.handles)
 
 
 def test_create_without_segment_func_gets_empty_bytes(ops, fake):
@@ -222,8 +248,6 @@ def test_create_raising_fails_the_call(ops, fake, monkeypatch):
 
 
 def test_release_when_the_function_goes(ops, fake):
-    import gc
-
     @tf.function
     def f(x):
         return ops.trt_engine_op([x], [], OutT=[tf.float32])
@@ -232,7 +256,7 @@ def test_release_when_the_function_goes(ops, fake):
     f(tf.ones([1]))
     del f
     gc.collect()
-    assert fake.released == [101]
+    assert len(fake.handles) == 1 and fake.handles[0] in fake.released
 
 
 @pytest.mark.parametrize("native", [False, True])

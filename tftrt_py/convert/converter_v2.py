@@ -89,7 +89,7 @@ class TrtGraphConverterV2:
         graph_def = graph_io.optimize(frozen.graph.as_graph_def(), frozen.graph, self._input_names + output_names)
         view = GraphView(graph_def)
         params = self._conversion_params
-        result = segment_graph(graph_def, minimum_segment_size=params.minimum_segment_size, fetches=output_names)
+        result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names)
         self._report = result.report
         attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
                               max_cached_engines_count=params.maximum_cached_engines,

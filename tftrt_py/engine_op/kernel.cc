@@ -43,6 +43,14 @@ namespace errors = ::tensorflow::errors;
 
 constexpr char kDispatcherModule[] = "tftrt_py.engine_op.dispatcher";
 
+bool PythonUsable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // Python helpers. All of them need the GIL held by the caller.
 
@@ -233,7 +241,7 @@ class TRTEngineOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("InT", &in_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("OutT", &out_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
-    OP_REQUIRES(ctx, Py_IsInitialized(),
+    OP_REQUIRES(ctx, PythonUsable(),
                 errors::FailedPrecondition(
                     Prefix(), "needs a Python interpreter (tftrt_py)"));
 
@@ -262,7 +270,7 @@ class TRTEngineOp : public AsyncOpKernel {
 
   ~TRTEngineOp() override {
     // Kernels can outlive the interpreter (process exit): skip Python then.
-    if (!created_ || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+    if (!created_ || !PythonUsable()) return;
     Gil gil;
     PyRef h(PyLong_FromLongLong(handle_));
     PyRef r(h ? CallDispatcher("release", h.get()) : nullptr);
@@ -426,7 +434,13 @@ class TRTEngineOp : public AsyncOpKernel {
         status = lib->Instantiate(func_.name(),
                                   tensorflow::AttrSlice(&func_.attr()), inst,
                                   &func_handle_);
-        if (status.ok()) func_lib_ = lib;
+        if (status.ok()) {
+          func_lib_ = lib;
+        } else {
+          status = absl::Status(
+              status.code(), absl::StrCat(Prefix(), "instantiating segment_func ",
+                                          func_.name(), ": ", status.message()));
+        }
       }
       handle = func_handle_;
     }

@@ -60,8 +60,12 @@ def build_segment(view: GraphView, name_index: int, members: List[str], fetches:
     for name in members:
         for ref in view.nodes[name].inputs:
             producer = split_ref(ref)[0]
-            if producer not in inside:
-                (consts if view.nodes[producer].op == "Const" else inputs)[ref] = None
+            if producer in inside:
+                continue
+            if view.nodes[producer].op == "Const":
+                consts[producer] = None
+            else:
+                inputs[ref] = None
     return Segment(
         name_index=name_index,
         nodes=list(members),

@@ -42,11 +42,13 @@ def segment_graph(graph_def: Union[graph_pb2.GraphDef, GraphView], minimum_segme
     fetch_refs = {tensor_ref(*split_ref(ref)) for ref in fetches}
     for members in cluster_candidates(view, order, candidates):
         segment = build_segment(view, len(segments), members, fetch_refs)
-        if segment.size >= minimum_segment_size:
+        if segment.size < minimum_segment_size:
+            reasons.update(dict.fromkeys(members, f"segment of {segment.size} nodes is smaller than "
+                                                  f"minimum_segment_size={minimum_segment_size}"))
+        elif not segment.inputs:  # TF would constant-fold the engine op itself
+            reasons.update(dict.fromkeys(members, "segment has no inputs (a constant subgraph)"))
+        else:
             segments.append(segment)
-            continue
-        reasons.update(dict.fromkeys(members, f"segment of {segment.size} nodes is smaller than "
-                                              f"minimum_segment_size={minimum_segment_size}"))
     converted = {name for segment in segments for name in segment.nodes}
     reasons.update(_kept_consts(view, order, converted, {split_ref(ref)[0] for ref in fetches}))
     report = _report(view, order, reasons, len(segments))
@@ -55,10 +57,13 @@ def segment_graph(graph_def: Union[graph_pb2.GraphDef, GraphView], minimum_segme
 
 
 def _kept_consts(view, order, converted, fetched) -> Dict[str, str]:
-    """Consts that stay in the graph (read by a native node, or fetched) -> their reason."""
-    return {node.name: CONST_KEPT for node in order if node.op == "Const" and (
-        node.name in fetched or not view.consumers[node.name]
-        or any(user not in converted for user in view.consumers[node.name]))}
+    """Consts that stay in the graph -> their reason: fetched, unused, or read other than as engine data."""
+    def kept(name):
+        users = view.consumers[name]
+        return name in fetched or not users or any(
+            user not in converted or name in view.nodes[user].control_inputs for user in users)
+
+    return {node.name: CONST_KEPT for node in order if node.op == "Const" and kept(node.name)}
 
 
 def _report(view, order, reasons, num_segments) -> NonConversionReport:

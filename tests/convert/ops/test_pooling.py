@@ -47,3 +47,10 @@ def test_pooling_across_channels_is_refused():
     view = GraphView(frozen_graph_def(fn, [tf.TensorSpec((1, 6, 6, 3))])[0])
     node = next(n for n in view.nodes.values() if n.op == "MaxPool")
     assert "ksize" in get_converter("MaxPool").check(node, ValidationContext(view))
+
+
+def test_max_pool_explicit_padding():
+    """MaxPool's explicit padding never wins the max."""
+    fn = lambda t: tf.raw_ops.MaxPool(input=t, ksize=[1, 3, 2, 1], strides=[1, 2, 1, 1], padding="EXPLICIT",
+                                      explicit_paddings=[0, 0, 1, 2, 0, 1, 0, 0])
+    assert_converts(fn, [random_array((2, 7, 6, 3))], expect_kinds=["Pooling"])

@@ -17,6 +17,6 @@ class ReduceConverter(OpConverter):
 
     def convert(self, node, ctx):
         x, axes = ctx.inputs(node)
-        params = {"op": REDUCE[node.op], "axes": sorted({int(a) % len(x.shape) for a in np.ravel(axes.value)}),
+        params = {"op": REDUCE[node.op], "axes": [int(a) % len(x.shape) for a in np.ravel(axes.value)],
                   "keep_dims": bool(node.attr("keep_dims"))}
         ctx.set_outputs(node, ctx.add_layer("Reduce", [x], params, node=node))
