@@ -61,13 +61,14 @@ def build_small_cnn(seed: int = 0, size: int = 32):
 def _randomize_batch_norm(model, seed):
     """Give batch-norm layers non-trivial statistics so folding them is really tested."""
     rng = np.random.default_rng(seed)
+    draws = {"gamma": lambda n: rng.uniform(0.5, 1.5, n), "beta": lambda n: rng.normal(0, 0.1, n),
+             "moving_mean": lambda n: rng.normal(0, 0.1, n), "moving_variance": lambda n: rng.uniform(0.5, 1.5, n)}
     for layer in model.layers:
         if type(layer).__name__ == "BatchNormalization":
-            gamma, beta, mean, var = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape).astype("float32"),
-                               rng.normal(0, 0.1, beta.shape).astype("float32"),
-                               rng.normal(0, 0.1, mean.shape).astype("float32"),
-                               rng.uniform(0.5, 1.5, var.shape).astype("float32")])
+            for attr, draw in draws.items():
+                var = getattr(layer, attr, None)
+                if var is not None:
+                    var.assign(draw(var.shape).astype("float32"))
 
 
 KERAS_APPLICATIONS = {"resnet50": ("ResNet50", 96), "mobilenet_v2": ("MobileNetV2", 96),

@@ -12,7 +12,7 @@ from tftrt_py.engine import BuilderConfig
 RNG = np.random.default_rng(1234)
 
 
-def random_array(shape, dtype="float32", low=-2.0, high=2.0, positive=False):
+def random_array(shape, dtype="float32", high=2.0, positive=False):
     """Fresh random values, never zeros (magnitudes in [0.1, high])."""
     if np.dtype(dtype).kind in "iu":
         return RNG.integers(1, 10, size=shape).astype(dtype)

@@ -1,13 +1,15 @@
-"""Segment GraphDef -> engine Network -> Engine.
+"""Segment graph -> engine Network -> Engine.
 
-A segment GraphDef holds Placeholders ``TensorRTInputPH_<i>`` (the engine inputs), the
-segment's nodes (Consts copied in), and Identity nodes ``TensorRTOutputPH_<i>`` (the
-engine outputs). The same GraphDef is the body of the native segment function.
+A segment is a GraphDef plus its inputs (Placeholder names, in binding order) and outputs
+(tensor refs, in binding order). Segments made by the segmenter name them by convention:
+Placeholders ``TensorRTInputPH_<i>`` and Identity nodes ``TensorRTOutputPH_<i>``; a native
+segment FunctionDef (possibly renamed by a SavedModel round trip) gives them by its
+signature. Engine bindings are always named ``TensorRTInputPH_<i>`` / ``TensorRTOutputPH_<i>``.
 """
 from __future__ import annotations
 
-import logging
-from typing import Sequence, Tuple
+import dataclasses
+from typing import List, Sequence
 
 from tftrt_py.convert.context import ConversionContext
 from tftrt_py.convert.errors import ConversionError
@@ -15,54 +17,75 @@ from tftrt_py.convert.graph import GraphView, tensor_ref
 from tftrt_py.convert.ops import get_converter
 from tftrt_py.engine import Builder, BuilderConfig, EngineError, Network
 
-__all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "network_from_segment", "build_engine", "segment_io"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "SegmentGraph", "network_from_segment", "build_engine"]
 
 INPUT_PREFIX = "TensorRTInputPH_"
 OUTPUT_PREFIX = "TensorRTOutputPH_"
 
 
-def segment_io(view: GraphView) -> Tuple[list, list]:
-    """The segment's input Placeholders and output Identity nodes, each in index order."""
-    def index(node):
-        return int(node.name.rsplit("_", 1)[1])
+@dataclasses.dataclass
+class SegmentGraph:
+    graph_def: object
+    inputs: List[str]  # Placeholder node names, in binding order
+    outputs: List[str]  # tensor refs, in binding order
 
-    inputs = sorted((n for n in view.nodes.values() if n.name.startswith(INPUT_PREFIX)), key=index)
-    outputs = sorted((n for n in view.nodes.values() if n.name.startswith(OUTPUT_PREFIX)), key=index)
-    return inputs, outputs
+    @classmethod
+    def from_graph_def(cls, graph_def) -> "SegmentGraph":
+        """By naming convention: TensorRTInputPH_<i> Placeholders, TensorRTOutputPH_<i> Identities."""
+        def indexed(prefix):
+            names = [n.name for n in graph_def.node if n.name.startswith(prefix)]
+            return sorted(names, key=lambda name: int(name[len(prefix):]))
+
+        return cls(graph_def, indexed(INPUT_PREFIX), [tensor_ref(n) for n in indexed(OUTPUT_PREFIX)])
+
+    @classmethod
+    def from_function_def(cls, fdef) -> "SegmentGraph":
+        """From a native segment FunctionDef: arguments are inputs, results are outputs, in signature order."""
+        from tensorflow.python.framework import function_def_to_graph
+
+        graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef)
+        return cls(graph_def, [a.name for a in fdef.signature.input_arg],
+                   [names[fdef.ret[a.name]] for a in fdef.signature.output_arg])
 
 
-def network_from_segment(graph_def, input_shapes: Sequence[Sequence[int]], name: str = "engine",
+def network_from_segment(segment: SegmentGraph, input_shapes: Sequence[Sequence[int]], name: str = "engine",
                          precision: str = "FP32") -> Network:
-    """Define the engine network of a segment for concrete `input_shapes` (one per engine input)."""
-    view = GraphView(graph_def)
-    inputs, outputs = segment_io(view)
-    if len(input_shapes) != len(inputs):
-        raise ConversionError(f"segment {name!r} has {len(inputs)} inputs, got {len(input_shapes)} shapes")
+    """Define the engine network of a segment for concrete `input_shapes` (one per input)."""
+    view = GraphView(segment.graph_def)
+    if len(input_shapes) != len(segment.inputs):
+        raise ConversionError(f"segment {name!r} has {len(segment.inputs)} inputs, got {len(input_shapes)} shapes")
     network = Network(name)
     ctx = ConversionContext(network, precision)
-    shapes = {n.name: tuple(s) for n, s in zip(inputs, input_shapes)}
+    for i, (node_name, shape) in enumerate(zip(segment.inputs, input_shapes)):
+        node = view.nodes[node_name]
+        ctx.set_outputs(node, [network.add_input(f"{INPUT_PREFIX}{i}", node.attr("dtype"), shape)])
+    needed = _needed_nodes(view, segment)
     for node in view.topological_order():
-        if node.name in shapes:
-            ctx.set_outputs(node, [network.add_input(node.name, node.attr("dtype"), shapes[node.name])])
-            continue
-        if node.name.startswith(OUTPUT_PREFIX):
-            continue
-        try:
-            get_converter(node.op)(node, ctx)
-        except ConversionError:
-            raise
-        except EngineError as exc:
-            raise ConversionError(str(exc), node) from exc
-    for node in outputs:
-        value = ctx.values[node.inputs[0]]
-        network.mark_output(ctx.as_tensor(value), name=node.name)
+        if node.name in needed and node.name not in segment.inputs:
+            try:
+                get_converter(node.op)(node, ctx)
+            except EngineError as exc:
+                raise ConversionError(str(exc), node) from exc
+    for i, ref in enumerate(segment.outputs):
+        network.mark_output(ctx.as_tensor(ctx.values[tensor_ref(*ref.split(":"))]), name=f"{OUTPUT_PREFIX}{i}")
     return network
 
 
-def build_engine(graph_def, input_shapes, name: str = "engine", config: BuilderConfig = None):
-    """Convert and build one engine for `input_shapes`."""
+def _needed_nodes(view: GraphView, segment: SegmentGraph) -> set:
+    """Nodes the outputs depend on through data edges (identity outputs of a renamed function drop out)."""
+    needed, stack = set(), [ref.split(":")[0] for ref in segment.outputs]
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(r.split(":")[0] for r in view.nodes[name].inputs)
+    return needed
+
+
+def build_engine(segment, input_shapes, name: str = "engine", config: BuilderConfig = None):
+    """Convert and build one engine for `input_shapes`; `segment` is a SegmentGraph or a conventional GraphDef."""
+    if not isinstance(segment, SegmentGraph):
+        segment = SegmentGraph.from_graph_def(segment)
     config = config or BuilderConfig()
-    network = network_from_segment(graph_def, input_shapes, name=name, precision=config.precision)
+    network = network_from_segment(segment, input_shapes, name=name, precision=config.precision)
     return Builder(config).build_engine(network)

@@ -148,7 +148,6 @@ class TrtGraphConverterV2:
             assets.append(asset)
             placeholder = graph_def.node.add(name=f"{node.name}/engine_assets", op="Placeholder")
             placeholder.attr["dtype"].type = tf.string.as_datatype_enum
-            placeholder.attr["shape"].shape.SetInParent()
             node.input.insert(len(node.attr["InT"].list.type), f"{placeholder.name}:0")
             node.attr["Tassets"].list.type.append(tf.string.as_datatype_enum)
             captures[placeholder.name] = asset.asset_path

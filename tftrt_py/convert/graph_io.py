@@ -65,18 +65,24 @@ def optimize(graph_def, graph, fetch_names: Sequence[str]):
 
 
 def function_from_graph_def(func, graph_def, input_names, output_names, captures=None):
-    """A ConcreteFunction running `graph_def` with the signature structure of `func`.
+    """A ConcreteFunction running `graph_def` with the signature of `func`.
 
     Input names, output names and nesting (dicts keep their key order), dtypes and shapes
-    come from `func`; `captures` maps placeholder names to outside tensors.
+    come from `func`; `input_names` are the graph's tensors fed by `func`'s flat inputs,
+    `captures` maps further Placeholder names to outside tensors (captured by the function).
     """
     for f in graph_def.library.function:
         while context.context().has_function(f.signature.name):
             context.context().remove_function(f.signature.name)
-    new_func = wrap_function.function_from_graph_def(graph_def, list(input_names), list(output_names),
-                                                     captures or {})
-    new_func.graph.structured_outputs = nest.pack_sequence_as(func.graph.structured_outputs,
-                                                              new_func.graph.structured_outputs)
-    new_func._function_type = func.function_type  # pylint: disable=protected-access
-    new_func.graph.structured_input_signature = func.structured_input_signature
-    return new_func
+
+    def import_graph_def():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        graph = tf.compat.v1.get_default_graph()
+        for name, tensor in (captures or {}).items():
+            graph.add_capture(tensor, graph.get_tensor_by_name(f"{name}:0"))
+
+    wrapped = wrap_function.wrap_function(import_graph_def, [])
+    element = wrapped.graph.as_graph_element
+    fetches = nest.pack_sequence_as(func.structured_outputs, [element(n) for n in output_names])
+    return wrapped.prune([element(n) for n in input_names], fetches,
+                         input_signature=func.structured_input_signature)

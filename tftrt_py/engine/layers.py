@@ -342,3 +342,40 @@ def _gather(layer):
     x, idx = layer.inputs
     axis = layer.params["axis"] % x.rank
     return [(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))]
+
+
+@register("TopK", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0)
+def _topk(layer):
+    """The k largest values along ``axis`` (largest first, ties to the lower index) and their int32 indices."""
+    x = layer.inputs[0]
+    axis, k = layer.params["axis"] % x.rank, layer.params["k"]
+    if not 0 <= k <= x.shape[axis]:
+        raise NetworkError(f"k={k} is out of range for axis {axis} of size {x.shape[axis]}")
+    shape = (*x.shape[:axis], k, *x.shape[axis + 1:])
+    return [(x.dtype, shape), ("int32", shape)]
+
+
+def nms_detections(params, num_classes: int) -> int:
+    """Detections per batch row that NMS outputs (TF's CombinedNonMaxSuppression padding rule)."""
+    total = params["max_total_size"]
+    if params.get("pad_per_class"):
+        return min(total, params["max_output_size_per_class"] * num_classes)
+    return total
+
+
+@register("NMS", rowwise=lambda layer, batched: all(batched))
+def _nms(layer):
+    """Per-class non-max suppression merged over classes (rows are independent).
+
+    boxes [B, N, q, 4] (q is 1 or C), scores [B, N, C] -> boxes [B, D, 4], scores [B, D],
+    classes [B, D] (float), valid detections [B] (int32); D from :func:`nms_detections`.
+    """
+    boxes, scores = layer.inputs
+    if boxes.rank != 4 or boxes.shape[-1] != 4 or scores.rank != 3:
+        raise NetworkError(f"NMS needs boxes [B, N, q, 4] and scores [B, N, C], got {boxes.shape} and {scores.shape}")
+    b, n, q, _ = boxes.shape
+    c = scores.shape[2]
+    if scores.shape[:2] != (b, n) or q not in (1, c):
+        raise NetworkError(f"NMS boxes {boxes.shape} do not match scores {scores.shape}")
+    d = nms_detections(layer.params, c)
+    return [(boxes.dtype, (b, d, 4)), (scores.dtype, (b, d)), (scores.dtype, (b, d)), ("int32", (b,))]

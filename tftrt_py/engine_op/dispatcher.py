@@ -72,7 +72,7 @@ class EngineOp:
         from tftrt_py.convert.graph import NodeView
 
         node = NodeView(node_def)
-        self.name = node.name
+        self.name = node.name.split("/")[-1]  # canonical: without the prefix of an inlining call
         self.segment_key = node.attr("segment_key") or node.name
         self.precision = node.attr("precision_mode", b"FP32").decode().upper()
         self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
@@ -124,15 +124,15 @@ class EngineOp:
             logger.info("%s: restored %d engine(s) from %s", self.name, len(plans), path)
 
     def segment_graph(self):
-        """The segment GraphDef, from the native segment FunctionDef."""
+        """The segment, from the native segment FunctionDef."""
         if self._segment_graph is None:
             from tensorflow.core.framework import function_pb2
-            from tensorflow.python.framework import function_def_to_graph
+
+            from tftrt_py.convert.build import SegmentGraph
 
             if not self._function_def:
                 raise EngineError("the native segment function is unavailable, so no engine can be built")
-            fdef = function_pb2.FunctionDef.FromString(self._function_def)
-            self._segment_graph, _ = function_def_to_graph.function_def_to_graph_def(fdef)
+            self._segment_graph = SegmentGraph.from_function_def(function_pb2.FunctionDef.FromString(self._function_def))
         return self._segment_graph
 
     def build(self, shapes):

@@ -1,6 +1,7 @@
 """Which nodes may join a segment: a converter accepts them and nothing denies them."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import AbstractSet, Dict, FrozenSet, List, Optional
 
@@ -9,6 +10,8 @@ from tftrt_py.convert.graph import GraphView, NodeView, tensor_ref
 from tftrt_py.convert.ops import find_converter
 
 __all__ = ["OP_DENYLIST_ENV", "UNSUPPORTED_DTYPES", "op_denylist", "classify"]
+
+logger = logging.getLogger(__name__)
 
 #: Comma-separated op types that never convert, read at each segmentation.
 OP_DENYLIST_ENV = "TF_TRT_OP_DENYLIST"
@@ -23,9 +26,25 @@ def op_denylist() -> FrozenSet[str]:
 
 
 def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet[str]) -> Dict[str, Optional[str]]:
-    """Every node but Consts -> None when it is a candidate, else the reason it stays native."""
-    ctx, denied_ops = ValidationContext(view), op_denylist()
-    return {node.name: _reason(node, view, ctx, nodes_denylist, denied_ops) for node in order if node.op != "Const"}
+    """Every node but Consts -> None when it is a candidate, else the reason it stays native.
+
+    Nodes are judged in topological order, and the context learns which producers stay native,
+    so a value computed from a native node is not taken as known when building.
+    """
+    native: set = set()
+    ctx, denied_ops = ValidationContext(view, native), op_denylist()
+    reasons: Dict[str, Optional[str]] = {}
+    for node in order:
+        if node.op == "Const":
+            continue
+        try:
+            reasons[node.name] = _reason(node, view, ctx, nodes_denylist, denied_ops)
+        except Exception as exc:  # a converter (or an odd node) that cannot be judged keeps the node native
+            logger.debug("judging %s (%s) raised", node.name, node.op, exc_info=True)
+            reasons[node.name] = f"check raised {type(exc).__name__}: {exc}"
+        if reasons[node.name] is not None:
+            native.add(node.name)
+    return reasons
 
 
 def _reason(node, view, ctx, nodes_denylist, denied_ops) -> Optional[str]:
@@ -41,10 +60,7 @@ def _reason(node, view, ctx, nodes_denylist, denied_ops) -> Optional[str]:
     dtype = _unsupported_dtype(node, view)
     if dtype is not None:
         return f"uses a {dtype} tensor"
-    try:
-        return converter.check(node, ctx)
-    except Exception as exc:  # a converter that cannot judge the node keeps it native
-        return f"check raised {type(exc).__name__}: {exc}"
+    return converter.check(node, ctx)
 
 
 def _unsupported_dtype(node, view) -> Optional[str]:

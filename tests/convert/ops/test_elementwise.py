@@ -1,9 +1,12 @@
-"""Binary element-wise ops broadcast like TensorFlow, with the constant on either side."""
+"""Element-wise ops broadcast like TensorFlow, with the constant on either side; AddN and ClipByValue."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import assert_converts, random_array
+from support import assert_converts, frozen_graph_def, random_array
+from tftrt_py.convert.context import ValidationContext
+from tftrt_py.convert.graph import GraphView
+from tftrt_py.convert.ops import get_converter
 
 OPS = {"Add": tf.raw_ops.Add, "AddV2": tf.raw_ops.AddV2, "Sub": tf.raw_ops.Sub, "Mul": tf.raw_ops.Mul,
        "RealDiv": tf.raw_ops.RealDiv, "Div": tf.raw_ops.Div, "Maximum": tf.raw_ops.Maximum,
@@ -28,3 +31,66 @@ def test_constant_on_either_side(op, const_first):
 def test_pow_on_positive_base():
     assert_converts(lambda a, b: tf.pow(a, b), [random_array((4, 5), positive=True), random_array((5,))],
                     expect_kinds=["ElementWise"])
+
+
+FLOOR_OPS = {"FloorDiv": tf.raw_ops.FloorDiv, "FloorMod": tf.raw_ops.FloorMod}
+
+
+def signed_ints(shape):
+    """Non-zero int32 values of both signs (floor division and modulo differ from truncation there)."""
+    return random_array(shape, "int32") * np.where(random_array(shape) > 0, 1, -1).astype("int32")
+
+
+@pytest.mark.parametrize("op", sorted(FLOOR_OPS))
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("other_shape", [(2, 3, 4), (4,), (3, 1)])
+def test_floor_div_and_mod(op, dtype, other_shape):
+    """Negative operands round towards -inf; floats and int32, broadcasting."""
+    make = signed_ints if dtype == "int32" else random_array
+    fn = lambda a, b: FLOOR_OPS[op](x=a, y=b)
+    assert_converts(fn, [make((2, 3, 4)), make(other_shape)], expect_kinds=["ElementWise"])
+
+
+@pytest.mark.parametrize("op", sorted(FLOOR_OPS))
+@pytest.mark.parametrize("const_first", [False, True])
+def test_floor_ops_constant_on_either_side(op, const_first):
+    c = tf.constant(signed_ints((3, 1)))
+    fn = (lambda a: FLOOR_OPS[op](x=c, y=a)) if const_first else (lambda a: FLOOR_OPS[op](x=a, y=c))
+    assert_converts(fn, [signed_ints((2, 3, 4))], expect_kinds=["ElementWise"])
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_add_n(count, dtype):
+    """N same-shaped tensors (and a constant among them) summed."""
+    c = random_array((2, 3), dtype)
+    fn = lambda *ts: tf.raw_ops.AddN(inputs=[*ts, c])
+    assert_converts(fn, [random_array((2, 3), dtype) for _ in range(count)], expect_kinds=["ElementWise"])
+
+
+@pytest.mark.parametrize("lo,hi", [(-0.5, 0.7), (0.0, 1.0), (-3.0, -1.0)])
+def test_clip_by_value_scalar_constants(lo, hi):
+    """Scalar constant bounds become one clip Activation."""
+    fn = lambda t: tf.raw_ops.ClipByValue(t=t, clip_value_min=lo, clip_value_max=hi)
+    assert_converts(fn, [random_array((2, 3, 4))], expect_kinds=["Activation"])
+
+
+def test_clip_by_value_tensor_bounds():
+    """Tensor bounds of t's shape (or broadcast scalars): a min then a max, like TF (lo > hi gives lo)."""
+    fn = lambda t, lo, hi: tf.raw_ops.ClipByValue(t=t, clip_value_min=lo, clip_value_max=hi)
+    x, lo, hi = random_array((2, 3)), random_array((2, 3)), random_array((2, 3))
+    assert_converts(fn, [x, lo, hi], expect_kinds=["ElementWise"])
+
+
+@pytest.mark.parametrize("lo,hi", [(2, 6), (7, 3)])
+def test_clip_by_value_int32_and_crossed_bounds(lo, hi):
+    fn = lambda t: tf.raw_ops.ClipByValue(t=t, clip_value_min=lo, clip_value_max=hi)
+    assert_converts(fn, [random_array((3, 4), "int32")], expect_kinds=["ElementWise"])
+
+
+def test_int32_add_stays_refused():
+    """Only the floor ops accept int32 here; the other binary ops remain float-only."""
+    specs = [tf.TensorSpec((2, 3), tf.int32)] * 2
+    view = GraphView(frozen_graph_def(lambda a, b: tf.raw_ops.AddV2(x=a, y=b), specs)[0])
+    node = next(n for n in view.nodes.values() if n.op == "AddV2")
+    assert "int32" in get_converter("AddV2").check(node, ValidationContext(view))

@@ -68,3 +68,9 @@ def test_concat_axis_must_be_constant():
     fn = lambda a, b, axis: tf.raw_ops.ConcatV2(values=[a, b], axis=axis)
     specs = [tf.TensorSpec((2, 3)), tf.TensorSpec((2, 3)), tf.TensorSpec((), tf.int32)]
     assert "constant" in check(fn, specs, "ConcatV2")
+
+
+def test_concat_of_many_inputs_keeps_binding_order():
+    """Engine inputs bind in TensorRTInputPH_<i> order, whatever order the graph lists them in."""
+    xs = [random_array((2, 3)) for _ in range(4)]
+    assert_converts(lambda *ts: tf.concat(ts, 0), xs, expect_kinds=["Concatenation"])

@@ -3,16 +3,23 @@ from tftrt_py.convert.ops.registry import find_converter, get_converter, registe
 
 from tftrt_py.convert.ops import (  # noqa: F401,E402  (registration)
     activation,
+    arg,
     batchnorm,
     bias,
     conv,
+    deconv,
     elementwise,
+    gather,
     identity,
     matmul,
+    nms,
     pooling,
     reduce,
     shape,
+    slicing,
     softmax,
+    stacking,
+    topk,
     unary,
 )
 

@@ -1,8 +1,11 @@
-"""Binary element-wise ops with numpy broadcasting: one ElementWise layer each."""
-from tftrt_py.convert.ops.base import OpConverter
+"""Element-wise ops with numpy broadcasting: binary ops as one ElementWise layer each, AddN as a
+chain of sums, ClipByValue as a clip Activation (scalar constant bounds) or a min then a max."""
+from tftrt_py.convert.context import Weights
+from tftrt_py.convert.ops.base import FLOAT_INT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
-__all__ = ["ElementWiseConverter", "ELEMENTWISE"]
+__all__ = ["ElementWiseConverter", "IntElementWiseConverter", "AddNConverter", "ClipByValueConverter",
+           "ELEMENTWISE", "INT_EXACT"]
 
 #: TF op -> ElementWise op
 ELEMENTWISE = {
@@ -16,10 +19,51 @@ ELEMENTWISE = {
     "Minimum": "min",
     "Pow": "pow",
     "SquaredDifference": "squared_difference",
+    "FloorDiv": "floor_div",
+    "FloorMod": "floor_mod",
 }
 
+#: ops of ELEMENTWISE that also convert for int32 (their integer results match TF's; the rest are float-only)
+INT_EXACT = ("FloorDiv", "FloorMod")
 
-@register(*ELEMENTWISE)
+
+@register(*(op for op in ELEMENTWISE if op not in INT_EXACT))
 class ElementWiseConverter(OpConverter):
     def convert(self, node, ctx):
         ctx.set_outputs(node, ctx.add_layer("ElementWise", ctx.inputs(node), {"op": ELEMENTWISE[node.op]}, node=node))
+
+
+@register(*INT_EXACT)
+class IntElementWiseConverter(ElementWiseConverter):
+    allowed_dtypes = FLOAT_INT
+
+
+@register("AddN")
+class AddNConverter(OpConverter):
+    """The sum of N same-shaped inputs, left to right."""
+
+    allowed_dtypes = FLOAT_INT
+
+    def convert(self, node, ctx):
+        total, *rest = ctx.inputs(node)
+        for i, value in enumerate(rest):
+            total = ctx.add_layer("ElementWise", [total, value], {"op": "sum"}, node=node,
+                                  suffix=f"/add{i}" if i < len(rest) - 1 else "")[0]
+        ctx.set_outputs(node, [total])
+
+
+@register("ClipByValue")
+class ClipByValueConverter(OpConverter):
+    """min(max(t, lo), hi) as TF computes it: max(min(t, hi), lo), whatever the bounds' order."""
+
+    allowed_dtypes = FLOAT_INT
+
+    def convert(self, node, ctx):
+        x, lo, hi = ctx.inputs(node)
+        bounds = [float(v.value.ravel()[0]) if isinstance(v, Weights) and v.value.size == 1 else None for v in (lo, hi)]
+        if x.dtype != "int32" and None not in bounds and bounds[0] <= bounds[1]:
+            params = {"type": "clip", "alpha": bounds[0], "beta": bounds[1]}
+            ctx.set_outputs(node, ctx.add_layer("Activation", [x], params, node=node))
+            return
+        y = ctx.add_layer("ElementWise", [x, hi], {"op": "min"}, node=node, suffix="/min")[0]
+        ctx.set_outputs(node, ctx.add_layer("ElementWise", [y, lo], {"op": "max"}, node=node))

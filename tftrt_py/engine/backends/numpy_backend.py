@@ -159,7 +159,8 @@ def _deconvolution(layer, inputs):
     nsp = k.ndim - 2
     strides, out_sp = p["strides"], p["output_spatial"]
     prod = np.tensordot(x, k, axes=([x.ndim - 1], [k.ndim - 1]))  # [N, *S, *K, Cout]
-    full = [(s - 1) * st + kk for s, st, kk in zip(x.shape[1:-1], strides, k.shape[:nsp])]
+    full = [max((s - 1) * st + kk, b + o)  # rows no window reaches stay zero
+            for s, st, kk, b, o in zip(x.shape[1:-1], strides, k.shape[:nsp], p["pre_padding"], out_sp)]
     acc = np.zeros((x.shape[0], *full, k.shape[-2]), dtype=np.float32)
     for kidx in np.ndindex(*k.shape[:nsp]):
         sl = (slice(None),) + tuple(slice(i, i + (s - 1) * st + 1, st)
@@ -297,8 +298,16 @@ def _concat(layer, inputs):
 @kernel("Slice")
 def _slice(layer, inputs):
     p = layer.params
-    index = tuple(slice(s, s + (n - 1) * st + 1 if n else s, st) for s, n, st in zip(p["start"], p["size"], p["stride"]))
+    index = tuple(slice(s, _slice_stop(s, n, st), st) for s, n, st in zip(p["start"], p["size"], p["stride"]))
     return [np.ascontiguousarray(inputs[0][index])]
+
+
+def _slice_stop(start, size, stride):
+    """The exclusive stop of `size` elements from `start` by `stride` (None: past index 0 going down)."""
+    if not size:
+        return start
+    stop = start + (size - 1) * stride + (1 if stride > 0 else -1)
+    return None if stop < 0 else stop
 
 
 @kernel("Softmax")
@@ -312,6 +321,65 @@ def _softmax(layer, inputs):
 @kernel("Gather")
 def _gather(layer, inputs):
     return [np.take(inputs[0], inputs[1], axis=layer.params["axis"])]
+
+
+@kernel("TopK")
+def _topk(layer, inputs):
+    x = inputs[0]
+    axis, k = layer.params["axis"], layer.params["k"]
+    order = np.argsort(-x, axis=axis, kind="stable")  # stable: ties keep the lower index first
+    idx = np.take(order, np.arange(k), axis=axis)
+    return [np.take_along_axis(x, idx, axis=axis), idx.astype(np.int32)]
+
+
+def _iou(boxes):
+    """Pairwise IoU of [M, 4] boxes in float32, corners in either order (as TF computes it)."""
+    b = boxes.astype(np.float32)
+    lo, hi = np.minimum(b[:, :2], b[:, 2:]), np.maximum(b[:, :2], b[:, 2:])
+    area = (hi[:, 0] - lo[:, 0]) * (hi[:, 1] - lo[:, 1])
+    inter = np.prod(np.maximum(np.minimum(hi[:, None], hi[None]) - np.maximum(lo[:, None], lo[None]),
+                               np.float32(0)), axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / (area[:, None] + area[None] - inter)
+    return np.where((area[:, None] <= 0) | (area[None] <= 0), np.float32(0), iou)
+
+
+def _nms_class(boxes, scores, limit, iou_threshold, score_threshold):
+    """Greedy NMS of one class: selected box indices, best score first."""
+    idx = np.flatnonzero(scores > score_threshold)
+    idx = idx[np.argsort(-scores[idx], kind="stable")]
+    iou = _iou(boxes[idx])
+    keep = []
+    for i in range(len(idx)):
+        if len(keep) == limit:
+            break
+        if not keep or not (iou[i, keep] > iou_threshold).any():
+            keep.append(i)
+    return idx[keep]
+
+
+@kernel("NMS")
+def _nms(layer, inputs):
+    """TF's CombinedNonMaxSuppression: per-class NMS, merged by score, clipped and zero-padded."""
+    boxes, scores = inputs
+    p = layer.params
+    b, n, q, _ = boxes.shape
+    out_boxes, out_scores, out_classes, valid = (np.zeros(t.shape, t.dtype) for t in layer.outputs)
+    limit, d = min(p["max_output_size_per_class"], n), out_scores.shape[1]
+    iou_t, score_t = np.float32(p["iou_threshold"]), np.float32(p["score_threshold"])
+    for row in range(b):
+        found = []  # (score, class, box index), class-major then selection order
+        for c in range(scores.shape[2]):
+            cls_boxes, cls_scores = boxes[row, :, c if q > 1 else 0], scores[row, :, c].astype(np.float32)
+            found += [(cls_scores[i], c, i) for i in _nms_class(cls_boxes, cls_scores, limit, iou_t, score_t)]
+        found.sort(key=lambda r: -r[0])
+        found = found[:d]
+        valid[row] = len(found)
+        for j, (score, c, i) in enumerate(found):
+            box = boxes[row, i, c if q > 1 else 0]
+            out_boxes[row, j] = np.clip(box, 0, 1) if p.get("clip_boxes", True) else box
+            out_scores[row, j], out_classes[row, j] = score, c
+    return [out_boxes, out_scores, out_classes, valid]
 
 
 class NumpyBackend:

@@ -1,0 +1,267 @@
+"""TrtGraphConverterV2 end to end: convert, build, save, load, serve — and its errors."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from support import random_array
+from tftrt_py import trt_convert as trt
+from tftrt_py.convert.summary import conversion_ratio
+from tftrt_py.engine_op import dispatcher
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def engine_nodes(func):
+    return [n for n in func.graph.as_graph_def().node if n.op == "TRTEngineOp"]
+
+
+def engine_stats(converter):
+    names = [n.name for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
+    return {name: trt.engine_op_stats()[name] for name in names}
+
+
+def only_stats(converter):
+    (stats,) = engine_stats(converter).values()
+    return stats
+
+
+def fresh_segment_keys(converter):
+    """Engine ops are shared by segment key across loads; a fresh conversion gets fresh keys."""
+    return {n.attr["segment_key"].s for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"}
+
+
+def test_convert_keeps_the_signature(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    func = converter.convert()
+    original = tf.saved_model.load(saved_model("mlp")).signatures["serving_default"]
+    assert func.structured_input_signature == original.structured_input_signature
+    assert list(func.structured_outputs) == list(original.structured_outputs)
+    for key, spec in original.structured_outputs.items():
+        assert func.structured_outputs[key].dtype == spec.dtype
+        assert func.structured_outputs[key].shape.as_list() == spec.shape.as_list()
+    [node] = engine_nodes(func)
+    assert node.name == "TRTEngineOp_000_000"
+    assert node.attr["segment_func"].func.name == "TRTEngineOp_000_000_native_segment"
+    x = random_array((3, 16))
+    got, want = func(features=tf.constant(x)), original(features=tf.constant(x))
+    assert list(got) == list(want) and set(got) == {"scores", "logits"}  # the model's dict, keys as TF gives them
+    for key in want:
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_minimum_segment_size_minus_one_converts_nothing(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), minimum_segment_size=-1)
+    assert engine_nodes(converter.convert()) == []
+
+
+def test_errors_for_bad_saved_models(tmp_path, saved_model):
+    with pytest.raises(ValueError, match="does not exist"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "missing")).convert()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a SavedModel directory"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "empty")).convert()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "saved_model.pb").write_bytes(b"this is not a protobuf")
+    with pytest.raises(ValueError, match="cannot load SavedModel"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "bad")).convert()
+    with pytest.raises(ValueError, match="has no signature 'nope'"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"),
+                                input_saved_model_signature_key="nope").convert()
+
+
+def test_calibration_input_fn_rules(saved_model):
+    with pytest.raises(ValueError, match="Should specify calibration_input_fn"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), precision_mode="INT8").convert()
+    with pytest.raises(ValueError, match="Should not specify calibration_input_fn"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp")).convert(
+            calibration_input_fn=lambda: iter([]))
+
+
+def test_build_errors(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    with pytest.raises(RuntimeError, match="Need to call convert"):
+        converter.build(input_fn=lambda: iter([random_array((1, 16))]))
+    converter.convert()
+    with pytest.raises(RuntimeError, match="input_fn is None"):
+        converter.build(input_fn=None)
+    converter.build(input_fn=lambda: iter([random_array((1, 16))]))
+    with pytest.raises(NotImplementedError, match="more than once"):
+        converter.build(input_fn=lambda: iter([random_array((1, 16))]))
+
+
+@pytest.mark.parametrize("form", ["array", "tuple", "dict"])
+def test_build_accepts_arrays_lists_and_dicts(saved_model, form):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    converter.convert()
+    x = random_array((2, 16))
+    item = {"array": x, "tuple": (x,), "dict": {"features": x}}[form]
+    converter.build(input_fn=lambda: iter([item]))
+    assert only_stats(converter)["builds"] == 1
+
+
+def run_loaded(model_dir, feeds):
+    """Load a converted SavedModel in a fresh process; returns (outputs per feed, engine op stats)."""
+    code = f"""
+import json, sys, numpy as np, tensorflow as tf
+from tftrt_py import trt_convert as trt
+fn = tf.saved_model.load({model_dir!r}).signatures["serving_default"]
+outs = []
+for feed in json.loads(sys.stdin.read()):
+    res = fn(**{{k: tf.constant(np.array(v, dtype="float32")) for k, v in feed.items()}})
+    outs.append({{k: v.numpy().tolist() for k, v in res.items()}})
+print(json.dumps({{"outputs": outs, "stats": trt.engine_op_stats()}}))
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps([{k: v.tolist() for k, v in f.items()}
+                                                                          for f in feeds]),
+                          capture_output=True, text=True, env=env, check=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result["outputs"], result["stats"]
+
+
+def test_saved_engines_serve_the_first_request_after_load(saved_model, tmp_path):
+    native = tf.saved_model.load(saved_model("small_cnn")).signatures["serving_default"]
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("small_cnn"))
+    converter.convert()
+    converter.build(input_fn=lambda: iter([random_array((4, 32, 32, 3))]))
+    converter.save(str(tmp_path / "converted"))
+    assert os.listdir(tmp_path / "converted" / "assets") == ["TRTEngineOp_000_000.engines"]
+    x = random_array((4, 32, 32, 3))
+    (outputs,), stats = run_loaded(str(tmp_path / "converted"), [{"image": x}])
+    assert stats["TRTEngineOp_000_000"]["builds"] == 0
+    assert stats["TRTEngineOp_000_000"]["hits"] == 1
+    np.testing.assert_allclose(outputs["output_0"], native(image=tf.constant(x))["output_0"].numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_save_before_build_stores_no_engines(saved_model, tmp_path):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    converter.convert()
+    converter.save(str(tmp_path / "converted"))
+    assert not os.path.exists(tmp_path / "converted" / "assets") or not os.listdir(tmp_path / "converted" / "assets")
+    x = random_array((2, 16))
+    (outputs,), stats = run_loaded(str(tmp_path / "converted"), [{"features": x}])
+    assert stats["TRTEngineOp_000_000"]["builds"] == 1  # built on first use instead
+
+
+@pytest.mark.parametrize("max_engines, expected", [(1, dict(builds=3, evictions=2, hits=1)),
+                                                   (2, dict(builds=3, evictions=1, hits=1))])
+def test_engine_cache_evicts_least_recently_used(saved_model, max_engines, expected):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"),
+                                        maximum_cached_engines=max_engines)
+    func = converter.convert()
+    original = tf.saved_model.load(saved_model("mlp")).signatures["serving_default"]
+    for batch in (1, 2, 4, 2):  # the last batch 2 is served by an engine (batch 4 or 2) without a build
+        x = tf.constant(random_array((batch, 16)))
+        np.testing.assert_allclose(func(features=x)["scores"].numpy(), original(features=x)["scores"].numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    stats = only_stats(converter)
+    assert {k: stats[k] for k in expected} == expected
+    assert stats["engines"] == max_engines and stats["fallback_total"] == 0
+
+
+def test_no_engine_and_no_build_allowed_runs_the_native_segment(saved_model, tmp_path):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), allow_build_at_runtime=False)
+    converter.convert()
+    converter.build(input_fn=lambda: iter([random_array((2, 16))]))  # build() may still build
+    converter.save(str(tmp_path / "converted"))
+    x2, x8 = random_array((2, 16)), random_array((8, 16))
+    original = tf.saved_model.load(saved_model("mlp")).signatures["serving_default"]
+    (out2, out8), stats = run_loaded(str(tmp_path / "converted"), [{"features": x2}, {"features": x8}])
+    stats = stats["TRTEngineOp_000_000"]
+    assert stats["builds"] == 0 and stats["hits"] == 1 and stats["fallbacks"] == {"no_engine": 1}
+    np.testing.assert_allclose(out8["logits"], original(features=tf.constant(x8))["logits"].numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_failed_build_falls_back_and_is_remembered(saved_model, monkeypatch, caplog):
+    import tftrt_py.convert.build as build_lib
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated build failure")
+
+    monkeypatch.setattr(build_lib, "build_engine", broken)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    func = converter.convert()
+    original = tf.saved_model.load(saved_model("mlp")).signatures["serving_default"]
+    x = tf.constant(random_array((2, 16)))
+    for _ in range(2):
+        np.testing.assert_allclose(func(features=x)["logits"].numpy(), original(features=x)["logits"].numpy(),
+                                   rtol=1e-5, atol=1e-5)
+    stats = only_stats(converter)
+    assert stats["build_failures"] == 1 and stats["fallbacks"] == {"build_failed": 2} and stats["engines"] == 0
+    assert sum("simulated build failure" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+def test_runtime_failure_falls_back(saved_model, monkeypatch):
+    from tftrt_py.engine.runtime import ExecutionContext
+
+    def broken(self, inputs):
+        raise RuntimeError("simulated runtime failure")
+
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    func = converter.convert()
+    monkeypatch.setattr(ExecutionContext, "execute_v2", broken)
+    x = tf.constant(random_array((2, 16)))
+    original = tf.saved_model.load(saved_model("mlp")).signatures["serving_default"]
+    np.testing.assert_allclose(func(features=x)["logits"].numpy(), original(features=x)["logits"].numpy(),
+                               rtol=1e-5, atol=1e-5)
+    assert only_stats(converter)["fallbacks"] == {"runtime_failure": 1}
+
+
+def test_forbidden_fallback_is_an_error(saved_model, monkeypatch):
+    import tftrt_py.convert.build as build_lib
+
+    monkeypatch.setattr(build_lib, "build_engine", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setenv(dispatcher.FALLBACK_ENV, "0")
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    func = converter.convert()
+    with pytest.raises(tf.errors.OpError, match="native segment is forbidden"):
+        func(features=tf.constant(random_array((2, 16))))
+
+
+def test_concurrent_calls_get_right_answers(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("small_cnn"), maximum_cached_engines=4)
+    func = converter.convert()
+    original = tf.saved_model.load(saved_model("small_cnn")).signatures["serving_default"]
+    inputs = [tf.constant(random_array((b, 32, 32, 3))) for b in (1, 2, 3, 2, 1, 3)]
+    expected = [original(image=x)["output_0"].numpy() for x in inputs]
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            for _ in range(3):
+                results[i] = func(image=inputs[i])["output_0"].numpy()
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, want in enumerate(expected):
+        np.testing.assert_allclose(results[i], want, rtol=1e-5, atol=1e-5)
+
+
+def test_summary_lists_engines_and_native_reasons(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("small_cnn"))
+    with pytest.raises(RuntimeError, match="before calling"):
+        converter.summary()
+    converter.convert()
+    lines = []
+    converter.summary(print_fn=lines.append)
+    text = "\n".join(lines)
+    assert "TRTEngineOp_000_000" in text and "- Conv2D: 3x" in text
+    inside, total = conversion_ratio(converter._converted_graph_def)
+    assert f"[*] % of OPs Converted: {100.0 * inside / total:.2f}% [{inside}/{total}]" in text
+    assert "Placeholder" in text and "graph input" in text
+    with pytest.raises(ValueError, match="Minimum: 160"):
+        converter.summary(line_length=100)

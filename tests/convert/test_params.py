@@ -1,0 +1,42 @@
+"""TrtConversionParams and TrtPrecisionMode behave as TF-TRT's."""
+import pytest
+
+from tftrt_py import trt_convert as trt
+
+
+def test_defaults_are_tf_trts():
+    p = trt.DEFAULT_TRT_CONVERSION_PARAMS
+    assert p == trt.TrtConversionParams(max_workspace_size_bytes=1 << 30, precision_mode="FP32",
+                                        minimum_segment_size=3, maximum_cached_engines=1, use_calibration=True,
+                                        allow_build_at_runtime=True)
+
+
+def test_replace_works_as_in_the_seed():
+    p = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(max_workspace_size_bytes=(1 << 32))
+    p = p._replace(precision_mode="FP16")._replace(maximum_cached_engines=100)
+    assert (p.max_workspace_size_bytes, p.precision_mode, p.maximum_cached_engines) == (1 << 32, "FP16", 100)
+    assert trt.DEFAULT_TRT_CONVERSION_PARAMS.precision_mode == "FP32"
+
+
+def test_precision_modes_accept_lower_case():
+    assert trt.TrtPrecisionMode.supported_precision_modes() == ["FP32", "FP16", "INT8", "fp32", "fp16", "int8"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"precision_mode": "FP64"}, "precision mode 'FP64' is not supported"),
+    ({"minimum_segment_size": 0}, "minimum segment size should be positive or -1"),
+    ({"minimum_segment_size": -2}, "minimum segment size should be positive or -1"),
+    ({"maximum_cached_engines": 0}, "maximum_cached_engines"),
+    ({"max_workspace_size_bytes": -1}, "max_workspace_size_bytes"),
+])
+def test_bad_values_raise_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        trt.TrtGraphConverterV2(input_saved_model_dir="unused", **kwargs)
+    with pytest.raises(ValueError, match=message):
+        trt.TrtGraphConverterV2(input_saved_model_dir="unused",
+                                conversion_params=trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(**kwargs))
+
+
+def test_unsupported_dynamic_shape_option_is_refused():
+    with pytest.raises(ValueError, match="use_dynamic_shape"):
+        trt.TrtGraphConverterV2(input_saved_model_dir="unused", use_dynamic_shape=True)

@@ -1,0 +1,205 @@
+"""Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes).
+
+Begin/end/size/stride operands and split sizes are constants, and shapes are concrete while
+building, so every mask and negative index resolves statically to a start, size and stride.
+"""
+import numpy as np
+
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, WEIGHT, OpConverter
+from tftrt_py.convert.ops.registry import register
+
+__all__ = ["SliceConverter", "StridedSliceConverter", "SplitConverter", "SplitVConverter", "UnpackConverter", "resolve_strided_slice"]
+
+
+def _ints(value):
+    return [int(v) for v in np.ravel(value)]
+
+
+def add_slice(ctx, node, x, start, size, stride=None, keep=None, suffix=""):
+    """x[start : start + size * stride : stride] as a Slice layer, then a Shuffle keeping only the axes
+    in `keep` (all when None). A slice that takes everything adds no layer."""
+    stride = stride or [1] * len(start)
+    if list(size) != list(x.shape) or any(start) or any(s != 1 for s in stride):
+        params = {"start": list(start), "size": list(size), "stride": list(stride)}
+        x = ctx.add_layer("Slice", [x], params, node=node, suffix=suffix)[0]
+    if keep is not None and len(keep) != len(size):
+        x = ctx.add_layer("Shuffle", [x], {"reshape": [int(size[a]) for a in keep]}, node=node,
+                          suffix=suffix + "/squeeze")[0]
+    return x
+
+
+def split_along(ctx, node, x, axis, sizes, squeeze=False):
+    """The pieces of `x` of `sizes` along `axis`, each one Slice layer (`squeeze`: drop the axis)."""
+    outs, offset = [], 0
+    for i, n in enumerate(sizes):
+        start, size = [0] * len(x.shape), list(x.shape)
+        start[axis], size[axis] = offset, n
+        keep = [a for a in range(len(size)) if a != axis] if squeeze else None
+        outs.append(add_slice(ctx, node, x, start, size, keep=keep, suffix=f"/{i}"))
+        offset += n
+    return outs
+
+
+# -- Slice ----------------------------------------------------------------------------------------
+@register("Slice")
+class SliceConverter(OpConverter):
+    """begin and size are constants; size -1 takes the rest of the dimension."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+    input_spec = (ANY, WEIGHT, WEIGHT)
+
+    def validate(self, node, ctx):
+        x, begin, size = ctx.input_infos(node)
+        begin, size = _ints(begin.value), _ints(size.value)
+        if x.rank is not None and not len(begin) == len(size) == x.rank:
+            return f"begin {begin} and size {size} must have one entry per input dim ({x.rank})"
+        for b, n, d in zip(begin, size, x.shape or ()):
+            if b < 0 or n < -1 or (d is not None and b + (d - b if n == -1 else n) > d):
+                return f"slice begin {begin} size {size} is out of range for shape {list(x.shape)}"
+        return None
+
+    def convert(self, node, ctx):
+        x, begin, size = ctx.inputs(node)
+        begin = _ints(begin.value)
+        size = [d - b if n == -1 else n for b, n, d in zip(begin, _ints(size.value), x.shape)]
+        ctx.set_outputs(node, [add_slice(ctx, node, x, begin, size)])
+
+
+# -- StridedSlice -------------------------------------------------------------------------------
+def _dense_indices(rank, n, ellipsis_mask):
+    """For each input dim, the index of its begin/end/stride entry, or None where an ellipsis
+    (explicit, or implied after the last entry) takes the whole dim."""
+    entries = [i for i in range(n) if not ellipsis_mask >> i & 1]
+    if len(entries) < n - 1:
+        raise ValueError("StridedSlice with more than one ellipsis is not supported")
+    if len(entries) > rank:
+        raise ValueError(f"StridedSlice has {len(entries)} indices for a rank-{rank} input")
+    dense = []
+    for i in range(n):
+        dense += [None] * (rank - len(entries)) if ellipsis_mask >> i & 1 else [i]
+    return dense + [None] * (rank - len(dense))
+
+
+def _resolve_dim(dim, begin, end, stride, begin_masked, end_masked, shrink):
+    """(start, size, stride) of one dim, as TF canonicalizes it (Python slice semantics)."""
+    if shrink:
+        index = begin + dim if begin < 0 else begin
+        if not 0 <= index < dim:
+            raise ValueError(f"StridedSlice index {begin} is out of range for a dim of size {dim}")
+        return index, 1, 1
+    start, stop, step = slice(None if begin_masked else begin, None if end_masked else end, stride).indices(dim)
+    return start, len(range(start, stop, step)), step
+
+
+def resolve_strided_slice(node, shape, begin, end, strides):
+    """(start, size, stride, kept axes) of a StridedSlice of an input of `shape` (None dims skipped:
+    their entries are None); raises ValueError with the reason it cannot convert."""
+    if 0 in strides:
+        raise ValueError("StridedSlice with a zero stride is not valid")
+    masks = {k: int(node.attr(k, 0)) for k in ("begin_mask", "end_mask", "ellipsis_mask", "shrink_axis_mask")}
+    starts, sizes, steps, keep = [], [], [], []
+    for axis, (dim, i) in enumerate(zip(shape, _dense_indices(len(shape), len(begin), masks["ellipsis_mask"]))):
+        if i is None:
+            resolved, shrink = (0, dim, 1), False
+        else:
+            shrink = bool(masks["shrink_axis_mask"] >> i & 1)
+            resolved = (None, None, None) if dim is None else _resolve_dim(
+                dim, begin[i], end[i], strides[i], masks["begin_mask"] >> i & 1, masks["end_mask"] >> i & 1, shrink)
+        starts.append(resolved[0])
+        sizes.append(resolved[1])
+        steps.append(resolved[2])
+        if not shrink:
+            keep.append(axis)
+    return starts, sizes, steps, keep
+
+
+@register("StridedSlice")
+class StridedSliceConverter(OpConverter):
+    """Constant begin/end/strides with begin, end, ellipsis and shrink-axis masks."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+    input_spec = (ANY, WEIGHT)
+
+    def validate(self, node, ctx):
+        if node.attr("new_axis_mask", 0):
+            return "StridedSlice with new_axis_mask is not supported"
+        x, *consts = ctx.input_infos(node)
+        if x.rank is None:
+            return "StridedSlice needs an input of known rank"
+        try:
+            resolve_strided_slice(node, x.shape, *(_ints(c.value) for c in consts))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def convert(self, node, ctx):
+        x, *consts = ctx.inputs(node)
+        start, size, stride, keep = resolve_strided_slice(node, x.shape, *(_ints(c.value) for c in consts))
+        ctx.set_outputs(node, [add_slice(ctx, node, x, start, size, stride, keep)])
+
+
+# -- Split, SplitV, Unpack ----------------------------------------------------------------------
+@register("Split")
+class SplitConverter(OpConverter):
+    """num_split equal pieces along a constant axis."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+    input_spec = (WEIGHT, ANY)
+    #: positions of the value, axis and sizes (None: equal pieces) inputs
+    value_index, axis_index, sizes_index = 1, 0, None
+
+    def validate(self, node, ctx):
+        infos = ctx.input_infos(node)
+        shape = infos[self.value_index].shape
+        if shape is None:
+            return f"{node.op} needs an input of known rank"
+        try:
+            self.sizes(node, infos, shape[_ints(infos[self.axis_index].value)[0] % len(shape)])
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def sizes(self, node, infos, dim):
+        """The piece sizes (None while `dim` is unknown); ValueError when there are none."""
+        num = int(node.attr("num_split"))
+        if dim is not None and dim % num:
+            raise ValueError(f"Split of a dim of size {dim} into {num} equal pieces is not possible")
+        return None if dim is None else [dim // num] * num
+
+    def convert(self, node, ctx):
+        values = ctx.inputs(node)
+        x = values[self.value_index]
+        axis = _ints(values[self.axis_index].value)[0] % len(x.shape)
+        ctx.set_outputs(node, split_along(ctx, node, x, axis, self.sizes(node, ctx.input_infos(node), x.shape[axis])))
+
+
+@register("SplitV")
+class SplitVConverter(SplitConverter):
+    """Pieces of constant sizes along a constant axis; one size may be -1 (the rest)."""
+
+    input_spec = (ANY, WEIGHT, WEIGHT)
+    value_index, axis_index, sizes_index = 0, 2, 1
+
+    def sizes(self, node, infos, dim):
+        num, sizes = int(node.attr("num_split")), _ints(infos[self.sizes_index].value)
+        if len(sizes) != num or sizes.count(-1) > 1:
+            raise ValueError(f"SplitV size_splits {sizes} must have num_split={num} entries, at most one -1")
+        if dim is None:
+            return None
+        rest = dim - sum(s for s in sizes if s != -1)
+        sizes = [rest if s == -1 else s for s in sizes]
+        if sum(sizes) != dim or min(sizes) < 0:
+            raise ValueError(f"SplitV size_splits {sizes} do not add up to the dim's size {dim}")
+        return sizes
+
+
+@register("Unpack")
+class UnpackConverter(OpConverter):
+    """num tensors, each x's slice at one index of `axis` with that axis dropped."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+
+    def convert(self, node, ctx):
+        x = ctx.inputs(node)[0]
+        axis = int(node.attr("axis", 0)) % len(x.shape)
+        ctx.set_outputs(node, split_along(ctx, node, x, axis, [1] * x.shape[axis], squeeze=True))
