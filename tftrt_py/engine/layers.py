@@ -58,7 +58,7 @@ ELEMENTWISE_OPS = ("sum", "sub", "prod", "div", "max", "min", "pow", "floor_div"
 COMPARISONS = ("equal", "greater", "greater_equal", "less", "less_equal", "not_equal")
 UNARY_OPS = ("exp", "log", "sqrt", "rsqrt", "recip", "abs", "neg", "sin", "cos", "tan", "sinh", "cosh",
              "asin", "acos", "atan", "asinh", "acosh", "atanh", "ceil", "floor", "round", "sign", "erf",
-             "square", "not")
+             "square", "not", "erfc")
 ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
                "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
@@ -379,3 +379,22 @@ def _nms(layer):
         raise NetworkError(f"NMS boxes {boxes.shape} do not match scores {scores.shape}")
     d = nms_detections(layer.params, c)
     return [(boxes.dtype, (b, d, 4)), (scores.dtype, (b, d)), (scores.dtype, (b, d)), ("int32", (b,))]
+
+
+#: Resize modes and their TF ops: nearest (ResizeNearestNeighbor) and linear (ResizeBilinear).
+RESIZE_MODES = ("nearest", "linear")
+
+
+@register("Resize", rowwise=lambda layer, batched: batched[0])
+def _resize(layer):
+    """Channels-last 2-d resize of [N, H, W, C] to ``sizes`` [H', W'] with TF's coordinate rules
+    (``align_corners``, ``half_pixel_centers``); linear always gives float32, as ResizeBilinear does."""
+    x = layer.inputs[0]
+    p = layer.params
+    if p["mode"] not in RESIZE_MODES:
+        raise NetworkError(f"unknown Resize mode {p['mode']!r} (known: {', '.join(RESIZE_MODES)})")
+    if x.rank != 4 or len(p["sizes"]) != 2 or min(p["sizes"]) <= 0:
+        raise NetworkError(f"Resize needs a [N, H, W, C] input and two positive sizes, got {x.shape}, {p['sizes']}")
+    dtype = "float32" if p["mode"] == "linear" else x.dtype
+    return [(dtype, (x.shape[0], *p["sizes"], x.shape[3]))]
+

@@ -34,6 +34,20 @@ def _erf(x):
     return (np.sign(x) * (1.0 - poly * np.exp(-z * z))).astype(x.dtype)
 
 
+def _erfc(x):
+    """erfc by the Chebyshev fit of Numerical Recipes' erfcc in float64 (relative error below 1.2e-7,
+    so the tail keeps float32 accuracy where 1 - erf(x) would not)."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.5 * z)
+    coeffs = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+              1.48851587, -0.82215223, 0.17087277)
+    poly = np.zeros_like(t)
+    for c in reversed(coeffs[1:]):
+        poly = t * (c + poly)
+    tail = t * np.exp(-z * z + coeffs[0] + poly)
+    return np.where(x >= 0, tail, 2.0 - tail).astype(x.dtype)
+
+
 def _gelu_erf(x):
     return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
 
@@ -73,7 +87,7 @@ UNARY_FNS = {
     "tan": np.tan, "sinh": np.sinh, "cosh": np.cosh, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "ceil": np.ceil, "floor": np.floor, "round": np.round, "sign": np.sign, "erf": _erf,
-    "square": np.square, "not": np.logical_not,
+    "square": np.square, "not": np.logical_not, "erfc": _erfc,
 }
 
 
@@ -380,6 +394,52 @@ def _nms(layer, inputs):
             out_boxes[row, j] = np.clip(box, 0, 1) if p.get("clip_boxes", True) else box
             out_scores[row, j], out_classes[row, j] = score, c
     return [out_boxes, out_scores, out_classes, valid]
+
+
+def _resize_scale(in_size, out_size, align_corners):
+    """TF's CalculateResizeScale, in float32."""
+    if align_corners and out_size > 1:
+        return np.float32(in_size - 1) / np.float32(out_size - 1)
+    return np.float32(in_size) / np.float32(out_size)
+
+
+def _nearest_index(in_size, out_size, align_corners, half_pixel):
+    """Source index of each output row, as TF's ResizeNearestNeighbor computes it (float32)."""
+    scale = _resize_scale(in_size, out_size, align_corners)
+    pos = np.arange(out_size, dtype=np.float32)
+    src = (pos + np.float32(0.5)) * scale if half_pixel else pos * scale
+    src = src.astype(np.float64)  # exact; roundf rounds halves away from zero and src >= 0
+    idx = np.floor(src + 0.5) if align_corners else np.floor(src)
+    return np.clip(idx.astype(np.int64), 0, in_size - 1)
+
+
+def _linear_weights(in_size, out_size, align_corners, half_pixel):
+    """(lower, upper, lerp) per output row, as TF's ResizeBilinear computes them (float32)."""
+    scale = _resize_scale(in_size, out_size, align_corners)
+    pos = np.arange(out_size, dtype=np.float32)
+    src = (pos + np.float32(0.5)) * scale - np.float32(0.5) if half_pixel else pos * scale
+    low = np.floor(src)
+    lower = np.maximum(low.astype(np.int64), 0)
+    upper = np.minimum(np.ceil(src).astype(np.int64), in_size - 1)
+    return lower, upper, (src - low).astype(np.float32)
+
+
+@kernel("Resize")
+def _resize(layer, inputs):
+    x = inputs[0]
+    p = layer.params
+    (h, w), (oh, ow) = x.shape[1:3], p["sizes"]
+    args = (p.get("align_corners", False), p.get("half_pixel_centers", False))
+    if p["mode"] == "nearest":
+        return [np.ascontiguousarray(x[:, _nearest_index(h, oh, *args)][:, :, _nearest_index(w, ow, *args)])]
+    x = x.astype(np.float32)
+    y0, y1, ylerp = _linear_weights(h, oh, *args)
+    x0, x1, xlerp = _linear_weights(w, ow, *args)
+    xlerp = xlerp[None, None, :, None]
+    top_rows, bottom_rows = x[:, y0], x[:, y1]
+    top = top_rows[:, :, x0] + (top_rows[:, :, x1] - top_rows[:, :, x0]) * xlerp
+    bottom = bottom_rows[:, :, x0] + (bottom_rows[:, :, x1] - bottom_rows[:, :, x0]) * xlerp
+    return [(top + (bottom - top) * ylerp[None, :, None, None]).astype(np.float32)]
 
 
 class NumpyBackend:

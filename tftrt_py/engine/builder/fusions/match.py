@@ -1,0 +1,212 @@
+"""What the fusion rules share: matching helpers, the rewrite of a match, and fusion counts.
+
+A rule is ``rule(network, users, layer) -> Fused | Bypass | None``: it tries to match a pattern
+ending at `layer` (the root) and returns how to rewrite it, or None. :func:`apply_rules` runs
+rules indexed by root layer kind over a network; a match replaces the root's output and erases
+the matched layers, so every intermediate must be private to the pattern (see :func:`private`).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import weakref
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from tftrt_py.engine.network import Layer, Network, Tensor
+
+__all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "report_fusions", "constant_value",
+           "private", "sole_producer", "affine", "activation_of", "with_activation", "bias_key", "FLOATS"]
+
+logger = logging.getLogger(__name__)
+
+FLOATS = ("float32", "float16")
+Users = Mapping[str, List[Layer]]
+
+
+@dataclasses.dataclass
+class Fused:
+    """`layers` (in network order; the last one's output is replaced) become one new layer."""
+
+    rule: str
+    layers: List[Layer]
+    kind: str
+    inputs: List[Tensor]
+    params: dict
+    weights: Dict[str, np.ndarray]
+    name: Optional[str] = None
+
+
+@dataclasses.dataclass
+class Bypass:
+    """`layers` compute nothing: readers of the last one's output read `tensor` instead."""
+
+    rule: str
+    layers: List[Layer]
+    tensor: Tensor
+
+
+Rule = Callable[[Network, Users, Layer], Union[Fused, Bypass, None]]
+
+
+# -- matching helpers ---------------------------------------------------------
+def constant_value(tensor: Tensor) -> Optional[np.ndarray]:
+    """The value of a tensor made by a Constant layer, else None."""
+    p = tensor.producer
+    return p.weights["value"] if p is not None and p.kind == "Constant" else None
+
+
+def private(network: Network, users: Users, tensor: Tensor, inside: Sequence[Layer]) -> bool:
+    """True when only layers of `inside` read `tensor` and it is no network output."""
+    return not network.is_output(tensor) and all(any(u is l for l in inside) for u in users.get(tensor.name, ()))
+
+
+def sole_producer(network: Network, users: Users, tensor: Tensor, kinds: Sequence[str]) -> Optional[Layer]:
+    """The producer of `tensor` when it is of one of `kinds` and `tensor` has one reader and is no output."""
+    p = tensor.producer
+    if p is None or p.kind not in kinds or len(users.get(tensor.name, ())) != 1 or network.is_output(tensor):
+        return None
+    return p
+
+
+#: (ElementWise op, index of the constant operand) -> (scale, shift) that op applies, given the constant c
+AFFINE_OPS = {
+    ("sum", 0): lambda c: (1.0, c), ("sum", 1): lambda c: (1.0, c),
+    ("sub", 0): lambda c: (-1.0, c), ("sub", 1): lambda c: (1.0, -c),
+    ("prod", 0): lambda c: (c, 0.0), ("prod", 1): lambda c: (c, 0.0),
+    ("div", 1): lambda c: (1.0 / c, 0.0),
+}
+
+
+def _channel_vector(value: np.ndarray, rank: int, channels: int) -> Optional[np.ndarray]:
+    """`value` as a float64 [channels] vector when it varies along the last of `rank` axes at most."""
+    if value.ndim > rank or any(d != 1 for d in value.shape[:-1]) or value.size not in (1, channels):
+        return None
+    return np.broadcast_to(value.astype(np.float64).reshape(-1), (channels,))
+
+
+def affine(layer: Layer) -> Optional[Tuple[Tensor, np.ndarray, np.ndarray]]:
+    """(x, scale, shift) when `layer` computes x * scale + shift with [C] vectors over x's last axis.
+
+    Matches a Scale (per last-axis channel or uniform, power 1, no activation) and an ElementWise
+    sum/sub/prod/div with such a constant that does not broadcast x.
+    """
+    out = layer.outputs[0]
+    if out.dtype not in FLOATS:
+        return None
+    channels = out.shape[-1] if out.rank else 1
+    if layer.kind == "Scale":
+        x, w = layer.inputs[0], layer.weights
+        if layer.params.get("activation") or np.any(w.get("power", 1) != 1):
+            return None
+        if x.rank and layer.params.get("channel_axis", -1) % x.rank != x.rank - 1 and any(
+                w[k].size > 1 for k in ("scale", "shift") if k in w):
+            return None
+        vectors = [_channel_vector(np.asarray(w.get(k, v)), x.rank, channels) for k, v in (("scale", 1.0),
+                                                                                          ("shift", 0.0))]
+        return None if any(v is None for v in vectors) else (x, *vectors)
+    if layer.kind != "ElementWise":
+        return None
+    for i, t in enumerate(layer.inputs):
+        c, x = constant_value(t), layer.inputs[1 - i]
+        fn = AFFINE_OPS.get((layer.params["op"], i))
+        if c is None or fn is None or constant_value(x) is not None or x.shape != out.shape:
+            continue
+        c = _channel_vector(c, x.rank, channels)
+        if c is None or (layer.params["op"] == "div" and not np.all(c)):
+            return None
+        scale, shift = fn(c)
+        return x, np.broadcast_to(scale, (channels,)), np.broadcast_to(shift, (channels,))
+    return None
+
+
+# -- the epilogue (bias and activation) of Convolution, MatrixMultiply, MLP and Scale -------
+def activation_of(layer: Layer) -> Optional[dict]:
+    return layer.params["activations"][-1] if layer.kind == "MLP" else layer.params.get("activation")
+
+
+def with_activation(layer: Layer, activation: dict) -> dict:
+    """`layer`'s params with `activation` applied last."""
+    if layer.kind == "MLP":
+        return {**layer.params, "activations": layer.params["activations"][:-1] + [activation]}
+    return {**layer.params, "activation": activation}
+
+
+def bias_key(layer: Layer) -> str:
+    return f"b{len(layer.params['activations']) - 1}" if layer.kind == "MLP" else "bias"
+
+
+# -- rewriting ----------------------------------------------------------------
+def _rewrite(network: Network, match: Union[Fused, Bypass]) -> str:
+    root = match.layers[-1]
+    old = root.outputs[0]
+    if isinstance(match, Bypass):
+        new, name = match.tensor, f"{' + '.join(l.name for l in match.layers)} (erased)"
+    else:
+        name = match.name or " + ".join(l.name for l in match.layers)
+        with network.inserting_before(root):
+            layer = network.add_layer(match.kind, match.inputs, match.params, match.weights, name=name)
+        new, name = layer.outputs[0], layer.name
+        new.dynamic_range = old.dynamic_range
+        if network.is_output(old):  # the fused layer's output takes over the binding name
+            new.name = old.name
+    network.replace_all_uses(old, new)
+    for layer in reversed(match.layers):
+        network.erase(layer)
+    return name
+
+
+def apply_rules(network: Network, rules: Mapping[str, Sequence[Rule]], log: logging.Logger) -> bool:
+    """One sweep over the network trying `rules` (by root kind) at each layer; True if any matched."""
+    changed = False
+    users = network.consumers()
+    for layer in list(network.layers):
+        for rule in rules.get(layer.kind, ()):
+            match = rule(network, users, layer)
+            if match is None or (isinstance(match, Bypass) and network.is_output(layer.outputs[0])):
+                continue
+            log.info("%s: %s", match.rule, _rewrite(network, match))
+            record(network, match.rule)
+            users = network.consumers()
+            changed = True
+            break
+    return changed
+
+
+# -- counts -------------------------------------------------------------------
+@dataclasses.dataclass
+class _Tally:
+    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    seen: int = 0
+    reported: bool = False
+
+
+_TALLIES: "weakref.WeakKeyDictionary[Network, _Tally]" = weakref.WeakKeyDictionary()
+
+
+def record(network: Network, rule: str) -> None:
+    """Count one application of `rule` on `network`."""
+    _TALLIES.setdefault(network, _Tally()).counts[rule] += 1
+
+
+def fusion_counts(network: Network) -> Dict[str, int]:
+    """How often each fusion rule was applied to `network` so far."""
+    tally = _TALLIES.get(network)
+    return dict(tally.counts) if tally else {}
+
+
+def report_fusions(network: Network) -> bool:
+    """Log the network's fusion counts once a pipeline round made no fusion; never changes anything."""
+    tally = _TALLIES.get(network)
+    if tally is None:
+        return False
+    total = sum(tally.counts.values())
+    if total != tally.seen:
+        tally.seen, tally.reported = total, False
+    elif not tally.reported:
+        tally.reported = True
+        logger.info("fusions in %s: %s", network.name,
+                    ", ".join(f"{n} x {rule}" for rule, n in sorted(tally.counts.items())))
+    return False
