@@ -1,5 +1,6 @@
 """TrtGraphConverterV2 end to end: convert, build, save, load, serve — and its errors."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -31,6 +32,11 @@ def only_stats(converter):
     return stats
 
 
+def only_engine(converter):
+    (name,) = [n.name for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
+    return name
+
+
 def fresh_segment_keys(converter):
     """Engine ops are shared by segment key across loads; a fresh conversion gets fresh keys."""
     return {n.attr["segment_key"].s for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"}
@@ -46,8 +52,8 @@ def test_convert_keeps_the_signature(saved_model):
         assert func.structured_outputs[key].dtype == spec.dtype
         assert func.structured_outputs[key].shape.as_list() == spec.shape.as_list()
     [node] = engine_nodes(func)
-    assert node.name == "TRTEngineOp_000_000"
-    assert node.attr["segment_func"].func.name == "TRTEngineOp_000_000_native_segment"
+    assert re.fullmatch(r"TRTEngineOp_\d{3}_000", node.name)
+    assert node.attr["segment_func"].func.name == f"{node.name}_native_segment"
     x = random_array((3, 16))
     got, want = func(features=tf.constant(x)), original(features=tf.constant(x))
     assert list(got) == list(want) and set(got) == {"scores", "logits"}  # the model's dict, keys as TF gives them
@@ -131,11 +137,12 @@ def test_saved_engines_serve_the_first_request_after_load(saved_model, tmp_path)
     converter.convert()
     converter.build(input_fn=lambda: iter([random_array((4, 32, 32, 3))]))
     converter.save(str(tmp_path / "converted"))
-    assert os.listdir(tmp_path / "converted" / "assets") == ["TRTEngineOp_000_000.engines"]
+    name = only_engine(converter)
+    assert os.listdir(tmp_path / "converted" / "assets") == [f"{name}.engines"]
     x = random_array((4, 32, 32, 3))
     (outputs,), stats = run_loaded(str(tmp_path / "converted"), [{"image": x}])
-    assert stats["TRTEngineOp_000_000"]["builds"] == 0
-    assert stats["TRTEngineOp_000_000"]["hits"] == 1
+    assert stats[name]["builds"] == 0
+    assert stats[name]["hits"] == 1
     np.testing.assert_allclose(outputs["output_0"], native(image=tf.constant(x))["output_0"].numpy(),
                                rtol=1e-5, atol=1e-5)
 
@@ -147,7 +154,7 @@ def test_save_before_build_stores_no_engines(saved_model, tmp_path):
     assert not os.path.exists(tmp_path / "converted" / "assets") or not os.listdir(tmp_path / "converted" / "assets")
     x = random_array((2, 16))
     (outputs,), stats = run_loaded(str(tmp_path / "converted"), [{"features": x}])
-    assert stats["TRTEngineOp_000_000"]["builds"] == 1  # built on first use instead
+    assert stats[only_engine(converter)]["builds"] == 1  # built on first use instead
 
 
 @pytest.mark.parametrize("max_engines, expected", [(1, dict(builds=3, evictions=2, hits=1)),
@@ -174,7 +181,7 @@ def test_no_engine_and_no_build_allowed_runs_the_native_segment(saved_model, tmp
     x2, x8 = random_array((2, 16)), random_array((8, 16))
     original = tf.saved_model.load(saved_model("mlp")).signatures["serving_default"]
     (out2, out8), stats = run_loaded(str(tmp_path / "converted"), [{"features": x2}, {"features": x8}])
-    stats = stats["TRTEngineOp_000_000"]
+    stats = stats[only_engine(converter)]
     assert stats["builds"] == 0 and stats["hits"] == 1 and stats["fallbacks"] == {"no_engine": 1}
     np.testing.assert_allclose(out8["logits"], original(features=tf.constant(x8))["logits"].numpy(), rtol=1e-5,
                                atol=1e-5)
@@ -259,7 +266,7 @@ def test_summary_lists_engines_and_native_reasons(saved_model):
     lines = []
     converter.summary(print_fn=lines.append)
     text = "\n".join(lines)
-    assert "TRTEngineOp_000_000" in text and "- Conv2D: 3x" in text
+    assert only_engine(converter) in text and "- Conv2D: 3x" in text
     inside, total = conversion_ratio(converter._converted_graph_def)
     assert f"[*] % of OPs Converted: {100.0 * inside / total:.2f}% [{inside}/{total}]" in text
     assert "Placeholder" in text and "graph input" in text

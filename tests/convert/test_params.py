@@ -37,6 +37,11 @@ def test_bad_values_raise_value_error(kwargs, message):
                                 conversion_params=trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(**kwargs))
 
 
-def test_unsupported_dynamic_shape_option_is_refused():
-    with pytest.raises(ValueError, match="use_dynamic_shape"):
-        trt.TrtGraphConverterV2(input_saved_model_dir="unused", use_dynamic_shape=True)
+def test_unknown_profile_strategy_is_refused():
+    with pytest.raises(ValueError, match="profile_strategy 'Widest' is not supported. It should be one of "):
+        trt.TrtGraphConverterV2(input_saved_model_dir="unused", use_dynamic_shape=True,
+                                dynamic_shape_profile_strategy="Widest")
+    # as in TF-TRT, the strategy is only checked in dynamic shape mode; its case does not matter
+    trt.TrtGraphConverterV2(input_saved_model_dir="unused", dynamic_shape_profile_strategy="Widest")
+    trt.TrtGraphConverterV2(input_saved_model_dir="unused", use_dynamic_shape=True,
+                            dynamic_shape_profile_strategy="range+optimal")

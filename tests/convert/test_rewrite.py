@@ -14,7 +14,7 @@ def convert(build, fetches, **attrs):
     gd = graph_def(build)
     view = GraphView(gd)
     result = segment_graph(view, fetches=fetches)
-    return rewrite(gd, view, result.segments, EngineOpAttrs(**attrs), fetches=fetches)
+    return rewrite(gd, view, result.segments, EngineOpAttrs(**attrs), fetches=fetches, graph_index=0)
 
 
 def nodes(gd):

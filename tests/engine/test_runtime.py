@@ -4,7 +4,7 @@ import pytest
 
 from tftrt_py.engine import Builder, Network, Profiler, RuntimeExecutionError
 
-from conftest import conv_relu_pool_net
+from networks import conv_relu_pool_net
 
 
 def test_smaller_batch_is_served_and_matches(conv_engine):

@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import signature_constants, tag_constants
 from tensorflow.python.trackable import autotrackable
 
-from tftrt_py.convert import graph_io, summary as summary_lib
+from tftrt_py.convert import graph_io, profiles as profiles_lib, summary as summary_lib
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      canonical_precision, check_conversion_params)
@@ -47,9 +47,6 @@ class TrtGraphConverterV2:
         if not tf.executing_eagerly():
             raise RuntimeError("TrtGraphConverterV2 needs eager execution (TF2 behaviour); use TrtGraphConverter "
                                "in tf.compat.v1 graph mode")
-        if use_dynamic_shape or dynamic_shape_profile_strategy is not None:
-            raise ValueError("use_dynamic_shape and dynamic_shape_profile_strategy are not supported by this "
-                             "version of tftrt_py; engines are built per input shape (dynamic mode)")
         if conversion_params is None:
             conversion_params = TrtConversionParams(
                 max_workspace_size_bytes=max_workspace_size_bytes, precision_mode=precision_mode,
@@ -68,6 +65,12 @@ class TrtGraphConverterV2:
         self._converted_func = None
         self._converted_graph_def = None
         self._report = None
+        # Dynamic shapes: build() collects input shapes and builds one profile engine per profile.
+        self._use_dynamic_shape = bool(use_dynamic_shape)
+        self._profile_strategy = "Unknown"
+        if self._use_dynamic_shape:
+            self._profile_strategy = (profiles_lib.PROFILE_STRATEGY_RANGE if dynamic_shape_profile_strategy is None
+                                      else profiles_lib.verify_profile_strategy(dynamic_shape_profile_strategy))
 
     # -- convert --------------------------------------------------------------
     def convert(self, calibration_input_fn=None):
@@ -115,10 +118,38 @@ class TrtGraphConverterV2:
                                "build TensorRT engines")
         if not self._converted:
             raise RuntimeError("Need to call convert() before build()")
-        for inp in input_fn():
-            args, kwargs = _convert_to_tensors(inp)
-            self._converted_func(*args, **kwargs)
+        if self._use_dynamic_shape:
+            self._build_profiles(input_fn)
+        else:
+            for inp in input_fn():
+                args, kwargs = _convert_to_tensors(inp)
+                self._converted_func(*args, **kwargs)
         self._build_called_once = True
+
+    def _build_profiles(self, input_fn):
+        """Collect each engine op's input shapes over input_fn (the ops run natively meanwhile), then build
+        one profile engine per profile the strategy makes from them."""
+        keys = [n.attr["segment_key"].s.decode() for n in self._engine_nodes()]
+        for key in keys:
+            dispatcher.start_collecting(key)
+        try:
+            for inp in input_fn():
+                args, kwargs = _convert_to_tensors(inp)
+                self._converted_func(*args, **kwargs)
+        finally:
+            collected = {key: dispatcher.stop_collecting(key) for key in keys}
+        for key in keys:
+            op = dispatcher.find(key)
+            profiles = profiles_lib.make_profiles(self._profile_strategy, collected[key])
+            if op is None or not profiles:
+                continue
+            if len(profiles) > self._conversion_params.maximum_cached_engines:
+                logger.warning("%s: %s makes %d profiles but maximum_cached_engines is %d: later profile "
+                               "engines evict earlier ones", op.name, self._profile_strategy, len(profiles),
+                               self._conversion_params.maximum_cached_engines)
+            op.add_profiles(profiles, collected[key])
+            logger.info("%s: %d profile engine(s) (%s) for %d collected shape(s)", op.name, len(profiles),
+                        self._profile_strategy, len(collected[key]))
 
     # -- save -----------------------------------------------------------------
     def _engine_nodes(self):

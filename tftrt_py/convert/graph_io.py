@@ -71,9 +71,10 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
     come from `func`; `input_names` are the graph's tensors fed by `func`'s flat inputs,
     `captures` maps further Placeholder names to outside tensors (captured by the function).
     """
-    for f in graph_def.library.function:
-        while context.context().has_function(f.signature.name):
-            context.context().remove_function(f.signature.name)
+    ctx = context.context()
+    for f in graph_def.library.function:  # replace stale definitions of the same name, keep identical ones
+        while ctx.has_function(f.signature.name) and ctx.get_function_def(f.signature.name) != f:
+            ctx.remove_function(f.signature.name)
 
     def import_graph_def():
         tf.graph_util.import_graph_def(graph_def, name="")

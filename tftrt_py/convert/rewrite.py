@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import uuid
 from typing import Dict, List, Sequence, Tuple
 
@@ -15,6 +16,10 @@ from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 __all__ = ["ENGINE_OP", "EngineOpAttrs", "engine_name", "native_segment_name", "rewrite", "native_segment_function"]
 
 ENGINE_OP = "TRTEngineOp"
+
+#: Graph indices count conversions in this process, so engine and native segment function
+#: names never collide in the eager context (the first conversion gets TRTEngineOp_000_*).
+_GRAPH_COUNTER = itertools.count()
 
 
 def engine_name(graph_index: int, index: int) -> str:
@@ -89,12 +94,13 @@ def _engine_node(name: str, segment, view: GraphView, attrs: EngineOpAttrs, func
 
 
 def rewrite(graph_def, view: GraphView, segments: Sequence, attrs: EngineOpAttrs, fetches: Sequence[str] = (),
-            graph_index: int = 0) -> Tuple[graph_pb2.GraphDef, Dict[str, str]]:
+            graph_index: int = None) -> Tuple[graph_pb2.GraphDef, Dict[str, str]]:
     """The GraphDef with every segment replaced by an engine op, and the renamed fetches.
 
     Consumers of a segment output read the engine op's output instead; control edges
     into and out of members move to the engine op; Consts only the segments read go.
     """
+    graph_index = next(_GRAPH_COUNTER) if graph_index is None else graph_index
     refmap: Dict[str, str] = {}
     owner: Dict[str, str] = {}
     engines: List = []

@@ -61,7 +61,8 @@ UNARY_OPS = ("exp", "log", "sqrt", "rsqrt", "recip", "abs", "neg", "sin", "cos",
              "square", "not", "erfc")
 ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
                "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid")
-REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+#: Reduce ops; the last five come from the builder's reduction fusions (norms and log-sums).
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "l1", "sum_squares", "l2", "log_sum", "log_sum_exp")
 
 
 # -- helpers ------------------------------------------------------------------
@@ -115,15 +116,15 @@ def _identity(layer):
 
 
 def _conv_rowwise(layer, batched):
-    return batched[0] and all(batched[1:])
+    return batched[0] and all(b or t.shape[0] == 1 for t, b in zip(layer.inputs[1:], batched[1:]))
 
 
 @register("Convolution", rowwise=_conv_rowwise)
 def _convolution(layer):
     """Channels-last N-d convolution: x [N, *S, C], kernel [*K, C/groups, Cout] -> [N, *O, Cout].
 
-    Optional: bias [Cout], a residual input (second input, same shape as the output) added
-    before the activation, and an ``activation`` dict (type, alpha, beta).
+    Optional: bias [Cout], a residual input (second input, the output's shape or a batch of 1 of
+    it) added before the activation, and an ``activation`` dict (type, alpha, beta).
     """
     x = layer.inputs[0]
     k = layer.weights["kernel"]
@@ -137,7 +138,7 @@ def _convolution(layer):
     out = [conv_output_size(x.shape[1 + i], k.shape[i], p["strides"][i], p["dilations"][i],
                             p["pre_padding"][i], p["post_padding"][i]) for i in range(nsp)]
     shape = (x.shape[0], *out, k.shape[-1])
-    if len(layer.inputs) > 1 and layer.inputs[1].shape != shape:
+    if len(layer.inputs) > 1 and layer.inputs[1].shape not in (shape, (1, *shape[1:])):
         raise NetworkError(f"residual shape {layer.inputs[1].shape} != convolution output {shape}")
     return [(x.dtype, shape)]
 
@@ -178,6 +179,22 @@ def _matmul(layer):
     return [(a.dtype, (*batch, sa[-2], sb[-1]))]
 
 
+@register("MLP", rowwise=lambda layer, batched: batched[0])
+def _mlp(layer):
+    """Fused 2-d matrix multiplies: x [M, K]; layer i computes x = activation_i(x @ w_i + b_i), with
+    weights w_i [K_i, N_i], b_i [N_i] and ``activations`` (dict or None per layer)."""
+    x = layer.inputs[0]
+    if x.rank != 2:
+        raise NetworkError(f"MLP needs a 2-d input, got {x.shape}")
+    width = x.shape[1]
+    for i in range(len(layer.params["activations"])):
+        w, b = layer.weights[f"w{i}"], layer.weights[f"b{i}"]
+        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+            raise NetworkError(f"MLP layer {i}: weights {w.shape} and bias {b.shape} do not follow width {width}")
+        width = w.shape[1]
+    return [(x.dtype, (x.shape[0], width))]
+
+
 @register("ElementWise")
 def _elementwise(layer):
     op = layer.params["op"]
@@ -210,7 +227,8 @@ def _activation(layer):
 
 @register("Scale", rowwise=lambda layer, batched: batched[0] and layer.params.get("channel_axis", -1) != 0)
 def _scale(layer):
-    """y = (x * scale + shift) ** power, each optional, per channel along ``channel_axis`` or uniform."""
+    """y = (x * scale + shift) ** power, each optional, per channel along ``channel_axis`` or uniform;
+    then an optional ``activation`` dict (type, alpha, beta)."""
     x = layer.inputs[0]
     axis = layer.params.get("channel_axis", -1) % x.rank
     for key in ("scale", "shift", "power"):
@@ -237,16 +255,20 @@ def _pooling(layer):
     return [(x.dtype, (x.shape[0], *out, x.shape[-1]))]
 
 
-@register("Reduce", rowwise=lambda layer, batched: 0 not in _axes(layer))
+@register("Reduce", rowwise=lambda layer, batched: 0 not in _axes(layer)
+          and (layer.params.get("first_perm") or [0])[0] == 0)
 def _reduce(layer):
+    """Reduce ``axes`` of x, or of x transposed by ``first_perm`` when given (a fused Shuffle)."""
     x = layer.inputs[0]
     if layer.params["op"] not in REDUCE_OPS:
         raise NetworkError(f"unknown Reduce op {layer.params['op']!r}")
     axes = _axes(layer)
+    perm = layer.params.get("first_perm")
+    shape = x.shape if perm is None else tuple(x.shape[i] for i in perm)
     if layer.params.get("keep_dims"):
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        shape = tuple(1 if i in axes else d for i, d in enumerate(shape))
     else:
-        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        shape = tuple(d for i, d in enumerate(shape) if i not in axes)
     return [(x.dtype, shape)]
 
 
@@ -283,7 +305,7 @@ def _shuffle_rowwise(layer, batched):
         return False
     if p.get("reshape") is not None:
         mid = shuffle_shapes(x.shape, {"first_perm": first})
-        if not p["reshape"] or p["reshape"][0] != mid[0]:
+        if not mid or not p["reshape"] or p["reshape"][0] != mid[0]:  # a 0-d input has no batch axis
             return False
     second = p.get("second_perm")
     return second is None or second[0] == 0

@@ -103,7 +103,7 @@ class Network:
 
         spec = layer_kinds.get(kind)
         layer = Layer(self.unique_name(name or kind), kind, list(inputs), [], dict(params or {}),
-                      {k: np.ascontiguousarray(v) for k, v in (weights or {}).items()})
+                      {k: np.asarray(v, order="C") for k, v in (weights or {}).items()})
         try:
             infos = spec.infer(layer)
         except NetworkError:

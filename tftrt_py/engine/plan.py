@@ -7,7 +7,9 @@ Layout (little endian)::
 
 The header holds the network (bindings, layers, params, where each weight lies), the
 precision, tactics, build config and target device. Loading parses JSON and reads raw
-arrays with ``np.frombuffer``: no pickle, no eval.
+arrays with ``np.frombuffer``: no pickle, no eval. Every header field is checked (types,
+shapes, weight locations inside the weight data, layer outputs against their kind's shape
+rule) so a damaged plan whose checksum was recomputed still fails with a PlanError.
 """
 from __future__ import annotations
 
@@ -18,16 +20,20 @@ from typing import Dict, List
 
 import numpy as np
 
-from tftrt_py.engine.errors import NetworkError, PlanError
-from tftrt_py.engine.network import DTYPES, Layer, Network, Tensor
+from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine.errors import BackendError, PlanError
+from tftrt_py.engine.network import DTYPES, Layer, Network, Tensor, dtype_name
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "serialize", "deserialize", "read_header"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "serialize", "deserialize", "read_header"]
 
 MAGIC = b"TFTRTPLN"
 FORMAT_VERSION = 1
 ALIGN = 64
+#: Most elements one tensor may hold (TensorRT's limit on a tensor's volume).
+MAX_VOLUME = 2 ** 31 - 1
 _PREFIX = struct.Struct("<8sIQ")
 _DIGEST = 32
+_WEIGHT_DTYPES = tuple(DTYPES) + ("float64",)
 
 
 def _pad(n: int) -> int:
@@ -65,6 +71,8 @@ def serialize(engine) -> bytes:
                     "params": l.params, "weights": {k: put(v) for k, v in l.weights.items()}}
                    for l in net.layers],
     }
+    if getattr(engine, "profile", None) is not None:
+        header["profile"] = engine.profile.as_dict()
     header["blob_bytes"] = offset
     head = json.dumps(header, separators=(",", ":")).encode()
     body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head
@@ -73,69 +81,224 @@ def serialize(engine) -> bytes:
 
 
 def read_header(data: bytes) -> dict:
-    """Validate framing and checksum; return the JSON header (with ``_blob_start``)."""
+    """Validate framing, checksum and header fields; return the JSON header (with ``_blob_start``)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PlanError(f"a plan is bytes, got {type(data).__name__}")
     data = bytes(data)
+    if not MAGIC.startswith(data[:len(MAGIC)]):
+        raise PlanError(f"not a tftrt_py plan (magic {data[:len(MAGIC)]!r}, expected {MAGIC!r})")
     if len(data) < _PREFIX.size + _DIGEST:
         raise PlanError(f"plan is truncated: {len(data)} bytes is shorter than any plan")
     magic, version, head_len = _PREFIX.unpack_from(data)
-    if magic != MAGIC:
-        raise PlanError(f"not a tftrt_py plan (magic {magic!r}, expected {MAGIC!r})")
     if version != FORMAT_VERSION:
         raise PlanError(f"plan format version {version} is not supported by this tftrt_py (reads version "
                         f"{FORMAT_VERSION}); rebuild the engine with this version")
+    head_end = _PREFIX.size + head_len
     if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
-        head_end = _PREFIX.size + head_len
-        what = "truncated" if head_end > len(data) - _DIGEST else "corrupted"
+        size = _claimed_size(data, head_end)
+        what = "corrupted"
+        if head_end > len(data) - _DIGEST or (size or 0) > len(data):
+            what = "truncated" + (f" ({len(data)} bytes, its header says {size})" if size else "")
         raise PlanError(f"plan checksum mismatch: the file is {what}; re-export it from the converted model")
+    if head_end > len(data) - _DIGEST:
+        raise PlanError(f"plan header length {head_len} runs past the end of the plan ({len(data)} bytes)")
     try:
-        header = json.loads(data[_PREFIX.size:_PREFIX.size + head_len].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"plan header is not valid JSON: {exc}") from None
-    start = _PREFIX.size + head_len
-    header["_blob_start"] = start + _pad(start)
-    if header["_blob_start"] + header.get("blob_bytes", -1) != len(data) - _DIGEST:
-        raise PlanError("plan is truncated: weight data is shorter than its header says")
+        header = json.loads(data[_PREFIX.size:head_end].decode())
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, an over-long integer, absurd nesting
+        raise PlanError(f"plan header is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(header, dict):
+        raise PlanError(f"plan header is a JSON {type(header).__name__}, expected an object")
+    blob_bytes = _int(header.get("blob_bytes"), "blob_bytes")
+    blob_start = head_end + _pad(head_end)
+    if blob_start + blob_bytes != len(data) - _DIGEST:
+        raise PlanError(f"plan is truncated: the header says {blob_bytes} bytes of weight data, the plan holds "
+                        f"{len(data) - _DIGEST - blob_start}")
+    _check_header(header, blob_bytes)
+    header["_blob_start"] = blob_start
     return header
 
 
+def _claimed_size(data: bytes, head_end: int):
+    """The plan size its (unverified) header implies, or None when that cannot be read."""
+    try:
+        blob_bytes = json.loads(data[_PREFIX.size:head_end].decode()).get("blob_bytes")
+    except (ValueError, RecursionError, AttributeError):
+        return None
+    if not isinstance(blob_bytes, int):
+        return None
+    return head_end + _pad(head_end) + blob_bytes + _DIGEST
+
+
+# -- header checks --------------------------------------------------------------
+def _fail(path: str, what: str):
+    raise PlanError(f"plan header field {path} {what}")
+
+
+def _int(value, path: str, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        _fail(path, f"is {_show(value)}, expected an integer")
+    if value < low:
+        _fail(path, f"is {value}, expected at least {low}")
+    return value
+
+
+def _of(value, kind, path: str, optional: bool = False):
+    if value is None and optional:
+        return value
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        _fail(path, f"is {_show(value)}, expected {'an optional ' if optional else 'a '}{names}")
+    return value
+
+
+def _show(value) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dtype(value, path: str, allowed) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        _fail(path, f"is {_show(value)}, expected one of {', '.join(allowed)}")
+
+
+def _shape(value, path: str) -> List[int]:
+    _of(value, list, path)
+    volume = 1
+    for i, d in enumerate(value):
+        volume *= _int(d, f"{path}[{i}]")
+    if volume > MAX_VOLUME:
+        _fail(path, f"is {_show(value)}: {volume} elements exceeds the limit of {MAX_VOLUME} per tensor")
+    return value
+
+
+def _tensor(value, path: str) -> None:
+    _of(value, dict, path)
+    _of(value.get("name"), str, f"{path}.name")
+    _dtype(value.get("dtype"), f"{path}.dtype", DTYPES)
+    _shape(value.get("shape"), f"{path}.shape")
+    rng = _of(value.get("dynamic_range"), (int, float), f"{path}.dynamic_range", optional=True)
+    if rng is not None and not 0 <= rng < float("inf"):
+        _fail(f"{path}.dynamic_range", f"is {_show(rng)}, expected a finite number >= 0")
+
+
+def _weight(ref, path: str, blob_bytes: int) -> None:
+    _of(ref, dict, path)
+    _dtype(ref.get("dtype"), f"{path}.dtype", _WEIGHT_DTYPES)
+    shape = _shape(ref.get("shape"), f"{path}.shape")
+    offset = _int(ref.get("offset"), f"{path}.offset")
+    nbytes = _int(ref.get("nbytes"), f"{path}.nbytes")
+    if offset % ALIGN:
+        _fail(f"{path}.offset", f"is {offset}, not a multiple of {ALIGN}")
+    if offset + nbytes > blob_bytes:
+        _fail(path, f"lies at bytes {offset}..{offset + nbytes}, outside the weight data (0..{blob_bytes})")
+    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(ref["dtype"]).itemsize
+    if nbytes != expected:
+        _fail(f"{path}.nbytes", f"is {nbytes}, but a {ref['dtype']} array of shape {shape} takes {expected}")
+
+
+def _check_header(header: dict, blob_bytes: int) -> None:
+    """Types and ranges of every field deserialize() reads; PlanError names the first bad one."""
+    _of(header.get("name"), str, "name")
+    _of(header.get("precision"), str, "precision")
+    _of(header.get("backend", "numpy"), str, "backend")
+    _of(header.get("device"), str, "device", optional=True)
+    _of(header.get("build_config"), dict, "build_config", optional=True)
+    _of(header.get("tactics"), dict, "tactics", optional=True)
+    for i, t in enumerate(_of(header.get("inputs"), list, "inputs")):
+        _tensor(t, f"inputs[{i}]")
+    for i, name in enumerate(_of(header.get("outputs"), list, "outputs")):
+        _of(name, str, f"outputs[{i}]")
+    for i, spec in enumerate(_of(header.get("layers"), list, "layers")):
+        path = f"layers[{i}]"
+        _of(spec, dict, path)
+        _of(spec.get("name"), str, f"{path}.name")
+        _of(spec.get("kind"), str, f"{path}.kind")
+        _of(spec.get("precision"), str, f"{path}.precision", optional=True)
+        for j, name in enumerate(_of(spec.get("inputs"), list, f"{path}.inputs")):
+            _of(name, str, f"{path}.inputs[{j}]")
+        for j, t in enumerate(_of(spec.get("outputs"), list, f"{path}.outputs")):
+            _tensor(t, f"{path}.outputs[{j}]")
+        _of(spec.get("params"), dict, f"{path}.params")
+        for key, ref in _of(spec.get("weights"), dict, f"{path}.weights").items():
+            _weight(ref, f"{path}.weights[{key!r}]", blob_bytes)
+    _profile(header.get("profile"), len(header["inputs"]))
+
+
+def _profile(value, n_inputs: int) -> None:
+    """The optional optimization profile: min/opt/max shape lists, one shape per input, min <= opt <= max."""
+    if _of(value, dict, "profile", optional=True) is None:
+        return
+    for part in ("min", "opt", "max"):
+        shapes = _of(value.get(part), list, f"profile.{part}")
+        if len(shapes) != n_inputs:
+            _fail(f"profile.{part}", f"has {len(shapes)} shapes for {n_inputs} inputs")
+        for i, shape in enumerate(shapes):
+            _shape(shape, f"profile.{part}[{i}]")
+    from tftrt_py.engine.runtime import OptimizationProfile
+
+    try:
+        OptimizationProfile.from_dict(value)
+    except ValueError as exc:
+        _fail("profile", f"is invalid: {exc}")
+
+
+# -- engine -------------------------------------------------------------------------
 def deserialize(data: bytes):
     """Engine from plan bytes; raises PlanError naming what is wrong."""
-    from tftrt_py.engine.runtime import Engine
+    from tftrt_py.engine.runtime import Engine, OptimizationProfile
 
     header = read_header(data)
     data = bytes(data)
     base = header["_blob_start"]
+    tensors: Dict[str, Tensor] = {}
 
     def weight(ref: dict) -> np.ndarray:
-        if ref["dtype"] not in DTYPES and ref["dtype"] != "float64":
-            raise PlanError(f"plan weight has unsupported dtype {ref['dtype']!r}")
-        arr = np.frombuffer(data, dtype=ref["dtype"], count=int(np.prod(ref["shape"], dtype=np.int64)),
-                            offset=base + ref["offset"])
-        return arr.reshape(ref["shape"])
+        count = int(np.prod(ref["shape"], dtype=np.int64))
+        return np.frombuffer(data, dtype=ref["dtype"], count=count, offset=base + ref["offset"]).reshape(ref["shape"])
 
+    def define(t: dict, producer=None) -> Tensor:
+        if t["name"] in tensors:
+            raise PlanError(f"plan defines tensor {t['name']!r} twice")
+        tensor = tensors[t["name"]] = Tensor(t["name"], t["dtype"], tuple(t["shape"]), producer=producer,
+                                             dynamic_range=t.get("dynamic_range"))
+        return tensor
+
+    net = Network(header["name"])
+    net.inputs = [define(t) for t in header["inputs"]]
+    for spec in header["layers"]:
+        missing = [n for n in spec["inputs"] if n not in tensors]
+        if missing:
+            raise PlanError(f"plan layer {spec['name']!r} reads {missing}, which no earlier layer or input defines")
+        layer = Layer(spec["name"], spec["kind"], [tensors[n] for n in spec["inputs"]], [], spec["params"],
+                      {k: weight(v) for k, v in spec["weights"].items()}, spec.get("precision"))
+        layer.outputs = [define(t, producer=layer) for t in spec["outputs"]]
+        _check_layer(layer)
+        net.layers.append(layer)
+    missing = [n for n in header["outputs"] if n not in tensors]
+    if missing:
+        raise PlanError(f"plan outputs {missing} are not produced by any layer or input")
+    net.outputs = [tensors[n] for n in header["outputs"]]
     try:
-        net = Network(header["name"])
-        tensors: Dict[str, Tensor] = {}
-        for t in header["inputs"]:
-            tensor = Tensor(t["name"], t["dtype"], tuple(t["shape"]), dynamic_range=t.get("dynamic_range"))
-            net.inputs.append(tensor)
-            tensors[t["name"]] = tensor
-        for spec in header["layers"]:
-            layer = Layer(spec["name"], spec["kind"], [tensors[n] for n in spec["inputs"]], [], spec["params"],
-                          {k: weight(v) for k, v in spec["weights"].items()}, spec.get("precision"))
-            for t in spec["outputs"]:
-                tensor = Tensor(t["name"], t["dtype"], tuple(t["shape"]), producer=layer,
-                                dynamic_range=t.get("dynamic_range"))
-                layer.outputs.append(tensor)
-                tensors[t["name"]] = tensor
-            net.layers.append(layer)
-        net.outputs = [tensors[n] for n in header["outputs"]]
         net.lint()
-    except PlanError:
+        profile = header.get("profile")
+        return Engine(net, precision=header["precision"], backend=header.get("backend", "numpy"),
+                      build_config=header.get("build_config"), tactics=header.get("tactics"),
+                      device=header.get("device"), profile=profile and OptimizationProfile.from_dict(profile))
+    except BackendError:  # the plan is fine; its backend is missing here
         raise
-    except (KeyError, TypeError, ValueError, NetworkError) as exc:
+    except Exception as exc:  # a kind's batch rule on inconsistent params: pure code, any error means a bad plan
         raise PlanError(f"plan header is inconsistent ({type(exc).__name__}: {exc})") from None
-    return Engine(net, precision=header["precision"], backend=header.get("backend", "numpy"),
-                  build_config=header.get("build_config"), tactics=header.get("tactics"), device=header.get("device"))
+
+
+def _check_layer(layer: Layer) -> None:
+    """The layer's outputs are what its kind's shape rule gives for its inputs, params and weights."""
+    try:
+        infos = layer_kinds.get(layer.kind).infer(layer)
+        inferred = [(dtype_name(d), tuple(int(x) for x in s)) for d, s in infos]
+    except Exception as exc:  # shape rules are pure: any error means params that do not fit
+        raise PlanError(f"plan layer {layer.name!r} ({layer.kind}) is invalid: {type(exc).__name__}: {exc}") from None
+    recorded = [(t.dtype, t.shape) for t in layer.outputs]
+    if inferred != recorded:
+        raise PlanError(f"plan layer {layer.name!r} ({layer.kind}) records outputs "
+                        f"{[(d, list(s)) for d, s in recorded]} but its inputs and params give "
+                        f"{[(d, list(s)) for d, s in inferred]}")

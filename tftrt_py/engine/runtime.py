@@ -12,7 +12,7 @@ from tftrt_py.engine.backends import get_backend
 from tftrt_py.engine.errors import RuntimeExecutionError
 from tftrt_py.engine.network import Network, Tensor
 
-__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler"]
+__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationProfile"]
 
 
 def rowwise(network: Network) -> bool:
@@ -27,6 +27,50 @@ def rowwise(network: Network) -> bool:
         for t in layer.outputs:
             batched[t.name] = True
     return all(batched.get(t.name, False) for t in network.outputs)
+
+
+class OptimizationProfile:
+    """Per input, the (min, opt, max) shapes an engine serves (TensorRT's optimization profile).
+
+    An input lies inside the profile when, for every input, each dim is between min and max.
+    """
+
+    def __init__(self, min_shapes, opt_shapes, max_shapes):
+        self.min, self.opt, self.max = (tuple(tuple(int(d) for d in s) for s in shapes)
+                                        for shapes in (min_shapes, opt_shapes, max_shapes))
+        ranks = {tuple(len(s) for s in shapes) for shapes in (self.min, self.opt, self.max)}
+        if len(ranks) != 1 or not all(lo <= o <= hi for shapes in zip(self.min, self.opt, self.max)
+                                      for lo, o, hi in zip(*shapes)):
+            raise ValueError(f"invalid optimization profile: min {self.min}, opt {self.opt}, max {self.max} "
+                             f"(need equal ranks and min <= opt <= max in every dim)")
+
+    def contains(self, shapes: Sequence[Sequence[int]]) -> bool:
+        shapes = [tuple(s) for s in shapes]
+        return len(shapes) == len(self.min) and all(
+            len(s) == len(lo) and all(a <= d <= b for d, a, b in zip(s, lo, hi))
+            for s, lo, hi in zip(shapes, self.min, self.max))
+
+    @property
+    def key(self) -> Tuple[Tuple[int, ...], ...]:
+        """min, opt and max shapes in one tuple (hashable, ordered like cache keys)."""
+        return self.min + self.opt + self.max
+
+    def as_dict(self) -> dict:
+        return {"min": [list(s) for s in self.min], "opt": [list(s) for s in self.opt],
+                "max": [list(s) for s in self.max]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OptimizationProfile":
+        return cls(d["min"], d["opt"], d["max"])
+
+    def __eq__(self, other):
+        return isinstance(other, OptimizationProfile) and self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __repr__(self):
+        return f"OptimizationProfile(min={list(self.min)}, opt={list(self.opt)}, max={list(self.max)})"
 
 
 class Profiler:
@@ -44,8 +88,9 @@ class Engine:
 
     def __init__(self, network: Network, precision: str = "FP32", backend: str = "numpy",
                  build_config: Optional[dict] = None, tactics: Optional[dict] = None,
-                 device: Optional[str] = None):
+                 device: Optional[str] = None, profile: Optional[OptimizationProfile] = None):
         self.network = network
+        self.profile = profile  # the profile this shape-specialised engine was built for, if any
         self.precision = precision
         self.backend_name = backend
         self.build_config = dict(build_config or {})
@@ -53,6 +98,21 @@ class Engine:
         self.device = device or "cpu"
         self.rowwise = rowwise(network)
         self._last_use = self._compute_last_use()
+        # -- backend hook (GPU backends): compile and tune the whole engine; now for a fresh build,
+        # on first use for a deserialized plan (which carries its tactics).
+        self._prepare_lock = threading.Lock()
+        self._prepared = backend == "numpy"
+        if tactics is None and not self._prepared:
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Let the backend compile the whole engine (tactics, device check) once, if it wants to."""
+        with self._prepare_lock:
+            if not self._prepared:
+                hook = getattr(get_backend(self.backend_name), "prepare_engine", None)
+                if hook is not None:
+                    hook(self)
+                self._prepared = True
 
     # -- bindings ---------------------------------------------------------
     @property
@@ -76,6 +136,26 @@ class Engine:
 
     def binding_is_input(self, index: int) -> bool:
         return index < len(self.inputs)
+
+    def get_binding_index(self, name: str) -> int:
+        """Index of binding `name`, or -1 (as TensorRT) when there is none."""
+        names = [t.name for t in self.inputs + self.outputs]
+        return names.index(name) if name in names else -1
+
+    def _binding(self, index_or_name) -> Tensor:
+        index = self.get_binding_index(index_or_name) if isinstance(index_or_name, str) else index_or_name
+        if not 0 <= index < self.num_bindings:
+            raise RuntimeExecutionError(f"no binding {index_or_name!r}; bindings are "
+                                        f"{[t.name for t in self.inputs + self.outputs]}")
+        return (self.inputs + self.outputs)[index]
+
+    def get_binding_shape(self, index_or_name) -> Tuple[int, ...]:
+        """Shape the engine was built for, by binding index or name."""
+        return self._binding(index_or_name).shape
+
+    def get_binding_dtype(self, index_or_name) -> np.dtype:
+        """numpy dtype of a binding, by index or name."""
+        return np.dtype(self._binding(index_or_name).dtype)
 
     @property
     def max_batch_size(self) -> int:
@@ -116,10 +196,10 @@ class Engine:
         return plan.serialize(self)
 
     def inspect(self) -> List[dict]:
-        """The final layers: name, kind, precision, input and output shapes."""
-        return [{"name": l.name, "kind": l.kind, "precision": l.precision,
-                 "inputs": [list(t.shape) for t in l.inputs], "outputs": [list(t.shape) for t in l.outputs]}
-                for l in self.network.layers]
+        """The final layers: name, kind, precision, input and output shapes (see builder.inspector)."""
+        from tftrt_py.engine.builder.inspector import layer_rows
+
+        return layer_rows(self)
 
 
 class ExecutionContext:
@@ -130,6 +210,10 @@ class ExecutionContext:
         self.backend = get_backend(engine.backend_name)
         self.profiler: Optional[Profiler] = None
         self._lock = threading.Lock()
+        # -- backend hook: a backend may run the whole engine itself (own stream, buffers, CUDA graphs).
+        engine.prepare()
+        create_runner = getattr(self.backend, "create_runner", None)
+        self._runner = create_runner(engine) if create_runner is not None else None
 
     def _check_inputs(self, bindings: Mapping[str, np.ndarray]) -> Tuple[Dict[str, np.ndarray], int]:
         eng = self.engine
@@ -157,6 +241,8 @@ class ExecutionContext:
 
     def execute(self, bindings: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """Run the engine on input arrays keyed by binding name; returns outputs by binding name."""
+        if self._runner is not None:  # backend hook (device arrays in give device arrays out)
+            return self._runner.execute(self, bindings)
         with self._lock:
             values, batch = self._check_inputs(bindings)
             last_use = self.engine._last_use
@@ -181,7 +267,7 @@ class ExecutionContext:
                 out = values[t.name]
                 if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
                     out = out[:batch]
-                outs[t.name] = np.ascontiguousarray(out)
+                outs[t.name] = np.asarray(out, order="C")
             return outs
 
     def execute_v2(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:

@@ -32,13 +32,20 @@ class EngineCache:
     def keys(self) -> List[Key]:
         return list(self._entries)
 
+    def get(self, key: Key):
+        """The engine cached under `key` (no LRU update)."""
+        return self._entries[key]
+
     def lookup(self, shapes: Key) -> Optional[Key]:
-        """The key of the engine serving `shapes`: an exact match, else the smallest engine that can."""
+        """The key of the engine serving `shapes`: an exact match, else the smallest engine that can.
+
+        An engine may rank itself with a ``lookup_cost`` tuple (profile engines: the tightest profile wins).
+        """
         if shapes not in self._entries:
             fits = [k for k, e in self._entries.items() if e.can_serve(shapes)]
             if not fits:
                 return None
-            shapes = min(fits, key=lambda k: (sum(_numel(s) for s in k), k))
+            shapes = min(fits, key=lambda k: (_cost(k, self._entries[k]), k))
         self._entries.move_to_end(shapes)
         return shapes
 
@@ -50,6 +57,11 @@ class EngineCache:
         self._entries[key] = engine
         self._entries.move_to_end(key)
         return evicted
+
+
+def _cost(key: Key, engine) -> tuple:
+    cost = getattr(engine, "lookup_cost", None)
+    return tuple(cost) if cost is not None else (sum(_numel(s) for s in key), 0)
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -25,10 +25,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
+from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, unpack_plans
+from tftrt_py.engine_op.profile_engine import ProfileEngine
 
 __all__ = ["create", "run", "release", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
-           "NativeFallbackForbidden"]
+           "NativeFallbackForbidden", "start_collecting", "stop_collecting"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class Stats:
     build_failures: int = 0
     evictions: int = 0
     engine_runs: int = 0
+    specialisations: int = 0  # per-shape engines built inside profile engines (see profile_engine)
     fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def as_dict(self) -> dict:
@@ -67,6 +70,8 @@ class EngineOp:
 
     Per-kernel settings (allow_build_at_runtime) stay with the kernel's handle.
     """
+
+    profiler = None  # an engine.Profiler receiving layer times, see set_profiler
 
     def __init__(self, node_def, function_def: bytes):
         from tftrt_py.convert.graph import NodeView
@@ -86,6 +91,8 @@ class EngineOp:
         self._loaded_assets: set = set()
         self._logged: set = set()
         static = node.attr("serialized_segment") or b""
+        if static and not static.startswith(PLAN_MAGIC) and self._segment_from_serialized(static):
+            static = b""  # a dynamic op without function backup carries its segment GraphDef (TF-TRT 1.x)
         if static:
             self.add_plan(static, source="serialized_segment")
 
@@ -98,11 +105,18 @@ class EngineOp:
             logger.warning("%s: ignoring engine from %s: %s", self.name, source, exc)
             return
         with self._lock:
-            self._insert(tuple(t.shape for t in engine.inputs), engine)
+            if getattr(engine, "profile", None) is None:
+                self._insert(tuple(t.shape for t in engine.inputs), engine)
+                return
+            key = engine.profile.key
+            if key not in self.cache.keys():
+                self._insert(key, ProfileEngine(engine.profile, self._specialiser(engine.profile)))
+            self.cache.get(key).add(engine)
 
     def _insert(self, key, engine) -> None:
         evicted = self.cache.insert(key, engine)
-        self._contexts[key] = engine.create_execution_context()
+        self._contexts[key] = engine if isinstance(engine, ProfileEngine) else engine.create_execution_context()
+        self._contexts[key].profiler = self.profiler
         if evicted is not None:
             self._contexts.pop(evicted, None)
             self.stats.evictions += 1
@@ -122,6 +136,22 @@ class EngineOp:
             for plan in plans:
                 self.add_plan(plan, source=path)
             logger.info("%s: restored %d engine(s) from %s", self.name, len(plans), path)
+
+    def _segment_from_serialized(self, data: bytes) -> bool:
+        """Take the segment from a serialized segment GraphDef; False when `data` is not one."""
+        from google.protobuf.message import DecodeError
+        from tensorflow.core.framework import graph_pb2
+
+        from tftrt_py.convert.build import INPUT_PREFIX, SegmentGraph
+
+        try:
+            graph_def = graph_pb2.GraphDef.FromString(data)
+        except DecodeError:
+            return False
+        if not any(n.name.startswith(INPUT_PREFIX) for n in graph_def.node):
+            return False
+        self._segment_graph = SegmentGraph.from_graph_def(graph_def)
+        return True
 
     def segment_graph(self):
         """The segment, from the native segment FunctionDef."""
@@ -152,8 +182,55 @@ class EngineOp:
         return shapes
 
     def engines(self) -> List[object]:
+        """Every engine held, a profile engine's specialisations one by one."""
         with self._lock:
-            return self.cache.engines()
+            return [e for entry in self.cache.engines()
+                    for e in (entry.engines() if isinstance(entry, ProfileEngine) else [entry])]
+
+    # -- shape profiles -----------------------------------------------------
+    def _specialiser(self, profile):
+        """The function a profile engine calls to build an engine for concrete shapes inside `profile`."""
+        def specialise(shapes):
+            from tftrt_py.convert.build import build_engine
+
+            engine = build_engine(self.segment_graph(), list(shapes), name=self.name,
+                                  config=BuilderConfig(precision=self.precision, max_workspace_size=self.workspace))
+            engine.profile = profile
+            self.stats.specialisations += 1
+            return engine
+        return specialise
+
+    def add_profiles(self, profiles, shapes=()) -> None:
+        """One profile engine per profile (specialised for its opt shapes); then each of `shapes` is made
+        ready in the engine that will serve it, so those shapes need no work when served."""
+        with self._lock:
+            for profile in profiles:
+                if profile.key in self.cache.keys():
+                    continue
+                entry = ProfileEngine(profile, self._specialiser(profile))
+                try:
+                    entry.context_for(profile.opt)
+                except EngineError as exc:
+                    self.stats.build_failures += 1
+                    logger.warning("%s: no engine for profile %s: %s", self.name, profile, exc)
+                    continue
+                self.stats.builds += 1
+                self._insert(profile.key, entry)
+            for s in dict.fromkeys(tuple(tuple(d) for d in s) for s in shapes):
+                key = self.cache.lookup(s)
+                entry = None if key is None else self.cache.get(key)
+                if isinstance(entry, ProfileEngine):
+                    try:
+                        entry.context_for(s)
+                    except EngineError as exc:
+                        logger.warning("%s: %s", self.name, exc)
+
+    def set_profiler(self, profiler) -> None:
+        """Report per-layer times of this op's engines (now and built later) to `profiler` (None: stop)."""
+        with self._lock:
+            self.profiler = profiler
+            for context in self._contexts.values():
+                context.profiler = profiler
 
     # -- execution ----------------------------------------------------------
     def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True
@@ -162,6 +239,12 @@ class EngineOp:
         if assets:
             self.load_assets(assets)
         shapes = tuple(tuple(a.shape) for a in arrays)
+        with _LOCK:
+            collected = _COLLECTING.get(_text(self.segment_key))
+        if collected is not None:  # profile collection (TF-TRT's _profile_generation_mode): run natively
+            if shapes not in collected:
+                collected.append(shapes)
+            return None
         with self._lock:
             key = self.cache.lookup(shapes)
             if key is not None:
@@ -178,12 +261,17 @@ class EngineOp:
                     return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
                                                          f"{self.cache.failed[shapes]}")
             context = self._contexts[key]
+            if isinstance(context, ProfileEngine):
+                try:
+                    context = context.context_for(shapes)
+                except EngineError as exc:
+                    return self.fallback("build_failed", str(exc))
         try:
             outs = context.execute_v2(arrays)
         except Exception as exc:
             return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}")
         self.stats.engine_runs += 1
-        return [np.ascontiguousarray(o, dtype=dt) for o, dt in zip(outs, self.out_dtypes)]
+        return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
 
     def fallback(self, reason: str, detail: str) -> None:
         """Count and log (once per reason) a native-segment run; raise when fallback is forbidden."""
@@ -201,6 +289,23 @@ _OPS: Dict[str, EngineOp] = {}
 _HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
+_COLLECTING: Dict[str, List[tuple]] = {}  # segment key -> input shapes seen while collecting
+
+
+def _text(key) -> str:
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def start_collecting(segment_key: str) -> None:
+    """Until stop_collecting, the op of `segment_key` records its input shapes and runs its native segment."""
+    with _LOCK:
+        _COLLECTING[_text(segment_key)] = []
+
+
+def stop_collecting(segment_key: str) -> List[tuple]:
+    """The distinct input shapes (one tuple per input) recorded since start_collecting, in arrival order."""
+    with _LOCK:
+        return _COLLECTING.pop(_text(segment_key), [])
 
 
 def create(node_def: bytes, function_def: bytes) -> int:
@@ -214,6 +319,7 @@ def create(node_def: bytes, function_def: bytes) -> int:
             op = _OPS[key] = EngineOp(node, function_def)
         elif function_def and not op._function_def:
             op._function_def = function_def
+            op.cache.failed.clear()  # builds that failed for want of the segment (e.g. TF constant folding)
         handle = next(_COUNTER)
         _HANDLES[handle] = (op, node.attr["allow_build_at_runtime"].b if "allow_build_at_runtime" in node.attr
                             else True)
@@ -243,5 +349,11 @@ def find(segment_key: str) -> Optional[EngineOp]:
 
 
 def stats() -> Dict[str, dict]:
-    """Counters (hits, builds, build failures, evictions, engine runs, fallbacks) by engine op name."""
-    return {op.name: dict(op.stats.as_dict(), engines=len(op.cache)) for op in engine_ops().values()}
+    """Counters (hits, builds, build failures, evictions, engine runs, fallbacks) by engine op name.
+
+    Ops of different models that share a name are told apart by their segment key.
+    """
+    ops = engine_ops().values()
+    names = collections.Counter(op.name for op in ops)
+    return {(op.name if names[op.name] == 1 else f"{op.name} [{op.segment_key[:8]}]"):
+            dict(op.stats.as_dict(), engines=len(op.cache)) for op in ops}

@@ -524,6 +524,9 @@ REGISTER_OP("TRTEngineOp")
     .Attr("static_engine: bool = false")
     .Attr("allow_build_at_runtime: bool = true")
     .Attr("segment_key: string = ''")
+    // Stateful: grappler must neither constant-fold an engine op (that would run it at
+    // optimization time, without its native segment) nor merge two of them.
+    .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       std::vector<PartialTensorShape> shapes;
       TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));

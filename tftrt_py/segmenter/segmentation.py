@@ -72,5 +72,5 @@ def _report(view, order, reasons, num_segments) -> NonConversionReport:
         reason = reasons.get(node.name)
         if reason is not None:
             native[node.name] = (node.op, reason)
-            logger.debug("%s (%s) stays native: %s", node.name, node.op, reason)
+            logger.info("%s (%s) stays native: %s", node.name, node.op, reason)
     return NonConversionReport(len(order), len(order) - len(native), num_segments, native)

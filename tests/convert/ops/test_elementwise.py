@@ -88,9 +88,9 @@ def test_clip_by_value_int32_and_crossed_bounds(lo, hi):
     assert_converts(fn, [random_array((3, 4), "int32")], expect_kinds=["ElementWise"])
 
 
-def test_int32_add_stays_refused():
-    """Only the floor ops accept int32 here; the other binary ops remain float-only."""
+def test_int32_real_div_is_refused():
+    """Ops outside INT_EXACT stay float-only (integer RealDiv truncates; the engine's div would not)."""
     specs = [tf.TensorSpec((2, 3), tf.int32)] * 2
-    view = GraphView(frozen_graph_def(lambda a, b: tf.raw_ops.AddV2(x=a, y=b), specs)[0])
-    node = next(n for n in view.nodes.values() if n.op == "AddV2")
-    assert "int32" in get_converter("AddV2").check(node, ValidationContext(view))
+    view = GraphView(frozen_graph_def(lambda a, b: tf.raw_ops.RealDiv(x=a, y=b), specs)[0])
+    node = next(n for n in view.nodes.values() if n.op == "RealDiv")
+    assert "int32" in get_converter("RealDiv").check(node, ValidationContext(view))

@@ -54,3 +54,28 @@ def test_max_pool_explicit_padding():
     fn = lambda t: tf.raw_ops.MaxPool(input=t, ksize=[1, 3, 2, 1], strides=[1, 2, 1, 1], padding="EXPLICIT",
                                       explicit_paddings=[0, 0, 1, 2, 0, 1, 0, 0])
     assert_converts(fn, [random_array((2, 7, 6, 3))], expect_kinds=["Pooling"])
+
+
+OPS_3D = {"MaxPool3D": tf.raw_ops.MaxPool3D, "AvgPool3D": tf.raw_ops.AvgPool3D}
+
+
+@pytest.mark.parametrize("op", sorted(OPS_3D))
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("window,strides", [((2, 2, 2), (2, 2, 2)), ((3, 1, 2), (1, 2, 1)), ((1, 3, 3), (2, 1, 3))])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_3d_pooling_matches_tf(op, padding, window, strides, batch):
+    fn = lambda t: OPS_3D[op](input=t, ksize=[1, *window, 1], strides=[1, *strides, 1], padding=padding)
+    assert_converts(fn, [random_array((batch, 5, 6, 7, 2))], expect_kinds=["Pooling"])
+
+
+@pytest.mark.parametrize("op", sorted(OPS_3D))
+def test_3d_pooling_ncdhw(op):
+    """NCDHW goes through two Shuffles; compared with the NDHWC op on transposed data."""
+    x = random_array((2, 5, 6, 4, 3))
+    ksize, steps = [1, 2, 3, 2, 1], [1, 1, 2, 2, 1]
+    to_first = lambda v: [v[0], v[4], *v[1:4]]
+    fn = lambda t: OPS_3D[op](input=t, ksize=to_first(ksize), strides=to_first(steps), padding="SAME",
+                              data_format="NCDHW")
+    _, (got,) = run_engine(fn, [x.transpose(0, 4, 1, 2, 3)])
+    want = np.transpose(OPS_3D[op](input=tf.constant(x), ksize=ksize, strides=steps, padding="SAME"), (0, 4, 1, 2, 3))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

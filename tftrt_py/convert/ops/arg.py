@@ -1,7 +1,7 @@
 """ArgMax and ArgMin over a constant (possibly negative) axis: one ArgReduce layer each."""
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ArgReduceConverter", "ARG_REDUCE"]
@@ -12,9 +12,10 @@ ARG_REDUCE = {"ArgMax": "max", "ArgMin": "min"}
 
 @register(*ARG_REDUCE)
 class ArgReduceConverter(OpConverter):
-    """The engine's indices are int32, so output_type must be int32 (TF's default is int64)."""
+    """Constant axis; output_type must be int32 (TF's default int64 has no engine tensors)."""
 
     allowed_dtypes = FLOAT_INT
+    precisions = NO_PRECISION
     input_spec = (ANY, WEIGHT)
 
     def validate(self, node, ctx):

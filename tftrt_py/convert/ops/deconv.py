@@ -28,6 +28,8 @@ def dilate(kernel, dilations):
 
 @register(*DECONVOLUTIONS)
 class DeconvConverter(OpConverter):
+    """Constant input_sizes and filter; SAME, VALID or EXPLICIT padding; strides and dilations."""
+
     input_spec = (WEIGHT, WEIGHT, ANY)
 
     def validate(self, node, ctx):

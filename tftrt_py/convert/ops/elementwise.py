@@ -24,17 +24,21 @@ ELEMENTWISE = {
 }
 
 #: ops of ELEMENTWISE that also convert for int32 (their integer results match TF's; the rest are float-only)
-INT_EXACT = ("FloorDiv", "FloorMod")
+INT_EXACT = ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "FloorDiv", "FloorMod")
 
 
 @register(*(op for op in ELEMENTWISE if op not in INT_EXACT))
 class ElementWiseConverter(OpConverter):
+    """Numpy broadcasting; either operand may be a constant."""
+
     def convert(self, node, ctx):
         ctx.set_outputs(node, ctx.add_layer("ElementWise", ctx.inputs(node), {"op": ELEMENTWISE[node.op]}, node=node))
 
 
 @register(*INT_EXACT)
 class IntElementWiseConverter(ElementWiseConverter):
+    """Numpy broadcasting; either operand may be a constant; int32 too."""
+
     allowed_dtypes = FLOAT_INT
 
 

@@ -6,7 +6,7 @@ index type; params may be a constant too (an embedding table looked up by tensor
 import numpy as np
 
 from tftrt_py.convert.context import Weights
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["GatherConverter"]
@@ -14,7 +14,10 @@ __all__ = ["GatherConverter"]
 
 @register("GatherV2")
 class GatherConverter(OpConverter):
+    """Constant axis, batch_dims 0; tensor indices must be int32."""
+
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
     dtype_attr = "Tparams"
     input_spec = (ANY, ANY, WEIGHT)
 
@@ -31,7 +34,16 @@ class GatherConverter(OpConverter):
 
     def convert(self, node, ctx):
         params, indices, axis = ctx.inputs(node)
-        if isinstance(indices, Weights):
-            indices = Weights(indices.value.astype(np.int32))
-        layer_params = {"axis": int(np.ravel(axis.value)[0]) % len(params.shape)}
-        ctx.set_outputs(node, ctx.add_layer("Gather", [params, indices], layer_params, node=node))
+        axis = int(np.ravel(axis.value)[0]) % len(params.shape)
+        if not isinstance(indices, Weights):
+            ctx.set_outputs(node, ctx.add_layer("Gather", [params, indices], {"axis": axis}, node=node))
+            return
+        # Constant indices gather as int32 with rank >= 1 (the engine's Constant layers have no 0-d
+        # values); a scalar index's axis is then dropped by a reshape.
+        index = indices.value.astype(np.int32)
+        y = ctx.add_layer("Gather", [params, Weights(index.reshape(index.shape or (1,)))], {"axis": axis}, node=node,
+                          suffix="" if index.ndim else "/gather")[0]
+        if not index.ndim:
+            y = ctx.add_layer("Shuffle", [y], {"reshape": [d for i, d in enumerate(params.shape) if i != axis]},
+                              node=node)[0]
+        ctx.set_outputs(node, [y])

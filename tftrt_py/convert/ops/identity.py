@@ -1,19 +1,19 @@
 """Const and the pass-through ops: they add no layers, only forward values."""
 from tftrt_py.convert.context import Weights
-from tftrt_py.convert.ops.base import OpConverter
-from tftrt_py.convert.ops.base import FLOAT_INT_BOOL
+from tftrt_py.convert.ops.base import FLOAT_INT_BOOL, NO_PRECISION, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ConstConverter", "PassThroughConverter"]
 
-#: Ops that forward their input unchanged; they do not count towards minimum_segment_size.
-PASS_THROUGH = ("Identity", "Snapshot", "StopGradient")
+#: Ops that forward their inputs unchanged; they do not count towards minimum_segment_size.
+PASS_THROUGH = ("Identity", "IdentityN", "Snapshot", "StopGradient")
 
 
 @register("Const")
 class ConstConverter(OpConverter):
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = FLOAT_INT_BOOL + ("int64",)  # int64 constants are read as weights (indices, axes)
     dtype_attr = "dtype"
+    precisions = NO_PRECISION
 
     def convert(self, node, ctx):
         ctx.set_outputs(node, [Weights(node.attr("value"))])
@@ -21,7 +21,10 @@ class ConstConverter(OpConverter):
 
 @register(*PASS_THROUGH)
 class PassThroughConverter(OpConverter):
+    """Output i is input i (IdentityN forwards several, as tf.custom_gradient functions such as silu emit)."""
+
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
 
     def convert(self, node, ctx):
-        ctx.set_outputs(node, ctx.inputs(node)[:1])
+        ctx.set_outputs(node, ctx.inputs(node))

@@ -18,6 +18,8 @@ TRANSPOSE_ATTRS = {
 
 @register("MatMul", "BatchMatMul", "BatchMatMulV2")
 class MatMulConverter(OpConverter):
+    """Operands of rank >= 2, either one a constant; transposes (adjoints) of either."""
+
     def validate(self, node, ctx):
         ranks = [info.rank for info in ctx.input_infos(node)]
         if any(r is not None and r < 2 for r in ranks):

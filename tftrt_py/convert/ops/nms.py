@@ -1,7 +1,7 @@
 """CombinedNonMaxSuppression as one NMS layer; its sizes and thresholds are constants."""
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["CombinedNMSConverter"]
@@ -12,9 +12,10 @@ CONSTANT_INPUTS = ("max_output_size_per_class", "max_total_size", "iou_threshold
 
 @register("CombinedNonMaxSuppression")
 class CombinedNMSConverter(OpConverter):
-    """boxes [B, N, q, 4] and scores [B, N, C] (float32) -> boxes, scores, classes, valid detections."""
+    """Constant sizes and thresholds (iou_threshold in [0, 1]); computed in float32 as TF does."""
 
     dtype_attr = None  # boxes and scores are always float32
+    precisions = NO_PRECISION
     input_spec = (ANY, ANY, WEIGHT)
 
     def validate(self, node, ctx):

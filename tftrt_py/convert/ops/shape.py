@@ -5,7 +5,7 @@ when every shape is concrete.
 """
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, STATIC, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ReshapeConverter", "SqueezeConverter", "PadConverter", "ConcatConverter", "resolve_reshape"]
@@ -22,8 +22,10 @@ def resolve_reshape(shape, target):
 
 @register("Reshape")
 class ReshapeConverter(OpConverter):
+    """The target shape is known when building: a constant, or computed from shapes (tf.shape(x))."""
+
     allowed_dtypes = FLOAT_INT_BOOL
-    input_spec = (ANY, WEIGHT)
+    input_spec = (ANY, STATIC)
 
     def convert(self, node, ctx):
         x, target = ctx.inputs(node)

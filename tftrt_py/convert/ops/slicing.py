@@ -1,14 +1,16 @@
 """Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes).
 
-Begin/end/size/stride operands and split sizes are constants, and shapes are concrete while
+Begin/end/size/stride operands are known when building (constants, or computed from shapes:
+``x[:, :tf.shape(y)[1]]``), split sizes and axes are constants, and shapes are concrete while
 building, so every mask and negative index resolves statically to a start, size and stride.
 """
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, STATIC, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
-__all__ = ["SliceConverter", "StridedSliceConverter", "SplitConverter", "SplitVConverter", "UnpackConverter", "resolve_strided_slice"]
+__all__ = ["SliceConverter", "StridedSliceConverter", "SplitConverter", "SplitVConverter", "UnpackConverter",
+           "add_slice", "split_along", "resolve_strided_slice"]
 
 
 def _ints(value):
@@ -43,13 +45,16 @@ def split_along(ctx, node, x, axis, sizes, squeeze=False):
 # -- Slice ----------------------------------------------------------------------------------------
 @register("Slice")
 class SliceConverter(OpConverter):
-    """begin and size are constants; size -1 takes the rest of the dimension."""
+    """begin and size are known when building; size -1 takes the rest of the dimension."""
 
     allowed_dtypes = FLOAT_INT_BOOL
-    input_spec = (ANY, WEIGHT, WEIGHT)
+    precisions = NO_PRECISION
+    input_spec = (ANY, STATIC, STATIC)
 
     def validate(self, node, ctx):
         x, begin, size = ctx.input_infos(node)
+        if begin.value is None or size.value is None:
+            return None  # computed from shapes: checked when building, where the values are known
         begin, size = _ints(begin.value), _ints(size.value)
         if x.rank is not None and not len(begin) == len(size) == x.rank:
             return f"begin {begin} and size {size} must have one entry per input dim ({x.rank})"
@@ -115,10 +120,11 @@ def resolve_strided_slice(node, shape, begin, end, strides):
 
 @register("StridedSlice")
 class StridedSliceConverter(OpConverter):
-    """Constant begin/end/strides with begin, end, ellipsis and shrink-axis masks."""
+    """begin/end/strides known when building; begin, end, ellipsis and shrink masks (not new_axis_mask)."""
 
     allowed_dtypes = FLOAT_INT_BOOL
-    input_spec = (ANY, WEIGHT)
+    precisions = NO_PRECISION
+    input_spec = (ANY, STATIC)
 
     def validate(self, node, ctx):
         if node.attr("new_axis_mask", 0):
@@ -126,6 +132,8 @@ class StridedSliceConverter(OpConverter):
         x, *consts = ctx.input_infos(node)
         if x.rank is None:
             return "StridedSlice needs an input of known rank"
+        if any(c.value is None for c in consts):
+            return None  # computed from shapes: checked when building, where the values are known
         try:
             resolve_strided_slice(node, x.shape, *(_ints(c.value) for c in consts))
         except ValueError as exc:
@@ -144,6 +152,7 @@ class SplitConverter(OpConverter):
     """num_split equal pieces along a constant axis."""
 
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
     input_spec = (WEIGHT, ANY)
     #: positions of the value, axis and sizes (None: equal pieces) inputs
     value_index, axis_index, sizes_index = 1, 0, None
@@ -198,6 +207,7 @@ class UnpackConverter(OpConverter):
     """num tensors, each x's slice at one index of `axis` with that axis dropped."""
 
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
 
     def convert(self, node, ctx):
         x = ctx.inputs(node)[0]

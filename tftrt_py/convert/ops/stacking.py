@@ -3,7 +3,7 @@ Transpose (one Shuffle), DepthToSpace and SpaceToDepth (two Shuffles: a reshape 
 reshape)."""
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.conv import LAYOUTS, data_format, from_channels_last, layout_reason, to_channels_last
 from tftrt_py.convert.ops.registry import register
 
@@ -21,6 +21,7 @@ class PackConverter(OpConverter):
     """N same-shaped tensors stacked along a new axis (negative counts from the output's end)."""
 
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
 
     def convert(self, node, ctx):
         values = ctx.inputs(node)
@@ -39,6 +40,7 @@ class ExpandDimsConverter(OpConverter):
     """A size-1 axis inserted at a constant position (negative counts from the output's end)."""
 
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
     input_spec = (ANY, WEIGHT)
 
     def validate(self, node, ctx):
@@ -55,6 +57,7 @@ class TransposeConverter(OpConverter):
     """A constant permutation as a Shuffle's first transpose."""
 
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
     input_spec = (ANY, WEIGHT)
 
     def validate(self, node, ctx):
@@ -76,13 +79,14 @@ SPACE_DEPTH = {"DepthToSpace": True, "SpaceToDepth": False}
 
 @register(*SPACE_DEPTH)
 class SpaceDepthConverter(OpConverter):
-    """Block rearrangements of a 4-d tensor, done channels-last (NCHW goes through two more Shuffles).
+    """Block rearrangements of a 4-d NHWC or NCHW tensor (NCHW_VECT_C is refused), done channels-last.
 
     DepthToSpace: [N, H, W, b*b*C] -> [N, H, W, b, b, C] -> [N, H, b, W, b, C] -> [N, H*b, W*b, C];
     SpaceToDepth is its inverse.
     """
 
     allowed_dtypes = FLOAT_INT_BOOL
+    precisions = NO_PRECISION
 
     def validate(self, node, ctx):
         reason = layout_reason(node, attrs=())

@@ -1,7 +1,7 @@
 """TopKV2 with a constant k as one TopK layer (values and int32 indices, largest first)."""
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["TopKConverter"]
@@ -9,9 +9,10 @@ __all__ = ["TopKConverter"]
 
 @register("TopKV2")
 class TopKConverter(OpConverter):
-    """k along the last axis. The engine always sorts, which sorted=False allows."""
+    """Constant k along the last axis; index_type int32. Always sorted (which sorted=False allows)."""
 
     allowed_dtypes = FLOAT_INT
+    precisions = NO_PRECISION
     input_spec = (ANY, WEIGHT)
 
     def validate(self, node, ctx):

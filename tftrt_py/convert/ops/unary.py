@@ -9,7 +9,8 @@ UNARY = {
     "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Rsqrt": "rsqrt", "Reciprocal": "recip", "Inv": "recip",
     "Abs": "abs", "Neg": "neg", "Sin": "sin", "Cos": "cos", "Tan": "tan", "Sinh": "sinh", "Cosh": "cosh",
     "Asin": "asin", "Acos": "acos", "Atan": "atan", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
-    "Ceil": "ceil", "Floor": "floor", "Round": "round", "Sign": "sign", "Erf": "erf", "Square": "square",
+    "Ceil": "ceil", "Floor": "floor", "Round": "round", "Sign": "sign", "Erf": "erf", "Erfc": "erfc",
+    "Square": "square",
 }
 
 

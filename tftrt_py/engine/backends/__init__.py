@@ -1,11 +1,14 @@
 """Backends run layer kinds. ``numpy`` always works; ``cupy`` needs an NVIDIA GPU."""
 from __future__ import annotations
 
-from typing import Callable, Dict
+import logging
+from typing import Callable, Dict, Optional
 
 from tftrt_py.engine.errors import BackendError
 
-__all__ = ["get_backend", "register_backend", "backend_names"]
+__all__ = ["get_backend", "register_backend", "backend_names", "default_backend_name"]
+
+logger = logging.getLogger(__name__)
 
 _FACTORIES: Dict[str, Callable[[], object]] = {}
 _INSTANCES: Dict[str, object] = {}
@@ -35,3 +38,27 @@ def _numpy():
 
 
 register_backend("numpy", _numpy)
+
+
+# -- cupy (GPU) backend: registered always, usable only where cupy sees a GPU --------------------------
+def _cupy():
+    from tftrt_py.engine.backends.cupy import CupyBackend
+
+    return CupyBackend()
+
+
+register_backend("cupy", _cupy)
+
+_DEFAULT: Optional[str] = None
+
+
+def default_backend_name() -> str:
+    """``"cupy"`` when a GPU is usable here, else ``"numpy"`` (decided and logged once)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        from tftrt_py.engine.backends.cupy import available
+
+        ok, why = available()
+        _DEFAULT = "cupy" if ok else "numpy"
+        logger.info("engine backend: %s (%s)", _DEFAULT, why)
+    return _DEFAULT

@@ -58,7 +58,8 @@ def _gelu_tanh(x):
 
 
 def _sigmoid(x):
-    return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+    with np.errstate(over="ignore"):  # exp overflows to inf for very negative x: sigmoid is then 0
+        return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
 
 
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
@@ -105,7 +106,24 @@ ELEMENTWISE_FNS = {
     "not_equal": np.not_equal, "and": np.logical_and, "or": np.logical_or,
 }
 
-REDUCE_FNS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+def _log_sum_exp(x, axis, keepdims):
+    """log(sum(exp(x))) without overflow: the maximum is taken out first."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def _sum_squares(x, axis, keepdims):
+    return np.sum(np.square(x), axis=axis, keepdims=keepdims)
+
+
+REDUCE_FNS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod,
+              "l1": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+              "sum_squares": _sum_squares,
+              "l2": lambda x, axis, keepdims: np.sqrt(_sum_squares(x, axis, keepdims)),
+              "log_sum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
+              "log_sum_exp": _log_sum_exp}
 
 
 def apply_activation(x, activation):
@@ -198,6 +216,15 @@ def _matmul(layer, inputs):
     return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
 
 
+@kernel("MLP")
+def _mlp(layer, inputs):
+    x = inputs[0]
+    with np.errstate(over="ignore"):
+        for i, activation in enumerate(layer.params["activations"]):
+            x = apply_activation(x @ layer.weights[f"w{i}"] + layer.weights[f"b{i}"], activation)
+    return [x.astype(layer.outputs[0].dtype, copy=False)]
+
+
 @kernel("ElementWise")
 def _elementwise(layer, inputs):
     a, b = inputs
@@ -242,6 +269,8 @@ def _scale(layer, inputs):
         out = out + shift
     if power is not None:
         out = out ** power
+    with np.errstate(over="ignore"):
+        out = apply_activation(out, layer.params.get("activation"))
     return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
@@ -270,8 +299,11 @@ def _pooling(layer, inputs):
 @kernel("Reduce")
 def _reduce(layer, inputs):
     x = inputs[0]
+    if layer.params.get("first_perm") is not None:
+        x = np.transpose(x, layer.params["first_perm"])
     axes = tuple(a % x.ndim for a in layer.params["axes"])
-    out = REDUCE_FNS[layer.params["op"]](x, axis=axes, keepdims=bool(layer.params.get("keep_dims")))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = REDUCE_FNS[layer.params["op"]](x, axis=axes, keepdims=bool(layer.params.get("keep_dims")))
     return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
@@ -291,7 +323,7 @@ def _shuffle(layer, inputs):
         x = x.reshape(layer.outputs[0].shape if p.get("second_perm") is None else p["reshape"])
     if p.get("second_perm") is not None:
         x = np.transpose(x, p["second_perm"])
-    return [np.ascontiguousarray(x)]
+    return [np.asarray(x, order="C")]
 
 
 @kernel("Padding")
@@ -313,7 +345,7 @@ def _concat(layer, inputs):
 def _slice(layer, inputs):
     p = layer.params
     index = tuple(slice(s, _slice_stop(s, n, st), st) for s, n, st in zip(p["start"], p["size"], p["stride"]))
-    return [np.ascontiguousarray(inputs[0][index])]
+    return [np.asarray(inputs[0][index], order="C")]
 
 
 def _slice_stop(start, size, stride):

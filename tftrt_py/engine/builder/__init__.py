@@ -11,6 +11,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from tftrt_py.engine.builder import passes
+from tftrt_py.engine.builder.fusions import activation, affine, conv, horizontal, match, mlp, reduce, shuffle
 from tftrt_py.engine.errors import BuildError, EngineError
 
 __all__ = ["BuilderConfig", "Builder", "PIPELINE", "PRECISIONS"]
@@ -20,9 +21,22 @@ logger = logging.getLogger(__name__)
 PRECISIONS = ("FP32", "FP16", "INT8")
 
 #: (name, pass) in the order they run; the whole list repeats until no pass changes anything.
+#: Biases and scales fold into a layer before its residual sum and activation do (they must not
+#: apply after them); MLPs form from matrix multiplies that already hold their bias and activation.
 PIPELINE: List[Tuple[str, Callable]] = [
     ("constant folding", passes.fold_constants),
     ("dead-layer elimination", passes.eliminate_dead_layers),
+    ("identity erasure", affine.erase_identities),
+    ("shuffle fusion", shuffle.fuse_shuffles),
+    ("padding into convolution", conv.fuse_padding),
+    ("activation recognition", activation.recognize_activations),
+    ("bias and scale folding", affine.fold_affine),
+    ("residual fusion", conv.fuse_residual),
+    ("activation fusion", activation.fuse_activations),
+    ("MLP fusion", mlp.fuse_mlp),
+    ("reduction fusion", reduce.fuse_reductions),
+    ("horizontal fusion", horizontal.fuse_horizontal),
+    ("fusion report", match.report_fusions),
 ]
 
 MAX_ROUNDS = 50

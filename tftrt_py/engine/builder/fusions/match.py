@@ -150,11 +150,11 @@ def _rewrite(network: Network, match: Union[Fused, Bypass]) -> str:
             layer = network.add_layer(match.kind, match.inputs, match.params, match.weights, name=name)
         new, name = layer.outputs[0], layer.name
         new.dynamic_range = old.dynamic_range
-        if network.is_output(old):  # the fused layer's output takes over the binding name
-            new.name = old.name
     network.replace_all_uses(old, new)
     for layer in reversed(match.layers):
         network.erase(layer)
+    if network.is_output(new) and isinstance(match, Fused):  # the new output takes over the binding name
+        new.name = old.name
     return name
 
 

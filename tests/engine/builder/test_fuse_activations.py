@@ -1,0 +1,84 @@
+"""Activations fused into Convolution, MatrixMultiply and Scale."""
+import numpy as np
+import pytest
+
+from fusion_nets import add, build_and_compare, conv, layer, layer_names, matmul, network, rand
+
+X = (2, 5, 5, 3)
+EPILOGUE = [dict(type="relu"), dict(type="relu6"), dict(type="leaky_relu", alpha=0.2), dict(type="elu", alpha=0.7),
+            dict(type="sigmoid"), dict(type="tanh"), dict(type="gelu_erf"), dict(type="gelu_tanh"), dict(type="swish"),
+            dict(type="clip", alpha=-0.5, beta=0.5)]
+
+
+@pytest.mark.parametrize("activation", EPILOGUE, ids=lambda a: a["type"])
+def test_convolution_and_matrix_multiply_take_the_activation(activation):
+    def make():
+        net, (x, a) = network(X, (4, 6))
+        net.mark_output(add(net, "Activation", [conv(net, x, 4, "conv", bias=True)], "act", **activation))
+        net.mark_output(add(net, "Activation", [matmul(net, a, 3, "mm")], "mm_act", **activation))
+        return net
+
+    engine = build_and_compare(make, [rand(*X), rand(4, 6)])
+    assert layer_names(engine) == ["conv + act", "mm + mm_act"]
+    assert layer(engine, "conv + act").params["activation"] == activation
+
+
+def test_scale_takes_any_activation_but_convolution_only_its_own():
+    def make():
+        net, (x,) = network(X)
+        y = add(net, "Scale", [x], "scale", {"scale": rand(3), "shift": rand(3)})
+        net.mark_output(add(net, "Activation", [y], "selu", type="selu"))
+        net.mark_output(add(net, "Activation", [conv(net, x, 4, "conv")], "softplus", type="softplus"))
+        return net
+
+    engine = build_and_compare(make, [rand(*X)])
+    assert layer_names(engine) == ["scale + selu", "conv", "softplus"]
+    assert layer(engine, "scale + selu").kind == "Scale"
+
+
+def test_scale_folds_into_the_convolution_before_the_activation_fuses():
+    def make():
+        net, (x,) = network(X)
+        y = add(net, "Scale", [conv(net, x, 4, "conv")], "bn", {"scale": rand(4), "shift": rand(4)})
+        net.mark_output(add(net, "Activation", [y], "relu", type="relu"))
+        return net
+
+    engine = build_and_compare(make, [rand(*X)])
+    assert layer_names(engine) == ["conv + bn + relu"]
+
+
+def test_an_activation_is_not_fused_when_its_input_has_another_reader_or_is_an_output():
+    def make():
+        net, (x,) = network(X)
+        a = conv(net, x, 4, "a")
+        net.mark_output(add(net, "Activation", [a], "relu_a", type="relu"))
+        net.mark_output(add(net, "Unary", [a], "abs", op="abs"))
+        b = conv(net, x, 4, "b", k=1)  # (not the same kernel size as a: no horizontal fusion)
+        net.mark_output(b)
+        net.mark_output(add(net, "Activation", [b], "relu_b", type="relu"))
+        return net
+
+    names = layer_names(build_and_compare(make, [rand(*X)]))
+    assert {"a", "relu_a", "b", "relu_b"} <= set(names)
+
+
+def test_a_second_activation_stays_separate():
+    def make():
+        net, (x,) = network(X)
+        y = add(net, "Activation", [conv(net, x, 4, "conv")], "relu", type="relu")
+        net.mark_output(add(net, "Activation", [y], "tanh", type="tanh"))
+        return net
+
+    assert layer_names(build_and_compare(make, [rand(*X)])) == ["conv + relu", "tanh"]
+
+
+def test_fused_output_keeps_the_binding_name():
+    def make():
+        net, (x,) = network(X)
+        net.mark_output(add(net, "Activation", [conv(net, x, 4, "conv")], "relu", type="relu"), name="out")
+        return net
+
+    engine = build_and_compare(make, [rand(*X)])
+    assert [t.name for t in engine.outputs] == ["out"]
+    out = engine.create_execution_context().execute({"x0": np.ones(X, "float32")})["out"]
+    assert out.min() >= 0

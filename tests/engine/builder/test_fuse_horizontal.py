@@ -1,0 +1,43 @@
+"""Horizontal fusion: sibling Convolutions / MatrixMultiplies as one layer followed by Slices."""
+from fusion_nets import add, build_and_compare, conv, layer, layer_names, matmul, network, rand
+
+X = (2, 6, 6, 3)
+
+
+def test_sibling_convolutions_become_one_with_slices():
+    def make():
+        net, (x,) = network(X)
+        a = conv(net, x, 4, "conv_a", bias=True, activation={"type": "relu"})
+        b = conv(net, x, 2, "conv_b", activation={"type": "relu"})
+        net.mark_output(add(net, "Unary", [a], "out", op="abs"))
+        net.mark_output(b, name="b_out")
+        return net
+
+    engine = build_and_compare(make, [rand(*X)])
+    assert layer_names(engine) == ["conv_a + conv_b", "conv_a (split)", "conv_b (split)", "out"]
+    fused = layer(engine, "conv_a + conv_b")
+    assert fused.outputs[0].shape == (2, 6, 6, 6) and fused.weights["bias"].shape == (6,)
+    assert [t.name for t in engine.outputs] == ["out:0", "b_out"]
+
+
+def test_matrix_multiplies_with_constant_b_merge():
+    def make():
+        net, (x,) = network((4, 5))
+        for name, n in (("q", 3), ("k", 3), ("v", 2)):
+            net.mark_output(matmul(net, x, n, name, transpose_b=True))
+        return net
+
+    engine = build_and_compare(make, [rand(4, 5)])
+    assert layer_names(engine) == ["q + k + v", "q (split)", "k (split)", "v (split)"]
+
+
+def test_different_windows_or_activations_do_not_merge():
+    def make():
+        net, (x,) = network(X)
+        net.mark_output(conv(net, x, 4, "a"))
+        net.mark_output(conv(net, x, 4, "b", stride=2))
+        net.mark_output(conv(net, x, 4, "c", k=1))
+        net.mark_output(conv(net, x, 4, "d", activation={"type": "relu"}))
+        return net
+
+    assert layer_names(build_and_compare(make, [rand(*X)])) == ["a", "b", "c", "d"]

@@ -1,0 +1,164 @@
+"""Whole engines on the cupy backend: ResNet-50 in FP32/FP16 against the numpy backend, plans,
+tactics, device checks, concurrency, device arrays, memory accounting and errors."""
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from tftrt_py.engine import Builder, BuilderConfig, Engine, Profiler, RuntimeExecutionError, Runtime
+
+import gpu_resnet50 as resnet50
+from gpu_helpers import GPU, assert_close, healthy_gpu  # noqa: F401 (autouse fixture)
+
+pytestmark = GPU
+
+BATCH, SIZE = 2, 64
+
+
+@pytest.fixture(scope="module")
+def model():
+    return resnet50.spec(classes=100)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return Engine(resnet50.network(BATCH, SIZE, model), backend="numpy").create_execution_context()
+
+
+def build(model, precision, batch=BATCH):
+    config = BuilderConfig(precision=precision, backend="cupy")
+    return Builder(config).build_engine(resnet50.network(batch, SIZE, model))
+
+
+def images(rng, batch=BATCH):
+    return {"input": rng.standard_normal((batch, SIZE, SIZE, 3)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def fp16_engine(model):
+    return build(model, "FP16")
+
+
+@pytest.mark.parametrize("precision", ["FP32", "FP16"])
+def test_resnet50_matches_numpy(model, reference, precision, fp16_engine):
+    engine = fp16_engine if precision == "FP16" else build(model, precision)
+    assert engine.device != "cpu" and engine.tactics
+    convs = [t for name, t in engine.tactics.items() if "conv" in name and "cudnn" in str(t.get("op"))]
+    assert convs, engine.tactics
+    ctx = engine.create_execution_context()
+    rng = np.random.default_rng(7)
+    for run in range(3):  # eager + capture, then two graph replays on fresh inputs
+        x = images(rng)
+        got, ref = ctx.execute(x)["logits"], reference.execute(x)["logits"]
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        print(f"{precision} run {run}: relative L2 error {err:.2e}")
+        assert_close(got, ref, precision, f"run {run}")
+
+
+def test_plan_round_trip_reuses_tactics(fp16_engine, reference):
+    plan = fp16_engine.serialize()
+    engine = Runtime().deserialize_cuda_engine(plan)
+    assert engine.tactics == fp16_engine.tactics and engine.device == fp16_engine.device
+    x = images(np.random.default_rng(3))
+    got = engine.create_execution_context().execute(x)["logits"]
+    assert_close(got, reference.execute(x)["logits"], "FP16")
+    kept = {k: v.get("plan") for k, v in engine.tactics.items()}
+    assert kept == {k: v.get("plan") for k, v in fp16_engine.tactics.items()}
+
+
+def test_plan_from_another_gpu_is_retuned(fp16_engine, reference, caplog):
+    engine = Runtime().deserialize_cuda_engine(fp16_engine.serialize())
+    engine.device = "Some Other GPU (sm_80)"
+    with caplog.at_level(logging.WARNING):
+        ctx = engine.create_execution_context()
+    assert "re-tuning" in caplog.text and engine.device == fp16_engine.device
+    x = images(np.random.default_rng(4))
+    assert_close(ctx.execute(x)["logits"], reference.execute(x)["logits"], "FP16")
+
+
+def test_contexts_run_concurrently_from_threads(fp16_engine, reference):
+    errors = []
+
+    def work(seed):
+        try:
+            ctx = fp16_engine.create_execution_context()
+            rng = np.random.default_rng(seed)
+            for _ in range(4):
+                x = images(rng)
+                assert_close(ctx.execute(x)["logits"], reference.execute(x)["logits"], "FP16")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_smaller_batch_and_device_arrays(fp16_engine, reference):
+    import cupy
+
+    ctx = fp16_engine.create_execution_context()
+    x = images(np.random.default_rng(5))
+    one = {"input": x["input"][:1]}
+    assert_close(ctx.execute(one)["logits"], reference.execute(x)["logits"][:1], "FP16")
+    out = ctx.execute({"input": cupy.asarray(x["input"])})["logits"]
+    assert isinstance(out, cupy.ndarray)
+    assert_close(cupy.asnumpy(out), reference.execute(x)["logits"], "FP16")
+
+
+def test_profiler_and_memory_report(fp16_engine):
+    from tftrt_py.engine.backends import get_backend
+
+    ctx = fp16_engine.create_execution_context()
+    ctx.profiler = Profiler()
+    ctx.execute(images(np.random.default_rng(6)))
+    assert "conv1" in ctx.profiler.records and all(v[0] >= 0 for v in ctx.profiler.records.values())
+    report = get_backend("cupy").memory_report(fp16_engine)
+    assert report["weights"] > 0 and report["activations"] > 0 and report["workspace"] > 0 and report["io"] > 0
+    # FP16 weights take about half the float32 bytes of the network's weights.
+    assert report["weights"] < 0.7 * fp16_engine.weight_bytes
+
+
+def conv_relu_pool_net():
+    """input [4, 8, 8, 3] -> conv 3x3 (bias, relu) -> 2x2 avg pool -> mean over H, W."""
+    from tftrt_py.engine import Network
+
+    rng = np.random.default_rng(0)
+    net = Network("conv_net")
+    x = net.add_input("x", "float32", (4, 8, 8, 3))
+    conv = net.add_layer("Convolution", [x], dict(strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1],
+                                                  post_padding=[1, 1], groups=1, activation={"type": "relu"}),
+                         {"kernel": rng.standard_normal((3, 3, 3, 5)).astype("float32"),
+                          "bias": rng.standard_normal(5).astype("float32")}, name="conv")
+    pool = net.add_layer("Pooling", conv.outputs, dict(type="avg", window=[2, 2], strides=[2, 2],
+                                                       pre_padding=[0, 0], post_padding=[0, 0]), name="pool")
+    mean = net.add_layer("Reduce", pool.outputs, dict(op="mean", axes=[1, 2], keep_dims=False), name="mean")
+    net.mark_output(mean.outputs[0], name="y")
+    return net
+
+
+def test_builder_path_and_fp32_strictness():
+    net_ref, net = conv_relu_pool_net(), conv_relu_pool_net()
+    engine = Builder(BuilderConfig(backend="cupy")).build_engine(net)
+    assert engine.build_config["allow_tf32"] is False
+    x = np.random.default_rng(8).standard_normal((4, 8, 8, 3)).astype(np.float32)
+    ref = Engine(net_ref, backend="numpy").create_execution_context().execute_v2([x])[0]
+    assert_close(engine.create_execution_context().execute_v2([x])[0], ref, "FP32")
+
+
+def test_out_of_memory_is_a_clear_error():
+    from tftrt_py.engine import Network
+
+    net = Network("huge")
+    x = net.add_input("x", "float32", (1 << 19, 1 << 17))  # 256 GiB in, 256 GiB out
+    net.mark_output(net.add_layer("Unary", [x], {"op": "exp"}).outputs[0], name="y")
+    engine = Engine(net, backend="cupy")
+    import cupy
+
+    with pytest.raises(RuntimeExecutionError, match="out of GPU memory"):
+        engine.create_execution_context()
+    cupy.get_default_memory_pool().free_all_blocks()

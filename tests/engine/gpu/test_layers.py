@@ -1,0 +1,351 @@
+"""Every layer kind on the cupy backend against the numpy backend (FP32 1e-4, FP16 1e-2)."""
+import numpy as np
+import pytest
+
+from tftrt_py.engine import layers as layer_kinds
+
+from gpu_helpers import GPU, compare, healthy_gpu, normal, single  # noqa: F401 (autouse fixture)
+
+pytestmark = GPU
+
+PRECISIONS = ["FP32", "FP16"]
+
+
+@pytest.fixture(autouse=True)
+def check_every_tactic(monkeypatch):
+    """Build every candidate of every layer and check each against the numpy backend."""
+    monkeypatch.setenv("TFTRT_PY_CHECK_TACTICS", "1")
+    monkeypatch.setenv("TFTRT_PY_CUDNN_PLANS", "3")
+rng0 = np.random.default_rng(1234)
+
+
+def conv_params(k=3, stride=1, pad=1, dil=1, groups=1, nsp=2, act=None, pre=None, post=None):
+    p = dict(strides=[stride] * nsp, dilations=[dil] * nsp, pre_padding=pre or [pad] * nsp,
+             post_padding=post or [pad] * nsp, groups=groups)
+    if act:
+        p["activation"] = act
+    return p
+
+
+def kernel(*shape):
+    fan_in = int(np.prod(shape[:-1]))
+    return (rng0.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+
+
+CONV_CASES = {
+    "3x3_bias_relu": ((2, 9, 9, 8), conv_params(act={"type": "relu"}), (3, 3, 8, 16), True),
+    "stride2_asym_pad": ((2, 10, 11, 8), conv_params(stride=2, pre=[0, 1], post=[1, 2]), (3, 3, 8, 8), True),
+    "dilated": ((1, 12, 12, 8), conv_params(dil=2, pad=2), (3, 3, 8, 8), False),
+    "grouped": ((2, 8, 8, 8), conv_params(groups=2, act={"type": "relu6"}), (3, 3, 4, 8), True),
+    "depthwise": ((2, 8, 8, 16), conv_params(groups=16), (3, 3, 1, 16), True),
+    "1x1": ((2, 7, 7, 32), conv_params(k=1, pad=0), (1, 1, 32, 64), True),
+    "stem_c3": ((2, 16, 16, 3), conv_params(stride=2, pad=3, act={"type": "relu"}), (7, 7, 3, 16), True),
+    "leaky": ((1, 6, 6, 8), conv_params(act={"type": "leaky_relu", "alpha": 0.2}), (3, 3, 8, 8), True),
+    "sigmoid": ((1, 6, 6, 8), conv_params(act={"type": "sigmoid"}), (3, 3, 8, 8), True),
+    "swish": ((1, 6, 6, 8), conv_params(act={"type": "swish"}), (3, 3, 8, 8), True),
+    "gelu_tanh": ((1, 6, 6, 8), conv_params(act={"type": "gelu_tanh"}), (3, 3, 8, 8), True),
+    "selu_epilogue": ((1, 6, 6, 8), conv_params(act={"type": "selu"}), (3, 3, 8, 8), True),
+    "clip": ((1, 6, 6, 8), conv_params(act={"type": "clip", "alpha": -0.5, "beta": 0.5}), (3, 3, 8, 8), True),
+    "conv1d": ((2, 20, 8), conv_params(nsp=1), (3, 8, 16), True),
+    "conv3d": ((1, 5, 6, 7, 8), conv_params(nsp=3), (3, 3, 3, 8, 8), True),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_convolution(case, precision):
+    shape, params, kshape, bias = CONV_CASES[case]
+    weights = {"kernel": kernel(*kshape)}
+    if bias:
+        weights["bias"] = rng0.standard_normal(kshape[-1]).astype(np.float32)
+    compare(single("Convolution", [("float32", shape)], params, weights), normal(shape), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("residual_batch", [2, 1])
+def test_convolution_residual(precision, residual_batch):
+    shape, out = (2, 8, 8, 16), (residual_batch, 8, 8, 16)
+    params = conv_params(act={"type": "relu"})
+    weights = {"kernel": kernel(3, 3, 16, 16), "bias": rng0.standard_normal(16).astype(np.float32)}
+    compare(single("Convolution", [("float32", shape), ("float32", out)], params, weights), normal(shape, out),
+            precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_deconvolution(precision):
+    params = dict(strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1], output_spatial=[10, 12])
+    build = single("Deconvolution", [("float32", (2, 5, 6, 8))], params, {"kernel": kernel(3, 3, 4, 8)})
+    compare(build, normal((2, 5, 6, 8)), precision)
+
+
+MATMUL_CASES = {
+    "2d": ((16, 32), (32, 24), {}),
+    "batched": ((3, 16, 32), (3, 32, 8), {}),
+    "transposes": ((2, 32, 16), (2, 8, 32), {"transpose_a": True, "transpose_b": True}),
+    "broadcast_b": ((4, 5, 16), (16, 8), {}),
+    "partial_broadcast": ((2, 1, 5, 16), (1, 3, 16, 8), {}),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", sorted(MATMUL_CASES))
+def test_matrix_multiply(case, precision):
+    sa, sb, params = MATMUL_CASES[case]
+    compare(single("MatrixMultiply", [("float32", sa), ("float32", sb)], params), normal(sa, sb), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_matrix_multiply_constant_bias_activation(precision):
+    from tftrt_py.engine import Network
+
+    w, bias = kernel(64, 48), rng0.standard_normal(48).astype(np.float32)
+
+    def build():
+        net = Network("fc")
+        x = net.add_input("x0", "float32", (8, 64))
+        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w)], {"activation": {"type": "gelu_erf"}},
+                          {"bias": bias}).outputs[0]
+        net.mark_output(y, name="y0")
+        return net
+
+    compare(build, normal((8, 64)), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_mlp(precision):
+    weights = {"w0": kernel(32, 64), "b0": rng0.standard_normal(64).astype(np.float32),
+               "w1": kernel(64, 16), "b1": rng0.standard_normal(16).astype(np.float32)}
+    params = {"activations": [{"type": "relu"}, None]}
+    compare(single("MLP", [("float32", (8, 32))], params, weights), normal((8, 32)), precision)
+
+
+FLOAT_BINARY = [op for op in layer_kinds.ELEMENTWISE_OPS if op not in ("and", "or", "pow", "floor_div",
+                                                                      "floor_mod")]
+
+
+@pytest.mark.parametrize("op", layer_kinds.ELEMENTWISE_OPS)
+def test_elementwise_fp32(op):
+    shapes = ((2, 3, 4), (3, 1))
+    if op in ("and", "or"):
+        def make(rng):
+            return {"x0": rng.uniform(size=shapes[0]) > 0.5, "x1": rng.uniform(size=shapes[1]) > 0.5}
+        dtype = "bool"
+    elif op == "pow":
+        make, dtype = normal(*shapes, low=0.5, high=2.0), "float32"
+    else:
+        make, dtype = normal(*shapes), "float32"
+    compare(single("ElementWise", [(dtype, shapes[0]), (dtype, shapes[1])], {"op": op}), make, "FP32")
+
+
+@pytest.mark.parametrize("op", ["sum", "sub", "prod", "div", "max", "min", "floor_div", "floor_mod", "pow", "equal",
+                                "less"])
+def test_elementwise_int32(op):
+    shapes = ((4, 5), (4, 5))
+
+    def make(rng):
+        a = rng.integers(-20, 20, shapes[0]).astype(np.int32)
+        b = rng.integers(1, 6, shapes[1]).astype(np.int32) * rng.choice([-1, 1], shapes[1]).astype(np.int32)
+        if op == "pow":
+            b = np.abs(b)
+        return {"x0": a, "x1": b}
+
+    compare(single("ElementWise", [("int32", shapes[0]), ("int32", shapes[1])], {"op": op}), make, "FP32")
+
+
+@pytest.mark.parametrize("op", ["sum", "sub", "prod", "div", "max", "min", "squared_difference"])
+def test_elementwise_fp16(op):
+    shapes = ((2, 3, 4), (4,))
+    compare(single("ElementWise", [("float32", shapes[0]), ("float32", shapes[1])], {"op": op}),
+            normal(*shapes, low=0.5, high=2.0), "FP16")
+
+
+UNARY_DOMAIN = {"log": (0.1, 3.0), "sqrt": (0.1, 3.0), "rsqrt": (0.1, 3.0), "recip": (0.5, 3.0),
+                "asin": (-0.9, 0.9), "acos": (-0.9, 0.9), "atanh": (-0.9, 0.9), "acosh": (1.1, 3.0),
+                "tan": (-1.2, 1.2)}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", layer_kinds.UNARY_OPS)
+def test_unary(op, precision):
+    shape = (3, 17)
+    if op == "not":
+        compare(single("Unary", [("bool", shape)], {"op": op}), lambda rng: {"x0": rng.uniform(size=shape) > 0.5})
+        return
+    if precision == "FP16" and op in ("ceil", "floor", "round", "sign"):
+        pytest.skip("rounding ops on float16-rounded inputs can land on the other side of a step")
+    low, high = UNARY_DOMAIN.get(op, (-2.0, 2.0))
+    compare(single("Unary", [("float32", shape)], {"op": op}), normal(shape, low=low, high=high), precision)
+
+
+ACT_PARAMS = {"clip": {"alpha": -0.5, "beta": 0.7}, "leaky_relu": {"alpha": 0.1}, "elu": {"alpha": 1.3},
+              "hard_sigmoid": {"alpha": 0.2, "beta": 0.5}}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("act", layer_kinds.ACTIVATIONS)
+def test_activation(act, precision):
+    shape = (4, 33)
+    params = dict({"type": act}, **ACT_PARAMS.get(act, {}))
+    compare(single("Activation", [("float32", shape)], params), normal(shape, low=-4.0, high=4.0), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_scale(per_channel, precision):
+    n = 6 if per_channel else 1
+    weights = {"scale": rng0.uniform(0.5, 1.5, n).astype(np.float32),
+               "shift": rng0.uniform(0.5, 1.5, n).astype(np.float32),
+               "power": rng0.uniform(1.0, 2.0, n).astype(np.float32)}
+    params = {"channel_axis": 1, "activation": {"type": "tanh"}}
+    compare(single("Scale", [("float32", (2, 6, 5))], params, weights), normal((2, 6, 5), low=0.1, high=1.0),
+            precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_select(precision):
+    shape = (3, 8)
+
+    def make(rng):
+        return {"x0": rng.uniform(size=shape) > 0.5, "x1": rng.standard_normal(shape).astype(np.float32),
+                "x2": rng.standard_normal((8,)).astype(np.float32)}
+
+    compare(single("Select", [("bool", shape), ("float32", shape), ("float32", (8,))], {}), make, precision)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "bool", "float16"])
+def test_identity_cast(dtype):
+    compare(single("Identity", [("float32", (4, 9))], {"dtype": dtype}), normal((4, 9), low=-5, high=5), "FP32")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fused_pointwise_chain(precision):
+    from tftrt_py.engine import Network
+
+    def build():
+        net = Network("chain")
+        a = net.add_input("x0", "float32", (2, 5, 7))
+        b = net.add_input("x1", "float32", (7,))
+        s = net.add_layer("ElementWise", [a, b], {"op": "sum"}).outputs[0]
+        e = net.add_layer("Unary", [s], {"op": "exp"}).outputs[0]
+        m = net.add_layer("ElementWise", [e, a], {"op": "prod"}).outputs[0]
+        y = net.add_layer("Activation", [m], {"type": "tanh"}).outputs[0]
+        net.mark_output(y, name="y0")
+        net.mark_output(s, name="y1")  # an intermediate that is also an output stays materialized
+        return net
+
+    engine = compare(build, normal((2, 5, 7), (7,), low=-1, high=1), precision)
+    fused = [t for t in engine.tactics.values() if t.get("op") == "pointwise"]
+    assert max(len(t["fused"]) for t in fused) >= 3
+
+
+POOL_CASES = {
+    "max_pad": ("max", (2, 9, 9, 8), [3, 3], [2, 2], [1, 1], [1, 1], False),
+    "avg_excl": ("avg", (2, 9, 9, 8), [3, 3], [2, 2], [1, 1], [1, 1], False),
+    "avg_incl": ("avg", (2, 8, 8, 8), [2, 2], [2, 2], [0, 0], [1, 1], True),
+    "max_1d": ("max", (2, 15, 4), [3], [2], [0], [0], False),
+    "avg_3d": ("avg", (1, 4, 6, 6, 4), [2, 2, 2], [2, 2, 2], [0, 0, 0], [0, 0, 0], False),
+    "global": ("avg", (2, 7, 7, 32), [7, 7], [1, 1], [0, 0], [0, 0], False),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+def test_pooling(case, precision):
+    kind, shape, window, strides, pre, post, incl = POOL_CASES[case]
+    params = dict(type=kind, window=window, strides=strides, pre_padding=pre, post_padding=post,
+                  count_include_pad=incl)
+    compare(single("Pooling", [("float32", shape)], params), normal(shape), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", layer_kinds.REDUCE_OPS)
+def test_reduce(op, precision):
+    shape = (3, 5, 6)
+    low, high = (0.5, 1.5) if op in ("prod", "log_sum") else (-2.0, 2.0)
+    params = {"op": op, "axes": [1, 2], "keep_dims": op in ("sum", "max")}
+    compare(single("Reduce", [("float32", shape)], params), normal(shape, low=low, high=high), precision)
+
+
+def test_reduce_first_perm_and_int():
+    params = {"op": "sum", "axes": [2], "keep_dims": False, "first_perm": [0, 2, 1]}
+    compare(single("Reduce", [("float32", (2, 4, 6))], params), normal((2, 4, 6)))
+    compare(single("Reduce", [("int32", (2, 4, 6))], {"op": "max", "axes": [1]}), normal((2, 4, 6), dtype="int32"))
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_argreduce(op):
+    compare(single("ArgReduce", [("float32", (4, 9, 5))], {"op": op, "axis": 1}), normal((4, 9, 5)))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax(axis, precision):
+    compare(single("Softmax", [("float32", (3, 37, 5))], {"axis": axis}), normal((3, 37, 5)), precision)
+
+
+SHUFFLE_CASES = {
+    "transpose": {"first_perm": [0, 2, 1, 3]},
+    "reshape": {"reshape": [2, -1]},
+    "transpose_reshape_transpose": {"first_perm": [0, 3, 1, 2], "reshape": [2, 4, 12], "second_perm": [0, 2, 1]},
+    "view_perm": {"first_perm": [0, 1, 3, 2], "reshape": [2, 3, 4]},
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHUFFLE_CASES))
+def test_shuffle(case):
+    shape = (2, 3, 4, 4) if case != "view_perm" else (2, 3, 4, 1)
+    compare(single("Shuffle", [("float32", shape)], SHUFFLE_CASES[case]), normal(shape))
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect"])
+def test_padding(mode):
+    params = {"pre": [0, 1, 2], "post": [1, 0, 2], "mode": mode, "value": 0.5}
+    compare(single("Padding", [("float32", (2, 4, 5))], params), normal((2, 4, 5)))
+
+
+def test_concatenation_slice_gather():
+    compare(single("Concatenation", [("float32", (2, 3, 4)), ("float32", (2, 5, 4))], {"axis": 1}),
+            normal((2, 3, 4), (2, 5, 4)))
+    compare(single("Slice", [("float32", (6, 8))], {"start": [5, 1], "size": [3, 3], "stride": [-2, 3]}),
+            normal((6, 8)))
+
+    def make(rng):
+        return {"x0": rng.standard_normal((5, 6)).astype(np.float32), "x1": rng.integers(0, 6, (2, 3)).astype(np.int32)}
+
+    compare(single("Gather", [("float32", (5, 6)), ("int32", (2, 3))], {"axis": 1}), make)
+
+
+def test_topk_and_nms():
+    compare(single("TopK", [("float32", (3, 20))], {"axis": -1, "k": 5}), normal((3, 20)))
+
+    def make(rng):
+        lo = rng.uniform(0, 0.6, (2, 12, 1, 2)).astype(np.float32)
+        boxes = np.concatenate([lo, lo + rng.uniform(0.1, 0.4, (2, 12, 1, 2)).astype(np.float32)], axis=-1)
+        return {"x0": boxes, "x1": rng.uniform(0, 1, (2, 12, 3)).astype(np.float32)}
+
+    params = {"max_output_size_per_class": 4, "max_total_size": 6, "iou_threshold": 0.5, "score_threshold": 0.2}
+    compare(single("NMS", [("float32", (2, 12, 1, 4)), ("float32", (2, 12, 3))], params), make)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("mode,align,half", [("nearest", False, False), ("nearest", True, False),
+                                             ("linear", False, True), ("linear", True, False)])
+def test_resize(mode, align, half, precision):
+    params = {"mode": mode, "sizes": [9, 13], "align_corners": align, "half_pixel_centers": half}
+    compare(single("Resize", [("float32", (2, 5, 6, 3))], params), normal((2, 5, 6, 3)), precision)
+
+
+def test_constant_output_and_view_output():
+    from tftrt_py.engine import Network
+
+    def build():
+        net = Network("views")
+        x = net.add_input("x0", "float32", (2, 6))
+        c = net.add_constant(np.arange(6, dtype=np.float32).reshape(1, 6))
+        s = net.add_layer("ElementWise", [x, c], {"op": "sum"}).outputs[0]
+        r = net.add_layer("Shuffle", [s], {"reshape": [3, 4]}).outputs[0]
+        net.mark_output(r, name="y0")
+        net.mark_output(c, name="y1")
+        return net
+
+    compare(build, normal((2, 6)))

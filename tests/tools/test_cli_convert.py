@@ -1,0 +1,101 @@
+"""tftrt-convert from the shell: flags reach the converter, summary, exit codes 0 / 1 / 2."""
+import os
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+
+from tftrt_py.tools import cli_convert
+from tftrt_py.tools.export import find_engines, with_default_attrs
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def test_convert_prints_the_summary_and_saves_engines(cnn_trt):
+    out = cnn_trt.proc.stdout
+    assert "[*] Total number of TensorRT engines: 1" in out
+    assert "TRTEngineOp_000_000: 1 engine(s) saved (4x32x32x3)" in out
+    assert f"Converted SavedModel written to {cnn_trt.dir}" in out
+    assert "Traceback" not in cnn_trt.proc.stderr
+    assert os.path.isfile(os.path.join(cnn_trt.dir, "assets", "TRTEngineOp_000_000.engines"))
+
+
+def test_flags_reach_the_engine_ops(saved_model, run_cli, tmp_path):
+    rng = np.random.default_rng(1)
+    for batch in (2, 4):  # .npz keyed by input name; one build() input per file
+        np.savez(tmp_path / f"b{batch}.npz", image=rng.standard_normal((batch, 32, 32, 3)).astype("float32"))
+    out = tmp_path / "out"
+    proc = run_cli("cli_convert", "--input-dir", saved_model("small_cnn"), "--output-dir", str(out),
+                   "--precision-mode", "fp16", "--minimum-segment-size", "2", "--max-workspace-size-bytes", "1000000",
+                   "--maximum-cached-engines", "2", "--no-allow-build-at-runtime", "--tags", "serve",
+                   "--signature-key", "serving_default", "--build-data", str(tmp_path / "b2.npz"),
+                   "--build-data", str(tmp_path / "b4.npz"), "--no-summary")
+    assert proc.returncode == 0, proc.stderr
+    assert "Total number of TensorRT engines" not in proc.stdout
+    [record] = find_engines(str(out))
+    attrs = with_default_attrs(record.node).attr
+    assert attrs["precision_mode"].s == b"FP16"
+    assert attrs["max_cached_engines_count"].i == 2
+    assert attrs["workspace_size_bytes"].i == 1000000
+    assert attrs["allow_build_at_runtime"].b is False
+    assert len(record.plans) == 2, proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output-dir", "x"], "the following arguments are required: --input-dir"),
+    (["--input-dir", "x", "--output-dir", "y", "--precision-mode", "FP64"], "invalid choice: 'FP64'"),
+    (["--input-dir", "x", "--output-dir", "y", "--minimum-segment-size", "three"], "invalid int value"),
+    (["--input-dir", "x", "--output-dir", "y", "--maximum-cached-engines", "0"], "not a positive integer"),
+])
+def test_bad_arguments_exit_2(run_cli, args, message):
+    proc = run_cli("cli_convert", *args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_errors_exit_1_with_one_line(saved_model, run_cli, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "file").write_text("x")
+    cases = [
+        (["--input-dir", str(tmp_path / "missing"), "--output-dir", str(tmp_path / "o")], "does not exist"),
+        (["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "o")], "not a SavedModel directory"),
+        (["--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "full")], "is not empty"),
+        (["--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "o"), "--build-data",
+          str(tmp_path / "nope.npy")], "input file"),
+    ]
+    for args, message in cases:
+        proc = run_cli("cli_convert", *args)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert proc.stderr.strip().splitlines()[-1].startswith("tftrt-convert: error:") and message in proc.stderr
+        assert "Traceback" not in proc.stderr
+    proc = run_cli("cli_convert", *cases[0][0], "--verbose")
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_conversion_errors_exit_1_without_traceback(saved_model, run_cli, tmp_path):
+    proc = run_cli("cli_convert", "--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "o"),
+                   "--signature-key", "nope")
+    assert proc.returncode == 1
+    assert "has no signature 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dynamic_shape_and_calibration_flags_pass_through():
+    parser = cli_convert.build_parser()
+    args = parser.parse_args(["--input-dir", "a", "--output-dir", "b", "--use-dynamic-shape",
+                              "--profile-strategy", "Optimal", "--calibration-data", "c.npz", "--tags", "serve,gpu"])
+    kwargs = cli_convert.converter_kwargs(args)
+    assert kwargs["use_dynamic_shape"] is True and kwargs["dynamic_shape_profile_strategy"] == "Optimal"
+    assert kwargs["input_saved_model_tags"] == ["serve", "gpu"] and args.calibration_data == ["c.npz"]
+    plain = cli_convert.converter_kwargs(parser.parse_args(["--input-dir", "a", "--output-dir", "b"]))
+    assert "use_dynamic_shape" not in plain and "dynamic_shape_profile_strategy" not in plain
+    assert plain["allow_build_at_runtime"] is True and plain["precision_mode"] == "FP32"
+
+
+def test_console_scripts_are_registered():
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert set(scripts) >= {"tftrt-convert", "tftrt-exec", "tftrt-inspect", "tftrt-export"}
+    for target in scripts.values():
+        module, func = target.split(":")
+        __import__(module)
+        assert callable(getattr(sys.modules[module], func))

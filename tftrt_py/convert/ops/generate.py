@@ -1,0 +1,60 @@
+"""Ops that make tensors from a shape: Fill (dims known when building) and Range (all operands known).
+
+Fill of a constant value and Range are Weights (no layer); Fill of a tensor value broadcasts it
+with one ElementWise product against ones, which is exact.
+"""
+import numpy as np
+
+from tftrt_py.convert.context import Weights
+from tftrt_py.convert.errors import InvalidNodeError
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
+from tftrt_py.convert.ops.registry import register
+
+__all__ = ["FillConverter", "RangeConverter"]
+
+
+@register("Fill")
+class FillConverter(OpConverter):
+    """dims known when building (a constant or computed from shapes); the value a scalar constant or tensor."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+    input_spec = (STATIC, ANY)
+    precisions = NO_PRECISION
+
+    def validate(self, node, ctx):
+        value = ctx.input_infos(node)[1]
+        if value.shape is not None and len(value.shape) != 0:
+            return f"Fill needs a scalar value, got shape {list(value.shape)}"
+        return None
+
+    def convert(self, node, ctx):
+        dims, value = ctx.inputs(node)
+        dims = [int(d) for d in np.ravel(dims.value)]
+        if isinstance(value, Weights):
+            ctx.set_outputs(node, [Weights.derived(np.full(dims, value.value, dtype=value.dtype), *ctx.inputs(node))])
+            return
+        value = ctx.add_layer("Shuffle", [value], {"reshape": [1] * len(dims)}, node=node, suffix="/reshape")[0]
+        ones = Weights.derived(np.ones(dims, dtype=value.dtype), ctx.inputs(node)[0])
+        ctx.set_outputs(node, ctx.add_layer("ElementWise", [ones, value], {"op": "prod"}, node=node))
+
+
+@register("Range")
+class RangeConverter(OpConverter):
+    """start, limit and delta known when building: the result is a constant."""
+
+    allowed_dtypes = FLOAT_INT
+    dtype_attr = "Tidx"
+    input_spec = (STATIC,)
+    precisions = NO_PRECISION
+
+    def convert(self, node, ctx):
+        dtype = np.dtype(node.attr("Tidx"))
+        start, limit, delta = (np.asarray(v.value, dtype).reshape(()) for v in ctx.inputs(node))
+        if delta == 0 or (limit - start) * np.sign(delta) < 0:
+            raise InvalidNodeError(f"Range({start}, {limit}, {delta}) is invalid (TF raises as well)", node)
+        if dtype.kind == "i":  # as TF computes the size: exactly for integers, in the dtype for floats
+            size = (abs(int(limit) - int(start)) + abs(int(delta)) - 1) // abs(int(delta))
+        else:
+            size = int(np.ceil(np.abs((limit - start) / delta)))
+        values = start + np.arange(size, dtype=dtype) * delta
+        ctx.set_outputs(node, [Weights.derived(np.asarray(values, dtype), *ctx.inputs(node))])

@@ -1,0 +1,30 @@
+"""The GPU backend: cupy kernels, cuDNN frontend graphs and cuBLAS, NHWC inside the engine.
+
+Importing this package needs no GPU; :func:`available` says whether the backend can run here and
+creating :class:`CupyBackend` raises BackendError when it cannot.
+
+Environment: ``TFTRT_PY_ALLOW_TF32=1`` lets FP32 engines use TF32 tensor cores (off by default;
+a ``allow_tf32`` key in the build config wins), ``TFTRT_PY_CUDNN_PLANS`` is how many cuDNN plans
+are timed per convolution (4), ``TFTRT_PY_CUDA_GRAPHS=0`` runs engines without graph capture,
+``TFTRT_PY_CHECK_TACTICS=1`` checks every candidate against the numpy backend while building.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+from tftrt_py.engine.backends.cupy._device import UNAVAILABLE, probe
+
+__all__ = ["available", "CupyBackend", "UNAVAILABLE"]
+
+
+def available() -> Tuple[bool, str]:
+    """(True, device name) when cupy sees a CUDA GPU, else (False, why)."""
+    return probe()
+
+
+def __getattr__(name):
+    if name == "CupyBackend":
+        from tftrt_py.engine.backends.cupy.backend import CupyBackend
+
+        return CupyBackend
+    raise AttributeError(name)

@@ -1,0 +1,126 @@
+"""The cupy backend: builds an engine's GPU program (tactics timed on this GPU) and runs it in
+per-context runners with CUDA-graph replay."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Dict, List
+
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.memory import Ledger, OutOfGpuMemory
+from tftrt_py.engine.errors import BuildError, EngineError
+
+__all__ = ["CupyBackend"]
+
+logger = logging.getLogger(__name__)
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+class CupyBackend:
+    """Runs engines on an NVIDIA GPU through cupy, cuDNN (frontend graphs) and cuBLAS."""
+
+    name = "cupy"
+
+    def __init__(self):
+        _device.require()
+        from tftrt_py.engine.backends.cupy import ops  # noqa: F401  (registers the layer implementations)
+
+        self._tuning_lock = threading.Lock()
+        self._tuner = None
+        self._layer_engines: Dict[int, tuple] = {}
+        self.device = _device.device_name()
+
+    # -- build --------------------------------------------------------------------------------------------
+    def _tuning_context(self):
+        from tftrt_py.engine.backends.cupy.context import RunContext
+
+        if self._tuner is None:
+            self._tuner = RunContext(None)
+        return self._tuner
+
+    def options_for(self, engine):
+        from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+        cfg = engine.build_config or {}
+        allow_tf32 = _flag(cfg.get("allow_tf32", os.environ.get("TFTRT_PY_ALLOW_TF32", "0")))
+        return BuildOptions(allow_tf32=allow_tf32, max_workspace=int(cfg.get("max_workspace_size", 1 << 30)),
+                            cudnn_plans=int(os.environ.get("TFTRT_PY_CUDNN_PLANS", "4")))
+
+    def prepare_engine(self, engine) -> None:
+        """Compile `engine` for this GPU: choose (or re-use) tactics and upload weights.
+
+        A plan whose tactics were chosen on another GPU is re-tuned here (and says so).
+        """
+        from tftrt_py.engine.backends.cupy.program import compile_program
+
+        prefer = {}
+        if engine.tactics:
+            if engine.device == self.device:
+                prefer = dict(engine.tactics)
+            else:
+                logger.warning("engine %r was tuned on %r; this GPU is %r: re-tuning its tactics", engine.name,
+                               engine.device, self.device)
+        options = self.options_for(engine)
+        if engine.precision == "INT8" or any(l.precision == "INT8" for l in engine.network.layers):
+            logger.warning("engine %r: INT8 layers run in FP16 on the cupy backend (int8 convolution and GEMM "
+                           "kernels are not implemented yet)", engine.name)
+        ledger = Ledger(engine.name)
+        from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK
+
+        with self._tuning_lock, CAPTURE_LOCK:  # (see CAPTURE_LOCK: building may synchronize the device)
+            try:
+                options.tuner = self._tuning_context()
+                program = compile_program(engine, options, prefer, ledger, options.tuner)
+            except OutOfGpuMemory as exc:
+                raise BuildError(str(exc)) from exc
+            except EngineError as exc:
+                raise BuildError(f"building engine {engine.name!r} for the GPU failed: {exc}") from exc
+            except Exception as exc:
+                if _device.is_out_of_memory(exc):
+                    raise BuildError(f"out of GPU memory while building engine {engine.name!r} "
+                                     f"({ledger.report()}): lower the batch size or max_workspace_size") from exc
+                raise BuildError(f"building engine {engine.name!r} for the GPU failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        engine.tactics = program.tactics
+        engine.device = self.device
+        engine.build_config = dict(engine.build_config, allow_tf32=options.allow_tf32)
+        engine.cupy_program = program
+
+    # -- run ------------------------------------------------------------------------------------------------
+    def create_runner(self, engine):
+        from tftrt_py.engine.backends.cupy.runner import Runner
+
+        program = getattr(engine, "cupy_program", None)
+        if program is None:
+            engine.prepare()
+            program = engine.cupy_program
+        return Runner(engine, program)
+
+    def memory_report(self, engine) -> Dict[str, int]:
+        """Device bytes the engine holds: weights, activations, workspace, io, total, peak."""
+        program = getattr(engine, "cupy_program", None)
+        return program.ledger.report() if program is not None else {}
+
+    def run_layer(self, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        """One layer on host arrays (through a cached one-layer engine)."""
+        from tftrt_py.engine.network import Network
+        from tftrt_py.engine.runtime import Engine
+
+        entry = self._layer_engines.get(id(layer))
+        if entry is None or entry[0] is not layer:
+            net = Network(f"layer {layer.name}")
+            ins = [net.add_input(f"input_{i}", np.asarray(a).dtype, np.shape(a)) for i, a in enumerate(inputs)]
+            new = net.add_layer(layer.kind, ins, layer.params, layer.weights, name=layer.name)
+            new.precision = layer.precision
+            for t in new.outputs:
+                net.mark_output(t)
+            engine = Engine(net, precision=layer.precision or "FP32", backend=self.name)
+            entry = (layer, engine.create_execution_context())
+            self._layer_engines[id(layer)] = entry
+        return entry[1].execute_v2([np.asarray(a) for a in inputs])

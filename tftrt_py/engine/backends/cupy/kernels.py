@@ -1,0 +1,82 @@
+"""Generated CUDA kernels: source helpers and caches of compiled cupy kernels.
+
+Raw kernels see float16 as ``unsigned short`` and convert with PTX ``cvt`` (no cuda_fp16.h
+needed); Elementwise/Reduction kernels use cupy's own float16 type. Every kernel is cached by
+its generated source, which holds everything that determines it.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+__all__ = ["raw_kernel", "elementwise", "reduction", "launch", "flit", "RAW_PRELUDE", "raw_type", "STORE_TYPE"]
+
+#: Raw-kernel storage type per dtype and how to load it as float / store a float.
+STORE_TYPE = {"float32": "float", "float16": "unsigned short", "int32": "int", "int8": "signed char",
+              "bool": "bool"}
+
+RAW_PRELUDE = r"""
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ float ld(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ float ld(int v) { return (float)v; }
+__device__ __forceinline__ float ld(signed char v) { return (float)v; }
+template <typename T> __device__ __forceinline__ T st(float f);
+template <> __device__ __forceinline__ float st<float>(float f) { return f; }
+template <> __device__ __forceinline__ unsigned short st<unsigned short>(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#define TT_INF __int_as_float(0x7f800000)
+"""
+
+
+def raw_type(dtype: str) -> str:
+    return STORE_TYPE[dtype]
+
+
+def flit(x) -> str:
+    """A float literal for generated source (inf and nan included)."""
+    x = float(x)
+    if math.isnan(x):
+        return "__int_as_float(0x7fffffff)"
+    if math.isinf(x):
+        return "__int_as_float(0x7f800000)" if x > 0 else "__int_as_float(0xff800000)"
+    return f"{x!r}f"
+
+
+@functools.lru_cache(maxsize=None)
+def raw_kernel(source: str, name: str):
+    import cupy
+
+    return cupy.RawKernel(RAW_PRELUDE + source, name, options=("-std=c++17",))
+
+
+@functools.lru_cache(maxsize=None)
+def elementwise(in_params: str, out_params: str, body: str, name: str, preamble: str = ""):
+    import cupy
+
+    return cupy.ElementwiseKernel(in_params, out_params, body, name, preamble=preamble)
+
+
+@functools.lru_cache(maxsize=None)
+def reduction(in_params: str, out_params: str, map_expr: str, reduce_expr: str, post_map_expr: str,
+              identity: str, name: str, reduce_type: str, preamble: str = ""):
+    import cupy
+
+    return cupy.ReductionKernel(in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name,
+                                reduce_type=reduce_type, preamble=preamble)
+
+
+def launch(kernel, total: int, args, block: int = 256) -> None:
+    """Launch a grid-stride raw kernel over `total` items on the current stream."""
+    if total <= 0:
+        return
+    grid = int(min((total + block - 1) // block, 65535 * 16))
+    kernel((grid,), (block,), tuple(args))
+
+
+def i64(x) -> np.int64:
+    return np.int64(x)
+
+
+def i32(x) -> np.int32:
+    return np.int32(x)

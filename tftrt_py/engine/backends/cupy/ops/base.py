@@ -1,0 +1,89 @@
+"""What every layer implementation (an *op*, one tactic) provides, and the spec it is built from."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Op", "Spec", "BuildOptions", "register", "FACTORIES", "align"]
+
+#: kind -> factory(spec) -> candidate ops (fastest wins at build time).
+FACTORIES: Dict[str, Callable[["Spec"], List["Op"]]] = {}
+
+
+def register(*kinds: str):
+    def wrap(fn):
+        for kind in kinds:
+            FACTORIES[kind] = fn
+        return fn
+
+    return wrap
+
+
+def align(n: int, to: int = 256) -> int:
+    return (int(n) + to - 1) // to * to
+
+
+class Op:
+    """One way to run one layer; shared by every execution context of an engine.
+
+    ``run(rc, ins, outs)`` enqueues the work on the current (context's) stream, reading cupy
+    arrays `ins` and writing the preallocated `outs`; `rc` gives the context's cuDNN handle,
+    cuBLAS handle and workspace.
+    """
+
+    #: Recorded in Engine.tactics (JSON).
+    tactic: Dict[str, Any] = {}
+    #: Scratch bytes taken from the context's workspace while running.
+    workspace: int = 0
+    #: False when the op synchronizes with the host (it then runs between captured graphs).
+    capturable: bool = True
+    #: Device bytes of weights this op holds.
+    device_bytes: int = 0
+
+    def run(self, rc, ins: Sequence, outs: Sequence) -> None:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class BuildOptions:
+    allow_tf32: bool = False
+    max_workspace: int = 1 << 30
+    #: How many cuDNN plans (heuristics order) are built and timed per convolution.
+    cudnn_plans: int = 4
+    #: The backend's tuning context (stream, handles, workspace) for building cuDNN plans.
+    tuner: Any = None
+
+
+@dataclasses.dataclass
+class Spec:
+    """A layer as the backend sees it: storage dtypes and shapes of its (cast) inputs and outputs."""
+
+    layer: Any
+    in_shapes: List[Tuple[int, ...]]
+    in_dtypes: List[str]
+    out_shapes: List[Tuple[int, ...]]
+    out_dtypes: List[str]
+    #: The float dtype the layer computes and stores in (float16 for FP16/INT8 layers).
+    cdt: str
+    options: BuildOptions
+    #: The tactic recorded for this layer by an earlier build on this GPU (try it first).
+    prefer: Optional[Dict[str, Any]] = None
+
+    @property
+    def params(self) -> Dict[str, Any]:
+        return self.layer.params
+
+    @property
+    def weights(self) -> Dict[str, np.ndarray]:
+        return self.layer.weights
+
+    def signature(self) -> str:
+        """What determines the tactic choice: kind, shapes, dtypes, params and weight shapes."""
+        import json
+
+        layer = self.layer
+        return json.dumps([layer.kind, self.in_shapes, self.in_dtypes, self.out_dtypes, layer.params,
+                           {k: list(v.shape) for k, v in sorted(layer.weights.items())}], sort_keys=True,
+                          default=str)

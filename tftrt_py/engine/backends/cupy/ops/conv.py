@@ -1,0 +1,421 @@
+"""Convolution: fused cuDNN graphs (conv + bias + residual add + activation, NHWC) with their plans
+as tactics, and an im2col + cuBLAS GEMM fallback (used for 1x1 convolutions when it is faster,
+and whenever cuDNN has no plan). Channels-last throughout: x [N, *S, C], kernel [*K, C/g, Cout].
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import threading
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import _device, kernels
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
+from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
+
+__all__ = ["ConvGeom", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
+
+logger = logging.getLogger(__name__)
+
+#: Activations cuDNN applies inside a fused graph (others run in an epilogue kernel).
+CUDNN_ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "sigmoid", "tanh", "swish", "gelu_erf", "gelu_tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvGeom:
+    n: int
+    spatial: Tuple[int, ...]
+    c: int
+    cout: int
+    kernel: Tuple[int, ...]
+    groups: int
+    strides: Tuple[int, ...]
+    dilations: Tuple[int, ...]
+    pre: Tuple[int, ...]
+    post: Tuple[int, ...]
+    out: Tuple[int, ...]
+
+    @classmethod
+    def of(cls, layer, in_shape, out_shape) -> "ConvGeom":
+        p, k = layer.params, layer.weights["kernel"]
+        nsp = k.ndim - 2
+        return cls(in_shape[0], tuple(in_shape[1:-1]), in_shape[-1], k.shape[-1], tuple(k.shape[:nsp]),
+                   int(p.get("groups", 1)), tuple(p["strides"]), tuple(p["dilations"]), tuple(p["pre_padding"]),
+                   tuple(p["post_padding"]), tuple(out_shape[1:-1]))
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def ksize(self) -> int:
+        return int(np.prod(self.kernel))
+
+    @property
+    def rows(self) -> int:
+        return self.n * int(np.prod(self.out))
+
+    def pointwise_gemm(self) -> bool:
+        """A 1x1, stride-1, unpadded convolution is a plain GEMM over pixels."""
+        return (self.ksize == 1 and all(s == 1 for s in self.strides) and not any(self.pre)
+                and not any(self.post))
+
+    def as2d(self) -> "ConvGeom":
+        """cuDNN wants at least two spatial dims: a 1-d convolution gets a leading H of 1."""
+        if len(self.spatial) != 1:
+            return self
+        return ConvGeom(self.n, (1,) + self.spatial, self.c, self.cout, (1,) + self.kernel, self.groups,
+                        (1,) + self.strides, (1,) + self.dilations, (0,) + self.pre, (0,) + self.post,
+                        (1,) + self.out)
+
+
+def nhwc_dims(n: int, c: int, spatial) -> Tuple[List[int], List[int]]:
+    """cuDNN (dims, strides) of a channels-last tensor: dims in N, C, *S order."""
+    spatial = list(spatial)
+    strides_sp = [c * int(np.prod(spatial[i + 1:])) for i in range(len(spatial))]
+    return [n, c] + spatial, [c * int(np.prod(spatial)), 1] + strides_sp
+
+
+# -- cuDNN graphs ---------------------------------------------------------------------------------
+class CudnnConvGraph:
+    """One cuDNN graph for a convolution geometry and fusion; plans built on demand.
+
+    Shared by every layer (and engine) with the same geometry: plans depend on shapes, not weights.
+    """
+
+    def __init__(self, geom: ConvGeom, dtype: str, bias: bool, residual_n: Optional[int], activation,
+                 fusion: str, allow_tf32: bool, max_workspace: int, handle):
+        cudnn = _device.cudnn_module()
+        self.lock = threading.Lock()
+        self.fusion, self.dtype = fusion, dtype
+        g2 = geom.as2d()
+        io = cudnn.data_type.HALF if dtype == "float16" else cudnn.data_type.FLOAT
+        f32 = cudnn.data_type.FLOAT
+        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+        xd, xs = nhwc_dims(g2.n, g2.c, g2.spatial)
+        wd, ws = nhwc_dims(g2.cout, g2.cg, g2.kernel)
+        self.X = g.tensor(name="X", dim=xd, stride=xs, data_type=io)
+        self.W = g.tensor(name="W", dim=wd, stride=ws, data_type=io)
+        y = g.conv_fprop(image=self.X, weight=self.W, pre_padding=list(g2.pre), post_padding=list(g2.post),
+                         stride=list(g2.strides), dilation=list(g2.dilations), compute_data_type=f32, name="conv")
+        self.B = self.R = None
+        if bias and fusion in ("all", "bias"):
+            bd, bs = nhwc_dims(1, g2.cout, [1] * len(g2.spatial))
+            self.B = g.tensor(name="B", dim=bd, stride=bs, data_type=io)
+            y = g.bias(input=y, bias=self.B, name="bias")
+        if fusion == "all":
+            if residual_n is not None:
+                rd, rs = nhwc_dims(residual_n, g2.cout, g2.out)
+                self.R = g.tensor(name="R", dim=rd, stride=rs, data_type=io)
+                y = g.add(a=y, b=self.R, name="residual")
+            if activation:
+                y = _cudnn_activation(g, y, activation)
+        yd, ys = nhwc_dims(g2.n, g2.cout, g2.out)
+        y.set_output(True).set_data_type(io).set_dim(yd).set_stride(ys)
+        self.Y = y
+        g.validate()
+        g.build_operation_graph()
+        if dtype == "float32" and not allow_tf32:
+            notes = [getattr(cudnn.numerical_note, n) for n in ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
+                     if hasattr(cudnn.numerical_note, n)]
+            g.deselect_numeric_notes(notes)
+        g.deselect_workspace_greater_than(int(max_workspace))
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        self.graph = g
+        self.built = {}  # plan index -> (name, workspace bytes)
+        self.failed = set()
+
+    def plans(self, limit: int, prefer: Optional[str] = None) -> List[Tuple[int, str, int]]:
+        """Up to `limit` built plans (index, name, workspace) in heuristics order; `prefer` (a plan name)
+        alone when it builds."""
+        g = self.graph
+        count = g.get_execution_plan_count()
+        with self.lock:
+            if prefer is not None:
+                for i in range(count):
+                    try:
+                        if g.get_plan_name_at_index(i) == prefer and self._build(i):
+                            return [(i, *self.built[i])]
+                    except Exception:
+                        continue
+                return []
+            out = []
+            for i in range(count):
+                if len(out) >= limit:
+                    break
+                if self._build(i):
+                    out.append((i, *self.built[i]))
+            return out
+
+    def _build(self, i: int) -> bool:
+        if i in self.built:
+            return True
+        if i in self.failed:
+            return False
+        g = self.graph
+        try:
+            g.build_plan_at_index(i)
+            self.built[i] = (g.get_plan_name_at_index(i), int(g.get_workspace_size_plan_at_index(i)))
+            return True
+        except Exception as exc:
+            logger.debug("cuDNN plan %d not buildable: %s", i, exc)
+            self.failed.add(i)
+            return False
+
+    def execute(self, index: int, pack: dict, workspace, handle) -> None:
+        with self.lock:
+            self.graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+
+
+def _cudnn_activation(g, y, act):
+    t, a, b = act["type"], act.get("alpha"), act.get("beta")
+    if t == "relu":
+        return g.relu(input=y, name="act")
+    if t == "relu6":
+        return g.relu(input=y, lower_clip=0.0, upper_clip=6.0, name="act")
+    if t == "clip":
+        return g.relu(input=y, lower_clip=float(a), upper_clip=float(b), name="act")
+    if t == "leaky_relu":
+        return g.relu(input=y, negative_slope=float(a), name="act")
+    if t == "swish":
+        return g.swish(input=y, swish_beta=1.0, name="act")
+    fn = {"sigmoid": "sigmoid", "tanh": "tanh", "gelu_erf": "gelu", "gelu_tanh": "gelu_approx_tanh"}[t]
+    return getattr(g, fn)(input=y, name="act")
+
+
+_GRAPHS: "collections.OrderedDict[str, CudnnConvGraph]" = collections.OrderedDict()
+_GRAPHS_LOCK = threading.Lock()
+_MAX_GRAPHS = 512
+
+
+def cudnn_graph(geom, dtype, bias, residual_n, activation, fusion, options) -> CudnnConvGraph:
+    key = json.dumps([dataclasses.astuple(geom), dtype, bias, residual_n, activation, fusion, options.allow_tf32,
+                      options.max_workspace, _device.device_name()], sort_keys=True, default=str)
+    with _GRAPHS_LOCK:
+        graph = _GRAPHS.get(key)
+        if graph is not None:
+            _GRAPHS.move_to_end(key)
+            return graph
+    graph = CudnnConvGraph(geom, dtype, bias, residual_n, activation, fusion, options.allow_tf32,
+                           options.max_workspace, options.tuner.cudnn)
+    with _GRAPHS_LOCK:
+        _GRAPHS[key] = graph
+        while len(_GRAPHS) > _MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
+    return graph
+
+
+class CudnnConvOp(Op):
+    """One built cuDNN plan; residual/activation (and bias) not in the graph run as an epilogue."""
+
+    def __init__(self, graph: CudnnConvGraph, plan: Tuple[int, str, int], w, b, b32, has_residual: bool,
+                 activation, pad=None):
+        self.graph, (self.index, name, self.workspace) = graph, plan
+        #: (kernel, elements, padded input bytes): the input is first copied into the workspace with its
+        #: channels zero-padded (narrow inputs such as RGB images get tensor-core plans that way).
+        self.pad = pad
+        self.plan_workspace = self.workspace
+        if pad is not None:
+            self.workspace = align(pad[2]) + self.plan_workspace
+        self.w, self.b = w, (b if graph.B is not None else None)
+        fused_rest = graph.fusion == "all"
+        bias_epi = b32 if (b32 is not None and graph.B is None) else None
+        res_epi = has_residual and not fused_rest
+        act_epi = activation if (activation and not fused_rest) else None
+        self.epilogue = None
+        if bias_epi is not None or res_epi or act_epi:
+            self.epilogue = (epilogue_op(graph.dtype, bias_epi is not None, res_epi, act_epi), bias_epi, res_epi)
+        self.device_bytes = int(w.nbytes) + (int(b.nbytes) if b is not None else 0) + (
+            int(bias_epi.nbytes) if bias_epi is not None else 0)
+        self.tactic = {"op": "cudnn_conv", "fusion": graph.fusion, "plan": name, "workspace": self.workspace,
+                       "pad_c": pad[3] if pad is not None else None}
+
+    def run(self, rc, ins, outs):
+        g = self.graph
+        x_ptr, ws_ptr = ins[0].data.ptr, rc.workspace_ptr
+        if self.pad is not None:
+            kernel, total, nbytes, _ = self.pad
+            kernels.launch(kernel, total, (ins[0], rc.workspace, kernels.i64(total)))
+            x_ptr, ws_ptr = rc.workspace_ptr, rc.workspace_ptr + align(nbytes)
+        pack = {g.X: x_ptr, g.W: self.w.data.ptr, g.Y: outs[0].data.ptr}
+        if g.B is not None:
+            pack[g.B] = self.b.data.ptr
+        if g.R is not None:
+            pack[g.R] = ins[1].data.ptr
+        g.execute(self.index, pack, ws_ptr if self.plan_workspace else None, rc.cudnn)
+        if self.epilogue is not None:
+            kernel, bias, res = self.epilogue
+            args = ([bias] if bias is not None else []) + ([ins[1]] if res else [])
+            kernel(*args, outs[0])
+
+
+_PAD_CHANNELS = r"""
+extern "C" __global__ void tt_pad_channels(const T* __restrict__ x, T* __restrict__ y, long long total) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    int c = i % CP;
+    y[i] = c < C ? x[(i / CP) * C + c] : (T)0;
+  }
+}
+"""
+
+
+def pad_channels_kernel(c: int, cp: int, itemsize: int):
+    head = f"#define T {({2: 'unsigned short', 4: 'unsigned int'})[itemsize]}\n#define C {c}\n#define CP {cp}\n"
+    return kernels.raw_kernel(head + _PAD_CHANNELS, "tt_pad_channels")
+
+
+# -- im2col + GEMM ------------------------------------------------------------------------------------
+_IM2COL = r"""
+extern "C" __global__ void tt_im2col(const T* __restrict__ x, T* __restrict__ cols, long long total) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long r = i;
+    int ci = r % CG; r /= CG;
+    int k2 = r % K2; r /= K2; int k1 = r % K1; r /= K1; int k0 = r % K0; r /= K0;
+    int g = r % G; r /= G;
+    int o2 = r % O2; r /= O2; int o1 = r % O1; r /= O1; int o0 = r % O0; long long n = r / O0;
+    int s0 = o0 * ST0 + k0 * DL0 - PD0, s1 = o1 * ST1 + k1 * DL1 - PD1, s2 = o2 * ST2 + k2 * DL2 - PD2;
+    T v = 0;
+    if (s0 >= 0 && s0 < S0 && s1 >= 0 && s1 < S1 && s2 >= 0 && s2 < S2)
+      v = x[(((n * S0 + s0) * S1 + s1) * S2 + s2) * C + g * CG + ci];
+    cols[i] = v;
+  }
+}
+"""
+
+
+def _pad3(values, fill):
+    values = list(values)
+    return values + [fill] * (3 - len(values))
+
+
+def im2col_kernel(geom: ConvGeom, itemsize: int):
+    s, k, o = _pad3(geom.spatial, 1), _pad3(geom.kernel, 1), _pad3(geom.out, 1)
+    st, dl, pd = _pad3(geom.strides, 1), _pad3(geom.dilations, 1), _pad3(geom.pre, 0)
+    defs = {"T": {2: "unsigned short", 4: "unsigned int", 1: "unsigned char"}[itemsize], "CG": geom.cg,
+            "G": geom.groups, "C": geom.c}
+    for d in range(3):
+        defs.update({f"S{d}": s[d], f"K{d}": k[d], f"O{d}": o[d], f"ST{d}": st[d], f"DL{d}": dl[d], f"PD{d}": pd[d]})
+    head = "".join(f"#define {name} {value}\n" for name, value in defs.items())
+    return kernels.raw_kernel(head + _IM2COL, "tt_im2col")
+
+
+class GemmConvOp(Op):
+    """im2col (skipped for 1x1/stride-1/unpadded) + one batched cuBLAS GEMM per group + epilogue."""
+
+    def __init__(self, geom: ConvGeom, dtype: str, w_gemm, bias32, has_residual: bool, activation, allow_tf32):
+        self.geom, self.dtype, self.w, self.allow_tf32 = geom, dtype, w_gemm, allow_tf32
+        self.direct = geom.pointwise_gemm()
+        self.itemsize = np.dtype(dtype).itemsize
+        self.kdim = geom.ksize * geom.cg
+        self.workspace = 0 if self.direct else align(geom.rows * geom.groups * self.kdim * self.itemsize)
+        self.im2col = None if self.direct else im2col_kernel(geom, self.itemsize)
+        self.bias = bias32
+        self.has_residual = has_residual
+        self.epilogue = (epilogue_op(dtype, bias32 is not None, has_residual, activation)
+                         if (bias32 is not None or has_residual or activation) else None)
+        self.device_bytes = int(w_gemm.nbytes) + (int(bias32.nbytes) if bias32 is not None else 0)
+        self.tactic = {"op": "gemm_conv", "im2col": not self.direct, "workspace": self.workspace}
+
+    def run(self, rc, ins, outs):
+        g = self.geom
+        x, y = ins[0], outs[0]
+        if self.direct:
+            a, lda = x.data.ptr, g.c
+        else:
+            total = g.rows * g.groups * self.kdim
+            kernels.launch(self.im2col, total, (x, rc.workspace, kernels.i64(total)))
+            a, lda = rc.workspace_ptr, g.groups * self.kdim
+        coutg = g.cout // g.groups
+        rc.cublas.gemm(self.dtype, g.rows, coutg, self.kdim, a, lda, False, self.w.data.ptr, coutg, False,
+                       y.data.ptr, g.cout, batch=g.groups, stride_a=self.kdim, stride_b=self.kdim * coutg,
+                       stride_c=coutg, allow_tf32=self.allow_tf32)
+        if self.epilogue is not None:
+            args = ([self.bias] if self.bias is not None else []) + ([ins[1]] if self.has_residual else [])
+            self.epilogue(*args, y)
+
+
+def gemm_weights(kernel: np.ndarray, groups: int) -> np.ndarray:
+    """[*K, Cg, Cout] -> [G, Ks*Cg, Cout/G]: group g's GEMM operand, rows in (kernel index, channel) order."""
+    nsp = kernel.ndim - 2
+    ks = int(np.prod(kernel.shape[:nsp]))
+    cg, cout = kernel.shape[-2], kernel.shape[-1]
+    k = kernel.reshape(ks, cg, groups, cout // groups).transpose(2, 0, 1, 3)
+    return np.ascontiguousarray(k.reshape(groups, ks * cg, cout // groups))
+
+
+# -- candidates -----------------------------------------------------------------------------------
+def _fusions(bias: bool, residual: bool, activation, broadcast_residual: bool) -> List[str]:
+    """cuDNN graph variants to try, most fused first. A residual broadcast over the batch stays out of
+    the graph (seen on an H200, cuDNN 9.19: such plans returned wrong sums or faulted)."""
+    out = []
+    if (not activation or activation["type"] in CUDNN_ACTIVATIONS) and not broadcast_residual:
+        out.append("all")
+    if residual or activation:
+        out.append("bias")
+    if bias or residual or activation:
+        out.append("conv")
+    return out
+
+
+def _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_n, activation, opts,
+                      prefer) -> List[Op]:
+    """Built plans of the most fused cuDNN graph that has any; `cp` pads the input channels to cp."""
+    cupy = _device.require()
+    k = layer.weights["kernel"]
+    pad = None
+    if cp is not None:
+        k = np.concatenate([k, np.zeros(k.shape[:-2] + (cp - geom.c, k.shape[-1]), k.dtype)], axis=-2)
+        total = geom.n * int(np.prod(geom.spatial)) * cp
+        itemsize = np.dtype(dtype).itemsize
+        pad = (pad_channels_kernel(geom.c, cp, itemsize), total, total * itemsize, cp)
+        geom = dataclasses.replace(geom, c=cp)
+    w = cupy.asarray(np.ascontiguousarray(np.moveaxis(k, -1, 0)).astype(dtype))  # [Cout, *K, Cg]
+    for fusion in _fusions(b is not None, has_residual, activation, residual_n not in (None, geom.n)):
+        if prefer.get("fusion") not in (None, fusion):
+            continue
+        try:
+            graph = cudnn_graph(geom, dtype, b is not None, residual_n, activation, fusion, opts)
+            plans = graph.plans(opts.cudnn_plans, prefer.get("plan"))
+        except Exception as exc:
+            logger.debug("cuDNN graph (%s) for %s not supported: %s", fusion, layer.name, exc)
+            continue
+        if plans:
+            return [CudnnConvOp(graph, plan, w, b, bias32, has_residual, activation, pad) for plan in plans]
+    return []
+
+
+@register("Convolution")
+def conv_candidates(spec: Spec) -> List[Op]:
+    layer, dtype, opts = spec.layer, spec.cdt, spec.options
+    cupy = _device.require()
+    geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])
+    activation = layer.params.get("activation")
+    has_residual = len(spec.in_shapes) > 1
+    residual_n = spec.in_shapes[1][0] if has_residual else None
+    bias = layer.weights.get("bias")
+    bias32 = cupy.asarray(bias.astype(np.float32)) if bias is not None else None
+    prefer = spec.prefer or {}
+    cands: List[Op] = []
+    cudnn = _device.cudnn_module()
+    if cudnn is not None and dtype in ("float16", "float32") and prefer.get("op") in (None, "cudnn_conv"):
+        b = cupy.asarray(bias.astype(dtype)) if bias is not None else None
+        pads = [None]
+        if dtype == "float16" and geom.groups == 1 and geom.c % 8:
+            pads.append(-(-geom.c // 8) * 8)
+        if prefer:
+            pads = [prefer.get("pad_c")]
+        for cp in pads:
+            cands += _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_n, activation,
+                                       opts, prefer)
+    want_gemm = prefer.get("op") == "gemm_conv" or (not prefer and geom.pointwise_gemm()) or not cands
+    if want_gemm and dtype in ("float16", "float32"):
+        w_gemm = cupy.asarray(gemm_weights(layer.weights["kernel"], geom.groups).astype(dtype))
+        cands.append(GemmConvOp(geom, dtype, w_gemm, bias32, has_residual, activation, opts.allow_tf32))
+    return cands

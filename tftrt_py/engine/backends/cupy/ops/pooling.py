@@ -1,0 +1,72 @@
+"""Pooling: one generated kernel per configuration, one thread per output element, channels last
+(consecutive threads read consecutive channels). Up to three spatial dims."""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import kernels
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
+
+__all__ = ["PoolOp"]
+
+_POOL = r"""
+extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, long long total) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long r = i;
+    int c = r % C; r /= C;
+    int o2 = r % O2; r /= O2; int o1 = r % O1; r /= O1; int o0 = r % O0; long long n = r / O0;
+    float acc = IS_MAX ? -TT_INF : 0.0f;
+    int count = 0;
+    for (int k0 = 0; k0 < K0; ++k0) {
+      int s0 = o0 * ST0 + k0 - PD0;
+      if (s0 < 0 || s0 >= S0) continue;
+      for (int k1 = 0; k1 < K1; ++k1) {
+        int s1 = o1 * ST1 + k1 - PD1;
+        if (s1 < 0 || s1 >= S1) continue;
+        for (int k2 = 0; k2 < K2; ++k2) {
+          int s2 = o2 * ST2 + k2 - PD2;
+          if (s2 < 0 || s2 >= S2) continue;
+          float v = ld(x[(((n * S0 + s0) * S1 + s1) * S2 + s2) * C + c]);
+          if (IS_MAX) { if (v > acc || v != v) acc = v; } else { acc += v; }
+          ++count;
+        }
+      }
+    }
+    if (!IS_MAX) acc = INCLUDE_PAD ? acc / (float)(K0 * K1 * K2) : acc / (float)count;
+    y[i] = st<T>(acc);
+  }
+}
+"""
+
+
+def _pad3(values, fill):
+    values = list(values)
+    return values + [fill] * (3 - len(values))
+
+
+class PoolOp(Op):
+    def __init__(self, spec: Spec):
+        p = spec.params
+        shape, out = spec.in_shapes[0], spec.out_shapes[0]
+        dtype = spec.in_dtypes[0]
+        defs = {"T": kernels.raw_type(dtype), "C": shape[-1], "IS_MAX": int(p["type"] == "max"),
+                "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}
+        s, k, o = _pad3(shape[1:-1], 1), _pad3(p["window"], 1), _pad3(out[1:-1], 1)
+        st, pd = _pad3(p["strides"], 1), _pad3(p["pre_padding"], 0)
+        for d in range(3):
+            defs.update({f"S{d}": s[d], f"K{d}": k[d], f"O{d}": o[d], f"ST{d}": st[d], f"PD{d}": pd[d]})
+        head = "".join(f"#define {name} {value}\n" for name, value in defs.items())
+        self.kernel = kernels.raw_kernel(head + _POOL, "tt_pool")
+        self.total = int(np.prod(out))
+        self.tactic = {"op": "pool_kernel"}
+
+    def run(self, rc, ins, outs):
+        kernels.launch(self.kernel, self.total, (ins[0], outs[0], kernels.i64(self.total)))
+
+
+@register("Pooling")
+def pool_candidates(spec: Spec) -> List[Op]:
+    return [PoolOp(spec)]

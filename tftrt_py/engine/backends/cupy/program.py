@@ -1,0 +1,321 @@
+"""Compile an engine's network into a program for the GPU: tensors placed in memory, steps (one op
+per layer or fused pointwise group, plus casts), tactics chosen by timing on this GPU.
+
+Inside the engine every float tensor is stored in its layer's compute dtype (float16 for FP16/INT8
+layers); bindings keep their network dtype and casts are inserted where they meet. Tensors that
+are a view of another (reshapes, order-keeping transposes, same-dtype identities) take no memory.
+Activations share one arena per execution context, laid out by lifetime.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.memory import Ledger
+from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
+from tftrt_py.engine.backends.cupy.ops.base import align
+from tftrt_py.engine.backends.cupy.tactics import Tuner
+from tftrt_py.engine.errors import BackendError
+
+__all__ = ["Program", "Slot", "Step", "compile_program"]
+
+logger = logging.getLogger(__name__)
+
+FLOATS = ("float32", "float16")
+LOW = ("FP16", "INT8")
+
+
+@dataclasses.dataclass
+class Slot:
+    """Where a tensor lives: an engine input/output buffer, the arena, a constant, or a view of `base`."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    place: str  # input | output | arena | const | alias
+    base: Optional[str] = None
+    offset: int = 0
+    array: object = None  # const arrays (shared by all contexts)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclasses.dataclass
+class Step:
+    op: Op
+    inputs: List[str]
+    outputs: List[str]
+    layer: str
+
+
+class CastOp(Op):
+    """Copy with dtype conversion (bindings <-> the engine's storage dtypes)."""
+
+    def __init__(self, src: str, dst: str):
+        self.tactic = {"op": "cast", "from": src, "to": dst}
+
+    def run(self, rc, ins, outs):
+        _device.require().copyto(outs[0], ins[0], casting="unsafe")
+
+
+class Program:
+    """The compiled engine: shared by every execution context of one engine."""
+
+    def __init__(self):
+        self.slots: Dict[str, Slot] = {}
+        self.steps: List[Step] = []
+        self.inputs: List[Tuple[str, str]] = []   # (binding, slot)
+        self.outputs: List[Tuple[str, str]] = []  # (binding, slot)
+        self.arena_bytes = 0
+        self.workspace_bytes = 0
+        self.tactics: Dict[str, dict] = {}
+        self.weight_bytes = 0
+        self.ledger: Optional[Ledger] = None
+        self.capture = True
+        #: With TFTRT_PY_CHECK_TACTICS=1: each candidate's error against the numpy backend.
+        self.tuning_report: List[dict] = []
+
+    @property
+    def needs_cudnn(self) -> bool:
+        return any(s.op.tactic.get("op") == "cudnn_conv" for s in self.steps)
+
+    def root(self, name: str) -> Slot:
+        slot = self.slots[name]
+        while slot.place == "alias":
+            slot = self.slots[slot.base]
+        return slot
+
+
+# -- dtype policy -------------------------------------------------------------------------------------
+def _low(layer, precision: str) -> bool:
+    return (layer.precision or precision) in LOW
+
+
+def compute_dtype(layer, precision: str) -> str:
+    if _low(layer, precision) or any(t.dtype == "float16" for t in layer.outputs):
+        return "float16"
+    return "float32"
+
+
+def storage_dtype(tensor, layer, precision: str) -> str:
+    return compute_dtype(layer, precision) if tensor.dtype in FLOATS else tensor.dtype
+
+
+# -- views ---------------------------------------------------------------------------------------------
+def _keeps_order(shape, perm) -> bool:
+    moved = [p for p in perm if shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def is_view(layer, in_dtype: str, out_dtype: str) -> bool:
+    """The layer's output is its input's memory reinterpreted (no kernel needed)."""
+    if layer.kind == "Identity":
+        return in_dtype == out_dtype
+    if layer.kind != "Shuffle" or in_dtype != out_dtype:
+        return False
+    from tftrt_py.engine import layers as layer_kinds
+
+    p = layer.params
+    shape = layer.inputs[0].shape
+    if p.get("first_perm") is not None and not _keeps_order(shape, p["first_perm"]):
+        return False
+    if p.get("second_perm") is not None:
+        mid = layer_kinds.shuffle_shapes(shape, {"first_perm": p.get("first_perm"), "reshape": p.get("reshape")})
+        if not _keeps_order(mid, p["second_perm"]):
+            return False
+    return True
+
+
+# -- pointwise fusion ------------------------------------------------------------------------------------
+def pointwise_groups(network, views: set) -> Dict[str, List]:
+    """root layer name -> the pointwise layers it computes in one kernel (network order)."""
+    consumers = network.consumers()
+    outputs = {t.name for t in network.outputs}
+    index = {l.name: i for i, l in enumerate(network.layers)}
+    groups: Dict[str, List] = {}
+    for layer in network.layers:
+        if layer.kind not in POINTWISE_KINDS or layer.name in views:
+            continue
+        members = [layer]
+        for t in layer.inputs:
+            p = t.producer
+            if (p is not None and p.name in groups and t.name not in outputs
+                    and len(consumers.get(t.name, [])) == 1 and len(p.outputs) == 1):
+                members = groups.pop(p.name) + members
+        seen, ordered = set(), []
+        for m in sorted(members, key=lambda l: index[l.name]):
+            if m.name not in seen:
+                seen.add(m.name)
+                ordered.append(m)
+        groups[layer.name] = ordered
+    return groups
+
+
+# -- compile -----------------------------------------------------------------------------------------------
+def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledger: Ledger,
+                    tuner_ctx) -> Program:
+    """Program for `engine`; `prefer` holds tactics recorded by an earlier build on this GPU."""
+    cupy = _device.require()
+    net, precision = engine.network, engine.precision
+    prog = Program()
+    prog.ledger = ledger
+    tuner = Tuner(tuner_ctx, options, check=os.environ.get("TFTRT_PY_CHECK_TACTICS") == "1")
+    sd: Dict[str, str] = {}
+    casts: Dict[Tuple[str, str], str] = {}
+    weights: List = []
+
+    def add_slot(name, shape, dtype, place, **kw) -> Slot:
+        slot = Slot(name, tuple(int(d) for d in shape), dtype, place, **kw)
+        prog.slots[name] = slot
+        sd[name] = dtype
+        return slot
+
+    def need(tensor_name: str, dtype: str, layer_name: str) -> str:
+        """A slot holding `tensor_name` in `dtype` (inserting a cast step once)."""
+        if sd[tensor_name] == dtype:
+            return tensor_name
+        key = (tensor_name, dtype)
+        if key not in casts:
+            name = f"{tensor_name}@{dtype}"
+            add_slot(name, prog.slots[tensor_name].shape, dtype, "arena")
+            prog.steps.append(Step(CastOp(sd[tensor_name], dtype), [tensor_name], [name], f"{layer_name} (cast)"))
+            casts[key] = name
+        return casts[key]
+
+    for t in net.inputs:
+        add_slot(t.name, t.shape, t.dtype, "input")
+        prog.inputs.append((t.name, t.name))
+
+    views = set()
+    groups: Optional[Dict[str, List]] = None
+    in_group: Dict[str, str] = {}
+
+    start = time.perf_counter()
+    for layer in net.layers:
+        out_dtypes = [storage_dtype(t, layer, precision) for t in layer.outputs]
+        if layer.kind == "Constant":
+            value = layer.weights["value"].astype(out_dtypes[0])
+            arr = cupy.asarray(np.ascontiguousarray(value))
+            weights.append(arr)
+            add_slot(layer.outputs[0].name, layer.outputs[0].shape, out_dtypes[0], "const", array=arr)
+            continue
+        if layer.kind in ("Identity", "Shuffle") and is_view(layer, sd[layer.inputs[0].name], out_dtypes[0]):
+            views.add(layer.name)
+            add_slot(layer.outputs[0].name, layer.outputs[0].shape, out_dtypes[0], "alias", base=layer.inputs[0].name)
+            continue
+        if layer.kind in POINTWISE_KINDS:
+            if groups is None:
+                groups = _groups_after_views(net, precision, sd)
+                in_group = {m.name: root for root, members in groups.items() for m in members}
+            root = in_group.get(layer.name)
+            if root is None:  # a view decided late: treat as its own group
+                groups[layer.name] = [layer]
+                root = layer.name
+            if root != layer.name:
+                add_slot(layer.outputs[0].name, layer.outputs[0].shape, out_dtypes[0], "fused")
+                continue
+            members = groups[root]
+            op = PointwiseOp(members, lambda n: sd[n], out_dtypes[0], cupy.asarray)
+            add_slot(layer.outputs[0].name, layer.outputs[0].shape, out_dtypes[0], "arena")
+            prog.steps.append(Step(op, list(op.tensor_inputs), [layer.outputs[0].name], layer.name))
+            prog.tactics[layer.name] = dict(op.tactic, fused=[m.name for m in members])
+            weights.append(op)
+            continue
+        factory = FACTORIES.get(layer.kind)
+        if factory is None:
+            raise BackendError(f"layer kind {layer.kind!r} ({layer.name}) is not supported by the cupy backend")
+        cdt = compute_dtype(layer, precision)
+        host = layer.kind == "NMS"
+        inputs = []
+        for t in layer.inputs:
+            want = sd[t.name] if host else (cdt if t.dtype in FLOATS else t.dtype)
+            inputs.append(need(t.name, want, layer.name))
+        spec = Spec(layer, [prog.slots[n].shape for n in inputs], [sd[n] for n in inputs],
+                    [t.shape for t in layer.outputs], out_dtypes, cdt, options, prefer.get(layer.name))
+        op, record = tuner.choose(spec, factory)
+        for t, dtype in zip(layer.outputs, out_dtypes):
+            add_slot(t.name, t.shape, dtype, "arena")
+        prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs], layer.name))
+        prog.tactics[layer.name] = record
+        weights.append(op)
+    tuner.release()
+    prog.tuning_report = tuner.report
+
+    _bind_outputs(prog, net, sd)
+    _plan_arena(prog)
+    prog.workspace_bytes = max([align(s.op.workspace) for s in prog.steps] + [0])
+    prog.weight_bytes = sum(int(getattr(w, "nbytes", 0)) if not isinstance(w, Op) else w.device_bytes
+                            for w in weights)
+    ledger.charge("weights", prog.weight_bytes)
+    prog.capture = os.environ.get("TFTRT_PY_CUDA_GRAPHS", "1") != "0"
+    logger.info("cupy program for %s: %d steps, arena %.1f MiB, workspace %.1f MiB, weights %.1f MiB, "
+                "tactics in %.2f s", net.name, len(prog.steps), prog.arena_bytes / 2**20,
+                prog.workspace_bytes / 2**20, prog.weight_bytes / 2**20, time.perf_counter() - start)
+    return prog
+
+
+def _groups_after_views(net, precision, sd) -> Dict[str, List]:
+    """Pointwise groups, leaving out layers that are views (same-dtype identities)."""
+    views = set()
+    for layer in net.layers:
+        if layer.kind == "Identity":
+            out = storage_dtype(layer.outputs[0], layer, precision)
+            src = layer.inputs[0]
+            in_dtype = sd.get(src.name) or (storage_dtype(src, src.producer, precision) if src.producer else src.dtype)
+            if in_dtype == out:
+                views.add(layer.name)
+    return pointwise_groups(net, views)
+
+
+def _bind_outputs(prog: Program, net, sd) -> None:
+    """Give each network output a binding buffer: the producing step writes it directly when it can."""
+    producer = {}
+    for i, step in enumerate(prog.steps):
+        for name in step.outputs:
+            producer[name] = i
+    taken = set()
+    for t in net.outputs:
+        slot = prog.slots[t.name]
+        if slot.place == "arena" and t.name in producer and slot.dtype == t.dtype and t.name not in taken:
+            slot.place = "output"
+            taken.add(t.name)
+            prog.outputs.append((t.name, t.name))
+            continue
+        name = f"{t.name}@binding{len(prog.outputs)}"
+        prog.slots[name] = Slot(name, tuple(t.shape), t.dtype, "output")
+        prog.steps.append(Step(CastOp(slot.dtype, t.dtype), [t.name], [name], f"{t.name} (output)"))
+        prog.outputs.append((t.name, name))
+
+
+def _plan_arena(prog: Program) -> None:
+    """Offsets in one arena for every arena slot: greedy by size over lifetimes."""
+    first, last = {}, {}
+    for i, step in enumerate(prog.steps):
+        for name in step.inputs:
+            root = prog.root(name).name
+            last[root] = i
+        for name in step.outputs:
+            first.setdefault(name, i)
+            last[name] = max(last.get(name, i), i)
+    arena = [s for s in prog.slots.values() if s.place == "arena"]
+    placed: List[Tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    for slot in sorted(arena, key=lambda s: -s.nbytes):
+        size = align(max(slot.nbytes, 1))
+        a, b = first.get(slot.name, 0), last.get(slot.name, len(prog.steps))
+        busy = sorted((o, e) for o, e, f, l in placed if not (l < a or f > b))
+        offset = 0
+        for o, e in busy:
+            if offset + size <= o:
+                break
+            offset = max(offset, e)
+        slot.offset = offset
+        placed.append((offset, offset + size, a, b))
+    prog.arena_bytes = max([e for _, e, _, _ in placed] + [0])

@@ -1,0 +1,251 @@
+"""Running a program in one execution context: its own stream, handles, workspace, activation arena
+and binding buffers; the whole engine captured as CUDA graphs on the first run and replayed after.
+
+Steps that synchronize with the host (TopK, NMS) split the engine into several graphs with those
+steps run eagerly between them. If capture fails the context logs it once and runs eagerly.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.context import RunContext
+from tftrt_py.engine.backends.cupy.memory import OutOfGpuMemory
+from tftrt_py.engine.backends.cupy.program import Program
+from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK, capture
+from tftrt_py.engine.errors import RuntimeExecutionError
+
+__all__ = ["Runner"]
+
+logger = logging.getLogger(__name__)
+
+
+class Runner:
+    """Executes one engine's program for one ExecutionContext (one thread at a time)."""
+
+    def __init__(self, engine, program: Program):
+        cupy = _device.require()
+        self.engine, self.program = engine, program
+        ledger = program.ledger
+        self.lock = threading.Lock()
+        with CAPTURE_LOCK:  # handle creation and allocation must not meet another thread's capture
+            self._setup(cupy, ledger, program)
+        self._finalizer = weakref.finalize(self, _refund, ledger, list(self._charged), self.rc)
+        self.steps = [(s, [self.views[n] for n in s.inputs], [self.views[n] for n in s.outputs])
+                      for s in program.steps]
+        self.segments: Optional[list] = None
+        self.capture = program.capture
+
+    def _setup(self, cupy, ledger, program) -> None:
+        try:
+            self.rc = RunContext(ledger, cudnn=program.needs_cudnn, workspace=program.workspace_bytes)
+            self._arena = ledger.alloc("activations", program.arena_bytes)
+            self._charged = [("activations", max(program.arena_bytes, 1))]
+            self.views: Dict[str, object] = {}
+            for slot in program.slots.values():
+                if slot.place in ("input", "output"):
+                    mem = ledger.alloc("io", slot.nbytes)
+                    self._charged.append(("io", max(slot.nbytes, 1)))
+                    self.views[slot.name] = cupy.ndarray(slot.shape, slot.dtype, mem)
+                elif slot.place == "arena":
+                    self.views[slot.name] = cupy.ndarray(slot.shape, slot.dtype, self._arena + slot.offset)
+                elif slot.place == "const":
+                    self.views[slot.name] = slot.array
+        except OutOfGpuMemory as exc:
+            raise RuntimeExecutionError(str(exc)) from exc
+        for slot in program.slots.values():
+            if slot.place == "alias":
+                self.views[slot.name] = self._view(slot.name)
+        if os.environ.get("TFTRT_PY_POISON") == "1":  # NaN bytes everywhere: unwritten outputs show up
+            with self.rc.stream:
+                for mem, nbytes in [(self._arena, program.arena_bytes)] + [
+                        (self.views[s.name].data, s.nbytes) for s in program.slots.values()
+                        if s.place in ("input", "output")]:
+                    cupy.ndarray((max(nbytes, 1),), cupy.uint8, mem).fill(255)
+                if self.rc.workspace is not None:
+                    self.rc.workspace.fill(255)
+            self.rc.stream.synchronize()
+
+    def _view(self, name: str):
+        slot = self.program.slots[name]
+        if slot.place != "alias":
+            return self.views[name]
+        return self._view(slot.base).reshape(slot.shape)
+
+    # -- execution -------------------------------------------------------------------------------------
+    def _run_eager(self, profiler=None) -> None:
+        cupy = _device.require()
+        rc = self.rc
+        events = []
+        with rc.stream:
+            for step, ins, outs in self.steps:
+                if profiler is not None:
+                    start = cupy.cuda.Event()
+                    start.record(rc.stream)
+                step.op.run(rc, ins, outs)
+                if profiler is not None:
+                    end = cupy.cuda.Event()
+                    end.record(rc.stream)
+                    events.append((step.layer, start, end))
+        if profiler is not None:
+            rc.stream.synchronize()
+            for layer, start, end in events:
+                profiler.report_layer_time(layer, cupy.cuda.get_elapsed_time(start, end))
+
+    def _capture(self) -> None:
+        """Group the steps into captured graphs (capturable runs) and eager steps."""
+        segments, run = [], []
+
+        def flush():
+            if run:
+                steps = list(run)
+                graph, keep = capture(self.rc.stream, lambda: [s.op.run(self.rc, i, o) for s, i, o in steps])
+                segments.append(("graph", graph, keep))
+                run.clear()
+
+        for item in self.steps:
+            if item[0].op.capturable:
+                run.append(item)
+            else:
+                flush()
+                segments.append(("eager", item, None))
+        flush()
+        self.segments = segments
+
+    def _run(self, profiler=None) -> None:
+        if profiler is not None or not self.capture:
+            self._run_eager(profiler)
+            return
+        if self.segments is None:
+            with CAPTURE_LOCK:
+                self._run_eager()  # the first run warms every kernel up (compiles, loads modules)
+                self.rc.stream.synchronize()
+                try:
+                    self._capture()
+                except Exception as exc:
+                    logger.warning("CUDA-graph capture of engine %r failed (%s); this context runs it eagerly",
+                                   self.engine.name, exc)
+                    self.capture = False
+            return
+        with self.rc.stream:
+            for kind, item, _ in self.segments:
+                if kind == "graph":
+                    item.launch(self.rc.stream)
+                else:
+                    step, ins, outs = item
+                    step.op.run(self.rc, ins, outs)
+
+    def _check_shapes(self, shapes: Mapping[str, tuple]) -> None:
+        for binding, slot in self.program.inputs:
+            want = self.views[slot].shape
+            if tuple(shapes[binding]) != tuple(want):
+                raise RuntimeExecutionError(
+                    f"the cupy backend runs engine {self.engine.name!r} at the shapes it was built for; input "
+                    f"{binding!r} has shape {list(shapes[binding])}, the engine {list(want)}: build an engine "
+                    f"for these shapes")
+
+    def _guarded(self, fn):
+        try:
+            return fn()
+        except RuntimeExecutionError:
+            raise
+        except Exception as exc:
+            if _device.is_out_of_memory(exc):
+                err = self.program.ledger.out_of_memory("run-time temporaries", 0)
+                raise RuntimeExecutionError(str(err)) from exc
+            raise RuntimeExecutionError(f"engine {self.engine.name!r} failed on the GPU: {exc}") from exc
+
+    # -- host bindings (ExecutionContext.execute) -------------------------------------------------------
+    def execute(self, ctx, bindings: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        if any(_is_device_array(v) for v in bindings.values()):
+            return self.execute_device(bindings, profiler=ctx.profiler)
+        with ctx._lock, self.lock:
+            values, batch = ctx._check_inputs(bindings)
+            self._check_shapes({k: v.shape for k, v in values.items()})
+
+            def go():
+                for binding, slot in self.program.inputs:
+                    self.views[slot].set(np.ascontiguousarray(values[binding]), stream=self.rc.stream)
+                self._run(ctx.profiler)
+                outs = {}
+                for binding, slot in self.program.outputs:
+                    out = self.views[slot].get(stream=self.rc.stream)
+                    if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
+                        out = out[:batch]
+                    outs[binding] = np.ascontiguousarray(out)
+                return outs
+
+            return self._guarded(go)
+
+    # -- device bindings --------------------------------------------------------------------------------
+    def execute_device(self, bindings: Mapping[str, object], outputs: Optional[Mapping[str, object]] = None,
+                       profiler=None):
+        """Run on cupy arrays; ordered after the caller's current stream and before its later work.
+
+        Returns cupy arrays: `outputs` filled in when given, else this context's output buffers
+        (overwritten by its next run).
+        """
+        cupy = _device.require()
+        eng = self.engine
+        with self.lock:
+            missing = [t.name for t in eng.inputs if t.name not in bindings]
+            if missing:
+                raise RuntimeExecutionError(f"missing input bindings {missing}; engine inputs are "
+                                            f"{[t.name for t in eng.inputs]}")
+            arrays = {t.name: bindings[t.name] for t in eng.inputs}
+            for t in eng.inputs:
+                if arrays[t.name].dtype.name != t.dtype:
+                    raise RuntimeExecutionError(f"input {t.name!r} has dtype {arrays[t.name].dtype.name}, the "
+                                                f"engine expects {t.dtype}")
+            shapes = [tuple(arrays[t.name].shape) for t in eng.inputs]
+            if not eng.can_serve(shapes):
+                raise RuntimeExecutionError(f"input shapes {[list(s) for s in shapes]} cannot be served by this "
+                                            f"engine, built for {[list(t.shape) for t in eng.inputs]}")
+            batch = shapes[0][0] if shapes and shapes[0] else None
+            full = {t.name: (t.shape[0],) + s[1:] if (s and t.shape and s[0] < t.shape[0]) else s
+                    for t, s in zip(eng.inputs, shapes)}
+            self._check_shapes(full)
+
+            def go():
+                caller = cupy.cuda.get_current_stream()
+                self.rc.stream.wait_event(caller.record())
+                with self.rc.stream:
+                    for binding, slot in self.program.inputs:
+                        src = arrays[binding]
+                        dst = self.views[slot]
+                        cupy.copyto(dst[:src.shape[0]] if src.shape != dst.shape else dst, src)
+                self._run(profiler)
+                result = {}
+                with self.rc.stream:
+                    for binding, slot in self.program.outputs:
+                        out = self.views[slot]
+                        if batch is not None and eng.rowwise and batch < eng.max_batch_size:
+                            out = out[:batch]
+                        if outputs is not None and binding in outputs:
+                            cupy.copyto(outputs[binding], out)
+                            out = outputs[binding]
+                        result[binding] = out
+                caller.wait_event(self.rc.stream.record())
+                return result
+
+            return self._guarded(go)
+
+    def close(self) -> None:
+        self.segments = None
+        self._finalizer()
+
+
+def _refund(ledger, charged, rc) -> None:
+    for kind, nbytes in charged:
+        ledger.release(kind, nbytes)
+    rc.close()
+
+
+def _is_device_array(value) -> bool:
+    return hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray)

@@ -1,0 +1,203 @@
+"""Tactic selection: build every candidate op of a layer, time each on this GPU (a CUDA graph of a
+few runs, replayed and timed with events, so host overhead does not count), keep the fastest.
+
+Layers with the same signature (kind, shapes, dtypes, params) share the choice, and a tactic
+recorded in a plan for this GPU is rebuilt directly instead of being timed again.
+With ``TFTRT_PY_CHECK_TACTICS=1`` every candidate is also checked against the numpy backend on
+the same random inputs and dropped (with a warning) when it disagrees.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import threading
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
+from tftrt_py.engine.errors import BackendError
+
+__all__ = ["Tuner", "KeepAlive", "capture", "CAPTURE_LOCK"]
+
+logger = logging.getLogger(__name__)
+
+#: Held while capturing a CUDA graph and while creating a context's handles and buffers: those
+#: calls may synchronize the device, which would invalidate another thread's capture.
+CAPTURE_LOCK = threading.RLock()
+
+_MATCH_KEYS = ("op", "fusion", "plan", "im2col", "pad_c")
+
+
+class KeepAlive:
+    """A cupy allocator for graph capture: blocks come from the pool and are never given back,
+    so memory a captured graph touches stays valid for as long as this object lives."""
+
+    def __init__(self):
+        self.blocks = []
+
+    def __call__(self, nbytes):
+        mem = _device.require().get_default_memory_pool().malloc(nbytes)
+        self.blocks.append(mem)
+        return mem
+
+
+def capture(stream, fn) -> Tuple[object, KeepAlive]:
+    """Capture what `fn()` enqueues on `stream` into a CUDA graph; (graph, the memory it keeps)."""
+    cupy = _device.require()
+    keep = KeepAlive()
+    with CAPTURE_LOCK, stream, cupy.cuda.using_allocator(keep):
+        stream.begin_capture()
+        try:
+            fn()
+        except BaseException:
+            try:
+                stream.end_capture()
+            except Exception:
+                pass
+            raise
+        graph = stream.end_capture()
+    return graph, keep
+
+
+def _matches(tactic: dict, prefer: dict) -> bool:
+    return all(tactic.get(k) == prefer.get(k) for k in _MATCH_KEYS if k in prefer)
+
+
+class Tuner:
+    def __init__(self, rc, options, check: bool = False):
+        self.rc, self.options, self.check = rc, options, check
+        self.chosen: Dict[str, dict] = {}
+        self.report: List[dict] = []
+        self._buffers: Dict[tuple, object] = {}
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+    # -- buffers -----------------------------------------------------------------------------------
+    def _buffer(self, shape, dtype, role: str):
+        key = (tuple(shape), dtype, role)
+        if key not in self._buffers:
+            cupy = _device.require()
+            with self.rc.stream:
+                if dtype in ("float32", "float16"):
+                    arr = cupy.random.uniform(-1.0, 1.0, tuple(shape), dtype=cupy.float32).astype(dtype)
+                elif dtype == "bool":
+                    arr = cupy.random.uniform(0, 1, tuple(shape)) > 0.5
+                else:
+                    arr = cupy.zeros(tuple(shape), dtype=dtype)
+            self._buffers[key] = arr
+        return self._buffers[key]
+
+    # -- choice ------------------------------------------------------------------------------------
+    def choose(self, spec: Spec, factory) -> Tuple[Op, dict]:
+        sig = spec.signature()
+        prefer = spec.prefer or self.chosen.get(sig)
+        if prefer is not None and not self.check:
+            try:
+                cands = [c for c in factory(dataclasses.replace(spec, prefer=prefer)) if _matches(c.tactic, prefer)]
+            except Exception as exc:
+                logger.debug("recorded tactic for %s failed to build: %s", spec.layer.name, exc)
+                cands = []
+            if cands:
+                record = dict(cands[0].tactic, ms=prefer.get("ms"), candidates=prefer.get("candidates", 1))
+                self.chosen.setdefault(sig, record)
+                return cands[0], record
+            if spec.prefer is not None:
+                logger.info("tactic %s recorded for %s is not available on this GPU: re-tuning", prefer,
+                            spec.layer.name)
+        cands = factory(dataclasses.replace(spec, prefer=None))
+        if not cands:
+            raise BackendError(f"no GPU implementation of {spec.layer.kind} layer {spec.layer.name!r} for these "
+                               f"shapes and dtypes")
+        fitting = [c for c in cands if c.workspace <= self.options.max_workspace]
+        if not fitting:
+            logger.warning("every tactic of %s needs more workspace than max_workspace_size (%d bytes); using "
+                           "the smallest (%d bytes)", spec.layer.name, self.options.max_workspace,
+                           min(c.workspace for c in cands))
+            fitting = [min(cands, key=lambda c: c.workspace)]
+        if len(fitting) == 1 and not self.check:
+            record = dict(fitting[0].tactic, candidates=1)
+        else:
+            fitting = self._time_all(spec, fitting)
+            record = dict(fitting[0].tactic, ms=round(fitting[0].ms, 5), candidates=len(cands))
+        self.chosen[sig] = record
+        return fitting[0], record
+
+    def _time_all(self, spec: Spec, cands: List[Op]) -> List[Op]:
+        ins = [self._buffer(s, d, f"in{i}") for i, (s, d) in enumerate(zip(spec.in_shapes, spec.in_dtypes))]
+        outs = [self._buffer(s, d, f"out{i}") for i, (s, d) in enumerate(zip(spec.out_shapes, spec.out_dtypes))]
+        self.rc.ensure_workspace(max(c.workspace for c in cands))
+        ref = self._reference(spec, ins) if self.check else None
+        timed = []
+        for op in cands:
+            try:
+                op.ms = self._time(op, ins, outs)
+            except Exception as exc:
+                logger.debug("tactic %s of %s failed: %s", op.tactic, spec.layer.name, exc)
+                continue
+            if ref is not None and not self._agrees(spec, op, outs, ref):
+                continue
+            timed.append(op)
+        if not timed:
+            raise BackendError(f"every tactic of {spec.layer.kind} layer {spec.layer.name!r} failed on this GPU "
+                               f"(tried {[c.tactic for c in cands]})")
+        timed.sort(key=lambda op: op.ms)
+        logger.debug("%s: %s", spec.layer.name, [(op.tactic, round(op.ms, 4)) for op in timed])
+        return timed
+
+    def _time(self, op: Op, ins, outs, inner: int = 5, reps: int = 3) -> float:
+        cupy = _device.require()
+        rc, stream = self.rc, self.rc.stream
+        with stream:
+            op.run(rc, ins, outs)
+        stream.synchronize()
+        graph = None
+        if op.capturable:
+            try:
+                graph, keep = capture(stream, lambda: [op.run(rc, ins, outs) for _ in range(inner)])
+            except Exception as exc:
+                logger.debug("could not capture %s for timing: %s", op.tactic, exc)
+                graph = None
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        times = []
+        for _ in range(reps):
+            start.record(stream)
+            if graph is not None:
+                graph.launch(stream)
+            else:
+                with stream:
+                    for _ in range(inner):
+                        op.run(rc, ins, outs)
+            end.record(stream)
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / inner)
+        return statistics.median(times)
+
+    # -- check mode ------------------------------------------------------------------------------------
+    def _reference(self, spec: Spec, ins):
+        from tftrt_py.engine.backends.numpy_backend import KERNELS
+
+        host = []
+        for x in ins:
+            a = x.get(stream=self.rc.stream)
+            host.append(a.astype(np.float32) if a.dtype == np.float16 else a)
+        return [np.asarray(r, dtype=np.float64) for r in KERNELS[spec.layer.kind](spec.layer, host)]
+
+    def _agrees(self, spec: Spec, op: Op, outs, ref) -> bool:
+        tol = 2e-2 if spec.cdt == "float16" else (5e-3 if self.options.allow_tf32 else 2e-4)
+        ok = True
+        for y, r in zip(outs, ref):
+            got = y.get(stream=self.rc.stream).astype(np.float64)
+            finite = np.isfinite(r)
+            scale = max(1.0, float(np.max(np.abs(r[finite]))) if finite.any() else 1.0)
+            good = bool(np.allclose(got, r, rtol=tol, atol=tol * scale, equal_nan=True))
+            err = float(np.max(np.abs(got - r)[finite]) / scale) if finite.any() else 0.0
+            self.report.append({"layer": spec.layer.name, "tactic": dict(op.tactic), "err": err, "ok": good})
+            if not good:
+                logger.warning("tactic %s of %s disagrees with the numpy backend (error %.3g of max(1, |ref|), "
+                               "tolerance %.3g): dropped", op.tactic, spec.layer.name, err, tol)
+                ok = False
+        return ok

@@ -1,0 +1,118 @@
+"""Activations: recognized in element-wise subgraphs (swish, both GELU forms), then fused into the
+Convolution, MatrixMultiply, MLP or Scale layer before them."""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+import numpy as np
+
+from tftrt_py.engine.backends.numpy_backend import ACTIVATION_FNS, KERNELS
+from tftrt_py.engine.builder.fusions.match import (FLOATS, Fused, activation_of, apply_rules, constant_value,
+                                                   private, sole_producer, with_activation)
+from tftrt_py.engine.layers import ACTIVATIONS, UNARY_OPS
+
+__all__ = ["recognize_activations", "fuse_activations", "FUSABLE", "RECOGNIZED"]
+
+logger = logging.getLogger(__name__)
+
+_EPILOGUE = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh",
+                       "swish"})
+#: layer kind -> the activation types it can apply to its own output
+FUSABLE = {"Convolution": _EPILOGUE, "MatrixMultiply": _EPILOGUE, "MLP": frozenset(ACTIVATIONS),
+           "Scale": frozenset(ACTIVATIONS)}
+
+#: activations recognized in element-wise subgraphs, tried in this order
+RECOGNIZED = ("swish", "gelu_erf", "gelu_tanh", "sigmoid", "softplus")
+#: which layers a recognized subgraph may contain
+POINTWISE = {"ElementWise": ("sum", "sub", "prod", "div", "max", "min", "pow"),
+             "Unary": tuple(op for op in UNARY_OPS if op != "not"), "Activation": ACTIVATIONS}
+MAX_REGION = 12
+#: the points where a subgraph and an activation must agree (wide, so a clamp far out does not pass)
+PROBE = np.concatenate([np.linspace(-8, 8, 321), [-100.0, -30.0, 30.0, 100.0]]).astype(np.float32)
+with np.errstate(over="ignore"):
+    _EXPECTED = {kind: ACTIVATION_FNS[kind](PROBE, None, None) for kind in RECOGNIZED}
+
+
+def _pointwise(layer) -> bool:
+    return layer.params.get("op", layer.params.get("type")) in POINTWISE.get(layer.kind, ())
+
+
+def _region(network, users, root, x) -> Optional[List]:
+    """The layers computing `root` from `x` and scalar constants only, in network order, if they are
+    element-wise, at most MAX_REGION, and their intermediates are read only inside."""
+    found, stack = {}, [root]
+    while stack:
+        layer = stack.pop()
+        if id(layer) in found:
+            continue
+        if not _pointwise(layer) or len(found) == MAX_REGION:
+            return None
+        found[id(layer)] = layer
+        for t in layer.inputs:
+            c = constant_value(t)
+            if t is x or (c is not None and c.size == 1):
+                continue
+            if c is not None or t.producer is None:
+                return None
+            stack.append(t.producer)
+    region = [l for l in network.layers if id(l) in found]
+    return region if all(private(network, users, l.outputs[0], region) for l in region[:-1]) else None
+
+
+def _evaluate(region, x) -> np.ndarray:
+    """The region's output for x = PROBE."""
+    values = {x.name: PROBE}
+    with np.errstate(all="ignore"):
+        for layer in region:
+            args = [values[t.name] if t.name in values else constant_value(t).reshape(()) for t in layer.inputs]
+            values[layer.outputs[0].name] = KERNELS[layer.kind](layer, args)[0]
+    return values[region[-1].outputs[0].name]
+
+
+def recognized_activation(network, users, layer):
+    """x -> (a few element-wise layers on x and scalar constants) -> y   =>   Activation(x) -> y
+
+    E.g. x * sigmoid(x) (swish), 0.5 * x * (1 + erf(x / sqrt 2)) (GELU) or its tanh form: the
+    subgraph is evaluated on PROBE and compared with each RECOGNIZED activation.
+    """
+    out = layer.outputs[0]
+    if out.dtype not in FLOATS or not _pointwise(layer):
+        return None
+    seen, queue, candidates = set(), [layer], []
+    while queue and len(seen) < MAX_REGION:  # candidate inputs x: tensors upstream, nearest first
+        node = queue.pop(0)
+        seen.add(id(node))
+        for t in node.inputs:
+            if constant_value(t) is None and all(t is not c for c in candidates):
+                candidates.append(t)
+                if t.producer is not None and _pointwise(t.producer) and id(t.producer) not in seen:
+                    queue.append(t.producer)
+    for x in candidates:
+        region = _region(network, users, layer, x) if x.shape == out.shape else None
+        if region is None or len(region) < 2:
+            continue
+        y = _evaluate(region, x)
+        for kind, expected in _EXPECTED.items():
+            if np.allclose(y, expected, rtol=1e-5, atol=1e-6):
+                return Fused(f"{kind} recognized", region, "Activation", [x], {"type": kind}, {})
+    return None
+
+
+def activation_epilogue(network, users, layer):
+    """Convolution/MatrixMultiply/MLP/Scale -> Activation -> y   =>   the producer applies the activation."""
+    p = sole_producer(network, users, layer.inputs[0], tuple(FUSABLE))
+    if p is None or activation_of(p) is not None or layer.params["type"] not in FUSABLE[p.kind]:
+        return None
+    return Fused(f"{p.kind} + Activation", [p, layer], p.kind, p.inputs, with_activation(p, dict(layer.params)),
+                 p.weights)
+
+
+def recognize_activations(network) -> bool:
+    """Replace element-wise subgraphs computing a known activation by one Activation layer."""
+    return apply_rules(network, {"ElementWise": [recognized_activation], "Unary": [recognized_activation]}, logger)
+
+
+def fuse_activations(network) -> bool:
+    """Fuse each Activation into the layer producing its input, where that layer supports it."""
+    return apply_rules(network, {"Activation": [activation_epilogue]}, logger)

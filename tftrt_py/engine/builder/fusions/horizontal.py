@@ -1,0 +1,84 @@
+"""Horizontal fusion: sibling Convolutions or MatrixMultiplies reading the same tensor become one
+layer with their output channels concatenated, followed by one Slice per sibling::
+
+    x -> conv_a -> ya           x -> conv_a + conv_b -> Slice -> ya
+      \\-> conv_b -> yb    =>                         \\-> Slice -> yb
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.builder.fusions.match import FLOATS, constant_value, record
+
+__all__ = ["fuse_horizontal"]
+
+logger = logging.getLogger(__name__)
+
+
+def _key(layer, x) -> Optional[Tuple]:
+    """What siblings must share to be computed as one layer (None: `layer` cannot take part)."""
+    p, out = layer.params, layer.outputs[0]
+    if (layer.inputs[0] is not x or out.dtype not in FLOATS
+            or layer.weights.get("bias", np.zeros(out.shape[-1])).shape != (out.shape[-1],)):
+        return None
+    shared = json.dumps([p.get("activation"), out.dtype], sort_keys=True)
+    if layer.kind == "Convolution":
+        if len(layer.inputs) > 1 or p.get("groups", 1) != 1:
+            return None
+        k = layer.weights["kernel"]
+        return ("Convolution", shared, k.shape[:-1], *(tuple(p[a]) for a in ("strides", "dilations", "pre_padding",
+                                                                               "post_padding")))
+    b = constant_value(layer.inputs[1]) if layer.kind == "MatrixMultiply" else None
+    if b is None or b.ndim != 2:
+        return None
+    flags = (bool(p.get("transpose_a")), bool(p.get("transpose_b")))
+    return ("MatrixMultiply", shared, flags, b.shape[1 if flags[1] else 0])
+
+
+def _merge(network, group: List) -> None:
+    """Replace `group` (siblings, in network order) by one layer and a Slice per sibling."""
+    first = group[0]
+    outs = [l.outputs[0] for l in group]
+    bias = np.concatenate([l.weights.get("bias", np.zeros(o.shape[-1], o.dtype)) for l, o in zip(group, outs)])
+    name = " + ".join(l.name for l in group)
+    with network.inserting_before(first):
+        if first.kind == "Convolution":
+            kernel = np.concatenate([l.weights["kernel"] for l in group], axis=-1)
+            fused = network.add_layer("Convolution", first.inputs, first.params, {"kernel": kernel, "bias": bias},
+                                      name=name)
+        else:
+            axis = -2 if first.params.get("transpose_b") else -1
+            b = network.add_constant(np.concatenate([constant_value(l.inputs[1]) for l in group], axis=axis),
+                                     name=f"{name} (weights)")
+            fused = network.add_layer("MatrixMultiply", [first.inputs[0], b], first.params, {"bias": bias}, name=name)
+        start = 0
+        for layer, out in zip(group, outs):
+            rank = out.rank
+            params = {"start": [0] * (rank - 1) + [start], "size": list(out.shape), "stride": [1] * rank}
+            piece = network.add_layer("Slice", fused.outputs, params, name=f"{layer.name} (split)").outputs[0]
+            start += out.shape[-1]
+            network.replace_all_uses(out, piece)
+            network.erase(layer)
+            if network.is_output(piece):
+                piece.name = out.name
+    logger.info("horizontal %s: %s", first.kind, fused.name)
+    record(network, f"horizontal {first.kind}")
+
+
+def fuse_horizontal(network) -> bool:
+    """Merge each group of compatible sibling Convolutions (or MatrixMultiplies with constant B)."""
+    users = network.consumers()
+    groups: Dict[Tuple, List] = {}
+    for x in network.inputs + [t for l in network.layers for t in l.outputs]:
+        for layer in users.get(x.name, ()):
+            key = _key(layer, x) if layer.kind in ("Convolution", "MatrixMultiply") else None
+            if key is not None and all(layer is not l for l in groups.get((x.name, key), ())):
+                groups.setdefault((x.name, key), []).append(layer)
+    merged = [g for g in groups.values() if len(g) > 1]
+    for group in merged:
+        _merge(network, group)
+    return bool(merged)
