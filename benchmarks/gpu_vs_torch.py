@@ -1,12 +1,18 @@
-"""ResNet-50 v1.5 (random weights, batch norm folded) in our cupy engine vs PyTorch on the same GPU.
+"""ResNet-50 v1.5 and a BERT-base encoder layer (random weights) in our cupy engine vs PyTorch on the
+same GPU.
 
-Our FP32 (TF32 off) and FP16 engines against PyTorch eager (cudnn.benchmark, channels_last, fp16)
-and torch.compile; the same weights are copied into an equivalent torch model (convolutions with
-bias, as our network has after folding). Timing: CUDA events, warm-up first, medians; inputs stay
-on the GPU for every framework. Prints the GPU, the ceilings (fp16 GEMM rate, copy bandwidth), the
-roofline of ResNet-50, and a table last.
+ResNet-50 (batch norm folded): our FP32 (TF32 off), FP16 and INT8 engines (INT8 calibrated by max |value|
+of each tensor over two random batches run through our FP32 engine) against PyTorch eager
+(cudnn.benchmark, channels_last, fp16) and torch.compile; the same weights are copied into an
+equivalent torch model (convolutions with bias, as our network has after folding). BERT layer (seq 128,
+hidden 768, 12 heads, FFN 3072, GELU, LayerNorm; fp16 bindings): our FP16 and INT8 engines against the
+same block in PyTorch (SDPA attention) eager fp16 and torch.compile. ``--autotune-limit`` retries
+torch.compile(mode="max-autotune") for ResNet-50 in a subprocess with that time limit.
 
-    python benchmarks/gpu_vs_torch.py --batches 1 8 32 128 --compile-mode reduce-overhead
+Timing: CUDA events, warm-up first, medians; inputs stay on the GPU for every framework. Prints the
+GPU, the ceilings (fp16 GEMM rate, copy bandwidth), each model's compute floor, and tables last.
+
+    python benchmarks/gpu_vs_torch.py --batches 1 8 32 128 --bert-batches 1 32 --autotune-limit 180
 """
 from __future__ import annotations
 
@@ -14,8 +20,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -23,7 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "engine", "gpu"))
 
+import gpu_bert as bert  # noqa: E402
 import gpu_resnet50 as resnet50  # noqa: E402
+from gpu_calibrate import apply_ranges, max_abs_ranges  # noqa: E402
 
 
 def torch_model(model, torch):
@@ -149,14 +159,211 @@ def ceilings(torch):
     return tflops, tbs
 
 
+class Table:
+    """Rows (model, batch, variant, latency ms, items/s, build or first-call s, relative error) and the JSON
+    results; the JSON file is rewritten after every row, so a killed run keeps what it measured."""
+
+    def __init__(self, path, results):
+        self.path, self.results, self.rows = path, results, []
+
+    def add(self, model, batch, variant, lat, per_s, build_s, err=float("nan"), **extra):
+        self.rows.append((model, batch, variant, lat, per_s, build_s, err))
+        self.results[f"{model} {variant} {batch}"] = dict(latency_ms=lat, per_s=per_s, build_s=build_s, rel_err=err,
+                                                          **extra)
+        self.save()
+
+    def save(self):
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(self.results, f, indent=1, default=str)
+
+    def print(self, floors):
+        for model in dict.fromkeys(r[0] for r in self.rows):
+            unit = "img/s" if model == "resnet50" else "seq/s"
+            print(f"\n{model}: {'batch':>5} {'variant':<38} {'latency ms':>10} {unit:>9} {'% roofline':>10} "
+                  f"{'build/1st s':>11} {'rel err':>8}")
+            for m, batch, name, lat, per_s, build_s, err in self.rows:
+                if m == model:
+                    print(f"{'':>{len(model) + 1}} {batch:>5} {name:<38} {lat:>10.3f} {per_s:>9,.0f} "
+                          f"{100 * per_s * floors[model]:>9.1f}% {build_s:>11.1f} {err:>8.1e}")
+
+
+def ours(table, model, batch, precision, build, x, ref, iters, profile_it=False):
+    """Build our engine with `build()`, check it against `ref`, time it; a failure is printed, not raised."""
+    import cupy
+
+    from tftrt_py.engine.backends import get_backend
+
+    try:
+        t0 = time.perf_counter()
+        engine = build()
+        build_s = time.perf_counter() - t0
+        ctx = engine.create_execution_context()
+        name = engine.inputs[0].name
+        out = list(ctx.execute({name: x}).values())[0]
+        cupy.cuda.get_current_stream().synchronize()
+        err = float(np.linalg.norm(cupy.asnumpy(out).astype(np.float64) - ref) / np.linalg.norm(ref))
+        lat, tput = time_loop(lambda: ctx.execute({name: x}), cupy.cuda.Device().synchronize, iters, 5, CupyEvent)
+        mem = get_backend("cupy").memory_report(engine)
+        if profile_it:
+            profile(engine, ctx, x, precision)
+        ops = {}
+        for t in engine.tactics.values():
+            ops[t.get("op")] = ops.get(t.get("op"), 0) + 1
+        table.add(model, batch, f"ours {precision}", lat, tput * batch, build_s, err, memory=mem, ops=ops)
+        print(f"{model} batch {batch} ours {precision}: {lat:.3f} ms, {tput * batch:,.0f}/s, build {build_s:.1f} s, "
+              f"rel err vs torch fp32 {err:.1e}, ops {ops}, memory "
+              f"{json.dumps({k: round(v / 2**20) for k, v in mem.items()})} MiB", flush=True)
+    except Exception as exc:
+        print(f"{model} batch {batch} ours {precision} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc()
+
+
+def torch_variants(table, model, batch, fn_eager, x, args, torch, modes):
+    """PyTorch eager and torch.compile (each of `modes`) on `x`; failures are printed."""
+    variants = [("torch eager FP16", lambda: fn_eager)] if "eager" in args.torch else []
+    for mode in modes:
+        variants.append((f"torch.compile {mode} FP16", lambda mode=mode: torch.compile(fn_eager, mode=mode,
+                                                                                        dynamic=False)))
+    for name, make in variants:
+        try:
+            fn = make()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn(x)
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+
+            def call():
+                with torch.no_grad():
+                    return fn(x)
+
+            lat, tput = time_loop(call, torch.cuda.synchronize, args.iters, 5,
+                                  lambda: torch.cuda.Event(enable_timing=True))
+            table.add(model, batch, name, lat, tput * batch, first_s)
+            print(f"{model} batch {batch} {name}: {lat:.3f} ms, {tput * batch:,.0f}/s (first call {first_s:.1f} s)",
+                  flush=True)
+        except Exception as exc:
+            print(f"{model} batch {batch} {name} FAILED: {type(exc).__name__}: {exc}", flush=True)
+
+
+def bench_resnet(args, table, torch, cupy):
+    from tftrt_py.engine import Builder, BuilderConfig
+
+    model = resnet50.spec()
+    tmodel = torch_model(model, torch).cuda().eval()
+    ranges = None
+    if "INT8" in args.precisions and not args.torch_only:
+        rng = np.random.default_rng(0)
+        t0 = time.perf_counter()
+        calib = [{"input": cupy.asarray(rng.standard_normal((8, args.size, args.size, 3)).astype(np.float32))}
+                 for _ in range(2)]
+        ranges = max_abs_ranges(lambda: resnet50.network(8, args.size, model), calib, backend="cupy")
+        print(f"INT8 calibration (max |value|, 2 batches of 8 through our FP32 engine): {len(ranges)} tensors, "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+    for batch in args.batches:
+        rng = np.random.default_rng(batch)
+        x_np = rng.standard_normal((batch, args.size, args.size, 3)).astype(np.float32)
+        x_cp = cupy.asarray(x_np)
+        with torch.no_grad():
+            xt32 = torch.from_numpy(x_np).cuda().permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+            ref = tmodel.float().to(memory_format=torch.channels_last)(xt32).double().cpu().numpy()
+        for precision in ([] if args.torch_only else args.precisions):
+            def build(precision=precision):
+                net = resnet50.network(batch, args.size, model)
+                if precision == "INT8":
+                    apply_ranges(net, ranges)
+                return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
+
+            ours(table, "resnet50", batch, precision, build, x_cp, ref, args.iters,
+                 args.profile and batch == max(args.batches))
+        th = tmodel.half().to(memory_format=torch.channels_last)
+        xt = torch.from_numpy(x_np).cuda().half().permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        modes = [args.compile_mode] if ("compile" in args.torch and (args.compile_batches is None
+                                                                     or batch in args.compile_batches)) else []
+        torch_variants(table, "resnet50", batch, th, xt, args, torch, modes)
+        tmodel.float()
+        torch.compiler.reset()
+
+
+def bench_bert(args, table, torch, cupy):
+    from tftrt_py.engine import Builder, BuilderConfig
+
+    model = bert.spec()
+    tblock = bert.torch_block(model, torch).cuda().eval()
+    ranges = None
+    if "INT8" in args.bert_precisions:
+        rng = np.random.default_rng(1)
+        calib = [{"x": cupy.asarray(rng.standard_normal((8, args.seq, model["hidden"])).astype(np.float32))}
+                 for _ in range(2)]
+        ranges = max_abs_ranges(lambda: bert.network(8, args.seq, model, dtype="float32"), calib, backend="cupy")
+    for batch in args.bert_batches:
+        rng = np.random.default_rng(batch)
+        x_np = rng.standard_normal((batch, args.seq, model["hidden"])).astype(np.float32)
+        with torch.no_grad():
+            torch.backends.cuda.matmul.allow_tf32 = False
+            ref = tblock.float()(torch.from_numpy(x_np).cuda()).double().cpu().numpy()
+        x16 = cupy.asarray(x_np.astype(np.float16))
+        for precision in args.bert_precisions:
+            def build(precision=precision):
+                net = bert.network(batch, args.seq, model)
+                if precision == "INT8":
+                    apply_ranges(net, ranges)
+                return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
+
+            ours(table, "bert_layer", batch, precision, build, x16, ref, args.iters)
+        th = tblock.half()
+        modes = [args.compile_mode] if "compile" in args.torch else []
+        torch_variants(table, "bert_layer", batch, th, torch.from_numpy(x_np).cuda().half(), args, torch, modes)
+        tblock.float()
+        torch.compiler.reset()
+
+
+def max_autotune(args, table):
+    """torch.compile(mode="max-autotune") for ResNet-50 at batch 1 and the largest batch, in a subprocess
+    given `args.autotune_limit` seconds; rows it finished are kept."""
+    path = os.path.join(os.environ.get("OUT", "/tmp"), "max_autotune.json")
+    if os.path.exists(path):
+        os.remove(path)
+    batches = sorted({1, max(args.batches)})
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch-only", "--models", "resnet50", "--torch", "compile",
+           "--compile-mode", "max-autotune", "--batches", *map(str, batches), "--iters", str(args.iters),
+           "--json", path]
+    t0 = time.perf_counter()
+    try:
+        subprocess.run(cmd, timeout=args.autotune_limit, check=False)
+        status = f"finished in {time.perf_counter() - t0:.0f} s"
+    except subprocess.TimeoutExpired:
+        status = f"did not finish within {args.autotune_limit:.0f} s"
+    done = json.load(open(path)) if os.path.exists(path) else {}
+    for key, r in done.items():
+        if key.startswith("resnet50 torch.compile"):
+            model, rest = key.split(" ", 1)
+            variant, batch = rest.rsplit(" ", 1)
+            table.add(model, int(batch), variant, r["latency_ms"], r["per_s"], r["build_s"])
+    missing = [b for b in batches if f"resnet50 torch.compile max-autotune FP16 {b}" not in done]
+    print(f"torch.compile max-autotune (ResNet-50, batches {batches}): {status}" +
+          (f"; no result for batch(es) {missing}" if missing else ""), flush=True)
+    table.results["max_autotune"] = {"status": status, "missing_batches": missing}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["resnet50", "bert"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--precisions", nargs="*", default=["FP32", "FP16"])
+    p.add_argument("--precisions", nargs="*", default=["FP32", "FP16", "INT8"])
+    p.add_argument("--bert-batches", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--bert-precisions", nargs="*", default=["FP16", "INT8"])
+    p.add_argument("--seq", type=int, default=128)
     p.add_argument("--torch", nargs="*", default=["eager", "compile"], help="torch variants: eager compile")
+    p.add_argument("--torch-only", action="store_true", help="only the torch rows (no engines, no ceilings)")
     p.add_argument("--compile-mode", default="reduce-overhead")
     p.add_argument("--compile-batches", type=int, nargs="*", default=None, help="torch.compile only these batches")
+    p.add_argument("--autotune-limit", type=float, default=0,
+                   help="seconds for a max-autotune retry of ResNet-50 at batch 1 and the largest (0: skip)")
     p.add_argument("--profile", action="store_true", help="per-layer times of our engines at the largest batch")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--json", default=None, help="write all numbers here")
@@ -165,81 +372,33 @@ def main(argv=None):
     import cupy
     import torch
 
-    from tftrt_py.engine import Builder, BuilderConfig
-    from tftrt_py.engine.backends import get_backend
-
     torch.backends.cudnn.benchmark = True
     gpu = torch.cuda.get_device_name()
-    tflops, tbs = ceilings(torch)
-    print(f"GPU: {gpu}; torch {torch.__version__}, cupy {cupy.__version__}")
-    print(f"ceilings: fp16 GEMM {tflops:.0f} TFLOP/s, device copy {tbs:.2f} TB/s")
-    model = resnet50.spec()
-    flop = resnet50.flops(1, args.size, model)
-    print(f"ResNet-50 at {args.size}: {flop / 1e9:.2f} GFLOP/image; fp16 compute floor {flop / (tflops * 1e12) * 1e6:.1f} "
-          f"us/image ({tflops * 1e12 / flop:,.0f} img/s)")
-    rows, results = [], {"gpu": gpu, "gemm_tflops": tflops, "copy_tbs": tbs, "gflop_per_image": flop / 1e9}
-    tmodel = torch_model(model, torch).cuda().eval()
-
-    for batch in args.batches:
-        rng = np.random.default_rng(batch)
-        x_np = rng.standard_normal((batch, args.size, args.size, 3)).astype(np.float32)
-        x_cp = cupy.asarray(x_np)
-        ref = None
-        with torch.no_grad():
-            xt32 = torch.from_numpy(x_np).cuda().permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
-            ref = tmodel.to(memory_format=torch.channels_last)(xt32).float().cpu().numpy()
-        for precision in args.precisions:
-            t0 = time.perf_counter()
-            engine = Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(
-                resnet50.network(batch, args.size, model))
-            build_s = time.perf_counter() - t0
-            ctx = engine.create_execution_context()
-            out = ctx.execute({"input": x_cp})["logits"]
-            cupy.cuda.get_current_stream().synchronize()
-            err = float(np.linalg.norm(cupy.asnumpy(out) - ref) / np.linalg.norm(ref))
-            lat, tput = time_loop(lambda: ctx.execute({"input": x_cp}), cupy.cuda.Device().synchronize, args.iters,
-                                  5, CupyEvent)
-            mem = get_backend("cupy").memory_report(engine)
-            if args.profile and batch == max(args.batches):
-                profile(engine, ctx, x_cp, precision)
-            rows.append((batch, f"ours {precision}", lat, tput * batch, build_s, err))
-            results[f"ours_{precision}_{batch}"] = {"latency_ms": lat, "img_s": tput * batch, "build_s": build_s,
-                                                    "rel_err_vs_torch_fp32": err, "memory": mem,
-                                                    "tactics": engine.tactics}
-            print(f"batch {batch} ours {precision}: {lat:.3f} ms, {tput * batch:,.0f} img/s, build {build_s:.1f} s, "
-                  f"rel err vs torch fp32 {err:.1e}, memory {json.dumps({k: round(v / 2**20) for k, v in mem.items()})} MiB",
-                  flush=True)
-            ctx = engine = None
-        with torch.no_grad():
-            th = tmodel.half().to(memory_format=torch.channels_last)
-            xt = torch.from_numpy(x_np).cuda().half().permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-            variants = []
-            if "eager" in args.torch:
-                variants.append(("torch eager FP16", th))
-            if "compile" in args.torch and (args.compile_batches is None or batch in args.compile_batches):
-                variants.append((f"torch.compile {args.compile_mode} FP16",
-                                 torch.compile(th, mode=args.compile_mode, dynamic=False)))
-            for name, fn in variants:
-                t0 = time.perf_counter()
-                fn(xt)
-                torch.cuda.synchronize()
-                first_s = time.perf_counter() - t0
-                lat, tput = time_loop(lambda: fn(xt), torch.cuda.synchronize, args.iters, 5,
-                                      lambda: torch.cuda.Event(enable_timing=True))
-                rows.append((batch, name, lat, tput * batch, first_s, float("nan")))
-                results[f"{name}_{batch}"] = {"latency_ms": lat, "img_s": tput * batch, "first_call_s": first_s}
-                print(f"batch {batch} {name}: {lat:.3f} ms, {tput * batch:,.0f} img/s (first call {first_s:.1f} s)",
-                      flush=True)
-            tmodel.float()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-    floor = flop / (tflops * 1e12)
-    print(f"\n{'batch':>5} {'variant':<36} {'latency ms':>10} {'img/s':>9} {'% fp16 roofline':>15} {'build/1st s':>11}")
-    for batch, name, lat, ips, build_s, err in rows:
-        print(f"{batch:>5} {name:<36} {lat:>10.3f} {ips:>9,.0f} {100 * ips * floor:>14.1f}% {build_s:>11.1f}")
+    results = {"gpu": gpu}
+    floors = {"resnet50": 0.0, "bert_layer": 0.0}
+    if not args.torch_only:
+        tflops, tbs = ceilings(torch)
+        results.update(gemm_tflops=tflops, copy_tbs=tbs)
+        print(f"GPU: {gpu}; torch {torch.__version__}, cupy {cupy.__version__}")
+        print(f"ceilings: fp16 GEMM {tflops:.0f} TFLOP/s, device copy {tbs:.2f} TB/s")
+        flop = resnet50.flops(1, args.size)
+        bflop = bert.flops(1, args.seq)
+        floors = {"resnet50": flop / (tflops * 1e12), "bert_layer": bflop / (tflops * 1e12)}
+        print(f"ResNet-50 at {args.size}: {flop / 1e9:.2f} GFLOP/image; fp16 compute floor "
+              f"{floors['resnet50'] * 1e6:.1f} us/image ({1 / floors['resnet50']:,.0f} img/s)")
+        print(f"BERT-base layer at seq {args.seq}: {bflop / 1e9:.2f} GFLOP/sequence; fp16 compute floor "
+              f"{floors['bert_layer'] * 1e6:.2f} us/sequence ({1 / floors['bert_layer']:,.0f} seq/s)", flush=True)
+    table = Table(args.json, results)
+    if "resnet50" in args.models:
+        bench_resnet(args, table, torch, cupy)
+    if "bert" in args.models and not args.torch_only:
+        bench_bert(args, table, torch, cupy)
+    if args.autotune_limit > 0:
+        max_autotune(args, table)
+    table.save()
+    if not args.torch_only:
+        print(f"\nGPU: {gpu}; % roofline = throughput x fp16 compute floor at {results['gemm_tflops']:.0f} TFLOP/s")
+        table.print(floors)
 
 
 if __name__ == "__main__":

@@ -290,8 +290,8 @@ def test_calibrate_runs_the_graph_and_fills_calibration_data(frozen_graph, tmp_p
     (path,) = written
     with open(path, "rb") as f:
         assert f.read() == b"calibration table of " + engine_nodes(trt_graph)[0].name.encode()
-    x = random_array((2, 16))
-    assert_right(run_graph(trt_graph, x), x)
+    x = random_array((2, 16))  # a table that is no table gives no ranges: the engine builds without int8 (FP16)
+    np.testing.assert_allclose(run_graph(trt_graph, x)[0], expected(x)[0], rtol=1e-2, atol=1e-2)
 
 
 def test_calibration_data_is_empty_until_the_dispatcher_collects_tables(frozen_graph):

@@ -11,13 +11,17 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Sequence
 
+from tftrt_py.calibration.collector import CalibrationEngine
+from tftrt_py.calibration.ranges import apply_ranges
 from tftrt_py.convert.context import ConversionContext
-from tftrt_py.convert.errors import ConversionError
+from tftrt_py.convert.errors import ConversionError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, tensor_ref
 from tftrt_py.convert.ops import get_converter
 from tftrt_py.engine import Builder, BuilderConfig, EngineError, Network
+from tftrt_py.engine.errors import MissingDynamicRangeError
 
-__all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "SegmentGraph", "network_from_segment", "build_engine"]
+__all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "SegmentGraph", "network_from_segment", "build_engine",
+           "calibration_engine"]
 
 INPUT_PREFIX = "TensorRTInputPH_"
 OUTPUT_PREFIX = "TensorRTOutputPH_"
@@ -82,10 +86,27 @@ def _needed_nodes(view: GraphView, segment: SegmentGraph) -> set:
     return needed
 
 
-def build_engine(segment, input_shapes, name: str = "engine", config: BuilderConfig = None):
-    """Convert and build one engine for `input_shapes`; `segment` is a SegmentGraph or a conventional GraphDef."""
+def build_engine(segment, input_shapes, name: str = "engine", config: BuilderConfig = None, ranges=None):
+    """Convert and build one engine for `input_shapes`; `segment` is a SegmentGraph or a conventional GraphDef.
+
+    INT8: `ranges` (a calibration table's, by tensor name) give the tensors the graph's quantization ops do
+    not; an int8 layer reading a tensor with no range raises MissingQuantizationRangeError.
+    """
     if not isinstance(segment, SegmentGraph):
         segment = SegmentGraph.from_graph_def(segment)
     config = config or BuilderConfig()
     network = network_from_segment(segment, input_shapes, name=name, precision=config.precision)
-    return Builder(config).build_engine(network)
+    if ranges:
+        apply_ranges(network, ranges)
+    try:
+        return Builder(config).build_engine(network)
+    except MissingDynamicRangeError as exc:
+        raise MissingQuantizationRangeError(str(exc), exc.tensors) from exc
+
+
+def calibration_engine(segment: SegmentGraph, input_shapes, name: str = "engine"):
+    """The FP32 engine an INT8 op runs while it calibrates, recording its tensors (see calibration.collector).
+
+    Converters see INT8 (so quantization ops convert, as they will in the INT8 engines); nothing is fused.
+    """
+    return CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"))

@@ -75,9 +75,10 @@ class ValidationContext:
     so nothing computed from them is known when building.
     """
 
-    def __init__(self, graph: GraphView, native: Optional[AbstractSet[str]] = None):
+    def __init__(self, graph: GraphView, native: Optional[AbstractSet[str]] = None, precision: str = "FP32"):
         self.graph = graph
         self.native = native if native is not None else set()
+        self.precision = precision.upper()  # the conversion's precision_mode (quantization ops need INT8)
         self._static: Dict[str, bool] = {}
 
     def input_infos(self, node: NodeView) -> List[InputInfo]:
@@ -131,7 +132,7 @@ class ConversionContext:
 
     def __init__(self, network: Network, precision: str = "FP32"):
         self.network = network
-        self.precision = precision
+        self.precision = precision.upper()
         self.values: Dict[str, Value] = {}
         self._constants: Dict[int, Tensor] = {}
 

@@ -16,6 +16,7 @@ from tensorflow.python.saved_model import signature_constants, tag_constants
 
 from tftrt_py.convert import graph_io
 from tftrt_py.convert.build import SegmentGraph, build_engine
+from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      canonical_precision, check_conversion_params)
@@ -116,7 +117,8 @@ class TrtGraphConverter:
         view = GraphView(graph_def)
         params = self._conversion_params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size,
-                               nodes_denylist={_node_name(n) for n in protected}, fetches=fetches)
+                               nodes_denylist={_node_name(n) for n in protected}, fetches=fetches,
+                               precision_mode=canonical_precision(params.precision_mode))
         self._report = result.report
         segments, plans = self._static_engines(view, result.segments)
         attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
@@ -180,6 +182,8 @@ class TrtGraphConverter:
             try:
                 engine = build_engine(SegmentGraph.from_graph_def(segment.graph_def(view)), shapes,
                                       name=f"segment_{i}", config=config)
+            except MissingQuantizationRangeError:  # INT8 without calibration: the user must add ranges (2.9.3.1)
+                raise
             except Exception as exc:  # TF-TRT leaves a segment native when its static engine fails to build
                 logger.warning("static engine for segment %d (input shapes %s) failed to build, so it stays "
                                "native: %s: %s", i, [list(s) for s in shapes], type(exc).__name__, exc)
@@ -207,14 +211,18 @@ class TrtGraphConverter:
                     raise ValueError("Values of input_map_fn must be of type tf.Tensor")
             fetches = tf.graph_util.import_graph_def(self._converted_graph_def, input_map=input_map,
                                                      return_elements=fetch_names, name="")
-        with tf.compat.v1.Session(graph=graph, config=self._session_config) as sess:
-            for _ in range(num_runs):
-                sess.run(fetches, feed_dict=feed_dict_fn() if feed_dict_fn else None)
-        for node in self._converted_graph_def.node:
-            if node.op == ENGINE_OP:
-                op = dispatcher.find(node.attr["segment_key"].s.decode())
-                table = getattr(op, "calibration_table", None)  # INT8 calibration fills it in
-                node.attr["calibration_data"].s = table() if table else b""
+        nodes = [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
+        keys = [n.attr["segment_key"].s.decode() for n in nodes]
+        for key in keys:
+            dispatcher.start_calibrating(key, self._conversion_params.calibration_algorithm)
+        try:
+            with tf.compat.v1.Session(graph=graph, config=self._session_config) as sess:
+                for _ in range(num_runs):
+                    sess.run(fetches, feed_dict=feed_dict_fn() if feed_dict_fn else None)
+        finally:
+            tables = [dispatcher.finish_calibrating(key) for key in keys]
+        for node, table in zip(nodes, tables):
+            node.attr["calibration_data"].s = table
         self._calibration_data_collected = True
         return self._converted_graph_def
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.saved_model import signature_constants, tag_constants
 from tensorflow.python.trackable import autotrackable
+from tqdm import tqdm
 
 from tftrt_py.convert import graph_io, profiles as profiles_lib, summary as summary_lib
+from tftrt_py.convert.build import INPUT_PREFIX
+from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      canonical_precision, check_conversion_params)
@@ -59,7 +63,10 @@ class TrtGraphConverterV2:
         self._input_saved_model_signature_key = (input_saved_model_signature_key
                                                  or signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
         precision = canonical_precision(conversion_params.precision_mode)
+        self._int8_without_calibration = precision == TrtPrecisionMode.INT8 and not conversion_params.use_calibration
         self._need_calibration = precision == TrtPrecisionMode.INT8 and conversion_params.use_calibration
+        self._calibrated = False
+        self._calibration_seconds = None
         self._converted = False
         self._build_called_once = False
         self._converted_func = None
@@ -74,15 +81,17 @@ class TrtGraphConverterV2:
 
     # -- convert --------------------------------------------------------------
     def convert(self, calibration_input_fn=None):
-        """Segment the signature and insert engine ops; returns the converted ConcreteFunction."""
+        """Segment the signature and insert engine ops; returns the converted ConcreteFunction.
+
+        INT8 with use_calibration: `calibration_input_fn` (a generator of inputs, as build's input_fn) runs
+        through the converted function with every engine op calibrating; each op's calibration table goes
+        into its ``calibration_data`` attribute and the INT8 engines for the calibrated shapes are built.
+        """
         assert not self._converted, "convert() was already called"
         if self._need_calibration and not calibration_input_fn:
             raise ValueError("Should specify calibration_input_fn because INT8 calibration is needed")
         if not self._need_calibration and calibration_input_fn:
             raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
-        if self._need_calibration:
-            raise NotImplementedError("INT8 calibration is not implemented in this version of tftrt_py; use "
-                                      "precision_mode='FP32' or 'FP16'")
         library.load()
         self._saved_model, self._func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
@@ -92,7 +101,8 @@ class TrtGraphConverterV2:
         graph_def = graph_io.optimize(frozen.graph.as_graph_def(), frozen.graph, self._input_names + output_names)
         view = GraphView(graph_def)
         params = self._conversion_params
-        result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names)
+        result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names,
+                               precision_mode=canonical_precision(params.precision_mode))
         self._report = result.report
         attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
                               max_cached_engines_count=params.maximum_cached_engines,
@@ -103,9 +113,37 @@ class TrtGraphConverterV2:
         self._converted_graph_def = converted
         self._converted_func = graph_io.function_from_graph_def(self._func, converted, self._input_names,
                                                                 self._output_names)
-        self._converted = True
         logger.info("converted %s: %d engine op(s)", self._input_saved_model_dir, len(result.segments))
+        if self._need_calibration:
+            self._execute_calibration(calibration_input_fn)
+        self._converted = True
         return self._converted_func
+
+    def _execute_calibration(self, calibration_input_fn):
+        """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
+        its calibration_data attribute and rebuild the converted function (as TF-TRT does)."""
+        algorithm = self._conversion_params.calibration_algorithm.lower()
+        nodes = self._engine_nodes()
+        keys = [n.attr["segment_key"].s.decode() for n in nodes]
+        start = time.perf_counter()
+        for key in keys:
+            dispatcher.start_calibrating(key, algorithm)
+        batches = 0
+        try:
+            for inp in tqdm(calibration_input_fn(), desc=f"INT8 calibration ({algorithm})", unit="batch"):
+                args, kwargs = _convert_to_tensors(inp)
+                self._converted_func(*args, **kwargs)
+                batches += 1
+        finally:
+            tables = [dispatcher.finish_calibrating(key) for key in keys]
+        for node, table in zip(nodes, tables):
+            node.attr["calibration_data"].s = table
+        self._converted_func = graph_io.function_from_graph_def(self._func, self._converted_graph_def,
+                                                                self._input_names, self._output_names)
+        self._calibrated = True
+        self._calibration_seconds = time.perf_counter() - start
+        logger.info("INT8 calibration (%s) of %d engine op(s) over %d batch(es): %.2f s", algorithm, len(nodes),
+                    batches, self._calibration_seconds)
 
     # -- build ----------------------------------------------------------------
     def build(self, input_fn):
@@ -125,6 +163,28 @@ class TrtGraphConverterV2:
                 args, kwargs = _convert_to_tensors(inp)
                 self._converted_func(*args, **kwargs)
         self._build_called_once = True
+        if self._int8_without_calibration:
+            self._check_quantization_ranges()
+
+    def _check_quantization_ranges(self):
+        """INT8 without calibration: engines that lacked quantization ranges are an error of build() naming the
+        tensors (user guide 2.9.3.1), not a silent native fallback (at serving time they do fall back)."""
+        problems, tensors = [], []
+        for node in self._engine_nodes():
+            op = dispatcher.find(node.attr["segment_key"].s.decode())
+            if op is None or not op.missing_ranges:
+                continue
+            names = sorted({t for ts in op.missing_ranges.values() for t in ts})
+            # an engine input is named by the graph tensor feeding it
+            names = [node.input[int(t[len(INPUT_PREFIX):])] if t.startswith(INPUT_PREFIX) else t for t in names]
+            problems.append(f"{node.name}: {', '.join(names)}")
+            tensors += names
+        if problems:
+            raise MissingQuantizationRangeError(
+                "INT8 with use_calibration=False needs a quantization range for each tensor an int8 layer reads; "
+                f"missing for {'; '.join(problems)}. Add QuantizeAndDequantizeV2/V3 or FakeQuantWithMinMaxVars/Args "
+                "ops giving their ranges, or convert with use_calibration=True and a calibration_input_fn",
+                tensors=tensors)
 
     def _build_profiles(self, input_fn):
         """Collect each engine op's input shapes over input_fn (the ops run natively meanwhile), then build

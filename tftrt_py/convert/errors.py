@@ -1,6 +1,7 @@
 """Conversion errors: one family, each with a code, naming the node and op where there is one."""
+from tftrt_py.engine.errors import BuildError
 
-__all__ = ["ConversionError", "UnsupportedOpError", "InvalidNodeError"]
+__all__ = ["ConversionError", "UnsupportedOpError", "InvalidNodeError", "MissingQuantizationRangeError"]
 
 
 class ConversionError(Exception):
@@ -18,3 +19,14 @@ class UnsupportedOpError(ConversionError):
 
 class InvalidNodeError(ConversionError):
     code = "INVALID_NODE"
+
+
+class MissingQuantizationRangeError(ConversionError, BuildError):
+    """INT8: tensors that int8 layers read have no quantization range (`tensors` names them). Also a
+    BuildError, so engine ops treat it as any failed build (native fallback, logged)."""
+
+    code = "MISSING_QUANTIZATION_RANGE"
+
+    def __init__(self, message: str, tensors=(), node=None):
+        super().__init__(message, node)
+        self.tensors = list(tensors)

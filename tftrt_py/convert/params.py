@@ -4,9 +4,13 @@ from __future__ import annotations
 import collections
 
 __all__ = ["TrtPrecisionMode", "TrtConversionParams", "DEFAULT_TRT_CONVERSION_PARAMS",
-           "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "check_conversion_params", "canonical_precision"]
+           "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "CALIBRATION_ALGORITHMS", "check_conversion_params",
+           "canonical_precision"]
 
 DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES = 1 << 30
+
+#: INT8 calibrators (tftrt_py.calibration.calibrators), the first the default.
+CALIBRATION_ALGORITHMS = ("entropy", "minmax", "percentile")
 
 
 class TrtPrecisionMode:
@@ -22,14 +26,19 @@ class TrtPrecisionMode:
 
 class TrtConversionParams(collections.namedtuple("TrtConversionParams", [
         "max_workspace_size_bytes", "precision_mode", "minimum_segment_size", "maximum_cached_engines",
-        "use_calibration", "allow_build_at_runtime"])):
-    """Parameters of a conversion (see TF-TRT's TrtConversionParams for each field's meaning)."""
+        "use_calibration", "allow_build_at_runtime", "calibration_algorithm"])):
+    """Parameters of a conversion (see TF-TRT's TrtConversionParams for each field's meaning).
+
+    Fields after TF-TRT's: ``calibration_algorithm`` — INT8 calibration's "entropy" (TensorRT's default),
+    "minmax" or "percentile" (99.99th percentile).
+    """
 
     def __new__(cls, max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES,
                 precision_mode=TrtPrecisionMode.FP32, minimum_segment_size=3, maximum_cached_engines=1,
-                use_calibration=True, allow_build_at_runtime=True):
+                use_calibration=True, allow_build_at_runtime=True, calibration_algorithm="entropy"):
         return super().__new__(cls, max_workspace_size_bytes, precision_mode, minimum_segment_size,
-                               maximum_cached_engines, use_calibration, allow_build_at_runtime)
+                               maximum_cached_engines, use_calibration, allow_build_at_runtime,
+                               calibration_algorithm)
 
 
 DEFAULT_TRT_CONVERSION_PARAMS = TrtConversionParams()
@@ -52,3 +61,6 @@ def check_conversion_params(params: TrtConversionParams) -> None:
     if not isinstance(params.max_workspace_size_bytes, int) or params.max_workspace_size_bytes <= 0:
         raise ValueError(f"max_workspace_size_bytes should be a positive integer, got "
                          f"{params.max_workspace_size_bytes!r}")
+    if str(params.calibration_algorithm).lower() not in CALIBRATION_ALGORITHMS:
+        raise ValueError(f"calibration_algorithm should be one of {', '.join(CALIBRATION_ALGORITHMS)}, got "
+                         f"{params.calibration_algorithm!r}")

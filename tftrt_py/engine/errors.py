@@ -1,6 +1,7 @@
 """The engine's error family. Every error carries a code naming its kind."""
 
-__all__ = ["EngineError", "NetworkError", "BuildError", "PlanError", "RuntimeExecutionError", "BackendError"]
+__all__ = ["EngineError", "NetworkError", "BuildError", "MissingDynamicRangeError", "PlanError",
+           "RuntimeExecutionError", "BackendError"]
 
 
 class EngineError(Exception):
@@ -19,6 +20,16 @@ class BuildError(EngineError):
     """The builder could not produce a plan."""
 
     code = "BUILD_FAILED"
+
+
+class MissingDynamicRangeError(BuildError):
+    """INT8: layers that would run in int8 read tensors without a dynamic range (`tensors` names them)."""
+
+    code = "MISSING_DYNAMIC_RANGE"
+
+    def __init__(self, message: str, tensors=()):
+        super().__init__(message)
+        self.tensors = list(tensors)
 
 
 class PlanError(EngineError):

@@ -157,7 +157,10 @@ class Network:
 
     # -- editing ----------------------------------------------------------
     def replace_all_uses(self, old: Tensor, new: Tensor) -> None:
-        """Point every reader of `old` (layers and network outputs) at `new`."""
+        """Point every reader of `old` (layers and network outputs) at `new`; `new` holds the same values,
+        so it takes `old`'s INT8 dynamic range when it has none."""
+        if new.dynamic_range is None:
+            new.dynamic_range = old.dynamic_range
         for layer in self.layers:
             layer.inputs = [new if t is old else t for t in layer.inputs]
         self.outputs = [new if t is old else t for t in self.outputs]

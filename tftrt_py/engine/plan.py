@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -243,8 +243,11 @@ def _profile(value, n_inputs: int) -> None:
 
 
 # -- engine -------------------------------------------------------------------------
-def deserialize(data: bytes):
-    """Engine from plan bytes; raises PlanError naming what is wrong."""
+def deserialize(data: bytes, backend: Optional[str] = None):
+    """Engine from plan bytes, run by `backend` (default: the plan's); raises PlanError naming what is wrong.
+
+    A plan holds backend-neutral layers: another backend runs it too, re-tuning its tactics.
+    """
     from tftrt_py.engine.runtime import Engine, OptimizationProfile
 
     header = read_header(data)
@@ -281,8 +284,10 @@ def deserialize(data: bytes):
     try:
         net.lint()
         profile = header.get("profile")
-        return Engine(net, precision=header["precision"], backend=header.get("backend", "numpy"),
-                      build_config=header.get("build_config"), tactics=header.get("tactics"),
+        planned = header.get("backend", "numpy")
+        backend = backend or planned
+        return Engine(net, precision=header["precision"], backend=backend, build_config=header.get("build_config"),
+                      tactics=header.get("tactics") if backend == planned else None,
                       device=header.get("device"), profile=profile and OptimizationProfile.from_dict(profile))
     except BackendError:  # the plan is fine; its backend is missing here
         raise

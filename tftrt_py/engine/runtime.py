@@ -281,9 +281,12 @@ class ExecutionContext:
 
 
 class Runtime:
-    """Deserializes plans into engines."""
+    """Deserializes plans into engines, run by `backend` (default: the backend each plan was built for)."""
+
+    def __init__(self, backend: Optional[str] = None):
+        self.backend = backend
 
     def deserialize_cuda_engine(self, data: bytes) -> Engine:
         from tftrt_py.engine import plan
 
-        return plan.deserialize(data)
+        return plan.deserialize(data, backend=self.backend)

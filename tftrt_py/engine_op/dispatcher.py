@@ -24,13 +24,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, unpack_plans
+from tftrt_py.engine_op.calibration import OpCalibration
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
 __all__ = ["create", "run", "release", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
-           "NativeFallbackForbidden", "start_collecting", "stop_collecting"]
+           "NativeFallbackForbidden", "start_collecting", "stop_collecting", "start_calibrating",
+           "finish_calibrating"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,26 @@ class NativeFallbackForbidden(RuntimeError):
 
 def native_fallback_allowed() -> bool:
     return os.environ.get(FALLBACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+#: Names the engine backend of engine ops ("numpy" or "cupy"); default: cupy when a GPU is usable.
+BACKEND_ENV = "TFTRT_PY_BACKEND"
+_backend_lock = threading.Lock()
+_backend_name: Optional[str] = None
+
+
+def engine_backend() -> str:
+    """The backend engine ops build for, decided once per process (and said once when it is the CPU's)."""
+    global _backend_name
+    with _backend_lock:
+        if _backend_name is None:
+            from tftrt_py.engine.backends import default_backend_name
+
+            _backend_name = os.environ.get(BACKEND_ENV) or default_backend_name()
+            if _backend_name == "numpy":
+                logger.warning("TRTEngineOp engines run on the CPU (numpy backend): no usable NVIDIA GPU with "
+                               "cupy here; set %s=cupy to require the GPU", BACKEND_ENV)
+        return _backend_name
 
 
 @dataclasses.dataclass
@@ -82,6 +105,7 @@ class EngineOp:
         self.precision = node.attr("precision_mode", b"FP32").decode().upper()
         self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
         self.workspace = int(node.attr("workspace_size_bytes") or 1 << 30)
+        self.backend = engine_backend()
         self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
         self.stats = Stats()
         self._function_def = function_def
@@ -90,6 +114,11 @@ class EngineOp:
         self._lock = threading.RLock()
         self._loaded_assets: set = set()
         self._logged: set = set()
+        # INT8: the calibration table, or the collector filling it (see engine_op.calibration)
+        int8 = self.precision == "INT8"
+        self.calibration = OpCalibration(self.name, int8 and bool(node.attr("use_calibration")),
+                                         (node.attr("calibration_data") or b"") if int8 else b"")
+        self.missing_ranges: Dict[tuple, List[str]] = {}  # input shapes -> tensors their INT8 build lacked ranges for
         static = node.attr("serialized_segment") or b""
         if static and not static.startswith(PLAN_MAGIC) and self._segment_from_serialized(static):
             static = b""  # a dynamic op without function backup carries its segment GraphDef (TF-TRT 1.x)
@@ -100,7 +129,7 @@ class EngineOp:
     def add_plan(self, plan: bytes, source: str) -> None:
         """Put a serialized engine into the cache (a bad plan is logged and skipped)."""
         try:
-            engine = Runtime().deserialize_cuda_engine(plan)
+            engine = Runtime(backend=self.backend).deserialize_cuda_engine(plan)
         except EngineError as exc:
             logger.warning("%s: ignoring engine from %s: %s", self.name, source, exc)
             return
@@ -165,16 +194,20 @@ class EngineOp:
             self._segment_graph = SegmentGraph.from_function_def(function_pb2.FunctionDef.FromString(self._function_def))
         return self._segment_graph
 
+    def builder_config(self) -> BuilderConfig:
+        return BuilderConfig(precision=self.precision, max_workspace_size=self.workspace, backend=self.backend)
+
     def build(self, shapes):
         """Build and cache an engine for `shapes`; its cache key, or None (remembered) when the build fails."""
         from tftrt_py.convert.build import build_engine
 
         try:
             engine = build_engine(self.segment_graph(), list(shapes), name=self.name,
-                                  config=BuilderConfig(precision=self.precision,
-                                                       max_workspace_size=self.workspace))
+                                  config=self.builder_config(), ranges=self.calibration.ranges)
         except Exception as exc:  # any failure means: remember it and run the native segment
             self.cache.failed[shapes] = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, MissingQuantizationRangeError):
+                self.missing_ranges[shapes] = exc.tensors
             self.stats.build_failures += 1
             return None
         self.stats.builds += 1
@@ -194,7 +227,7 @@ class EngineOp:
             from tftrt_py.convert.build import build_engine
 
             engine = build_engine(self.segment_graph(), list(shapes), name=self.name,
-                                  config=BuilderConfig(precision=self.precision, max_workspace_size=self.workspace))
+                                  config=self.builder_config(), ranges=self.calibration.ranges)
             engine.profile = profile
             self.stats.specialisations += 1
             return engine
@@ -245,6 +278,8 @@ class EngineOp:
             if shapes not in collected:
                 collected.append(shapes)
             return None
+        if self.calibration.active:  # INT8 calibration: an FP32 engine records its tensors
+            return self._calibrate(arrays)
         with self._lock:
             key = self.cache.lookup(shapes)
             if key is not None:
@@ -273,6 +308,31 @@ class EngineOp:
         self.stats.engine_runs += 1
         return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
 
+    # -- INT8 calibration -----------------------------------------------------
+    def _calibrate(self, arrays: List[np.ndarray]) -> Optional[List[np.ndarray]]:
+        from tftrt_py.convert.build import calibration_engine
+
+        try:
+            outs = self.calibration.run(
+                lambda shapes: calibration_engine(self.segment_graph(), list(shapes), name=self.name), arrays)
+        except Exception as exc:
+            return self.fallback("calibration_failed", f"INT8 calibration failed: {type(exc).__name__}: {exc}")
+        return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
+
+    def calibration_table(self) -> bytes:
+        """The calibration table (TensorRT's text format; b"" when there is none).
+
+        Finishes a calibration in progress, then builds the INT8 engines for the input shapes calibrated,
+        as TF-TRT's calibration does.
+        """
+        shapes = self.calibration.finish()
+        with self._lock:
+            for s in shapes:
+                if self.cache.lookup(s) is None and s not in self.cache.failed and self.build(s) is None:
+                    logger.warning("%s: the INT8 engine for %s failed to build: %s", self.name, list(s),
+                                   self.cache.failed[s])
+        return self.calibration.table
+
     def fallback(self, reason: str, detail: str) -> None:
         """Count and log (once per reason) a native-segment run; raise when fallback is forbidden."""
         self.stats.fallbacks[reason] += 1
@@ -290,6 +350,7 @@ _HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
 _COLLECTING: Dict[str, List[tuple]] = {}  # segment key -> input shapes seen while collecting
+_CALIBRATING: Dict[str, str] = {}  # segment key of an op not created yet -> calibration algorithm
 
 
 def _text(key) -> str:
@@ -308,6 +369,30 @@ def stop_collecting(segment_key: str) -> List[tuple]:
         return _COLLECTING.pop(_text(segment_key), [])
 
 
+def start_calibrating(segment_key: str, algorithm: str = "entropy") -> None:
+    """The op of `segment_key` (now, or once it is created) calibrates with `algorithm` until
+    finish_calibrating."""
+    key = _text(segment_key)
+    with _LOCK:
+        op = _OPS.get(key)
+        if op is None:
+            _CALIBRATING[key] = algorithm
+    if op is not None:
+        op.calibration.start(algorithm)
+
+
+def finish_calibrating(segment_key: str) -> bytes:
+    """The calibration table of the op of `segment_key` (b"" when it never ran); see EngineOp.calibration_table."""
+    key = _text(segment_key)
+    with _LOCK:
+        _CALIBRATING.pop(key, None)
+        op = _OPS.get(key)
+    if op is None:
+        logger.warning("Warning calibration error for %s: it never ran during calibration", key)
+        return b""
+    return op.calibration_table()
+
+
 def create(node_def: bytes, function_def: bytes) -> int:
     from tensorflow.core.framework import node_def_pb2
 
@@ -315,9 +400,15 @@ def create(node_def: bytes, function_def: bytes) -> int:
     key = node.attr["segment_key"].s.decode() or node.name
     with _LOCK:
         op = _OPS.get(key)
+        calibration_data = node.attr["calibration_data"].s if "calibration_data" in node.attr else b""
         if op is None:
             op = _OPS[key] = EngineOp(node, function_def)
-        elif function_def and not op._function_def:
+            algorithm = _CALIBRATING.pop(key, None)
+            if algorithm is not None:
+                op.calibration.start(algorithm)
+        elif calibration_data and op.precision == "INT8" and not op.calibration.table:  # a calibrated graph
+            op.calibration.set_table(calibration_data)
+        if function_def and not op._function_def:
             op._function_def = function_def
             op.cache.failed.clear()  # builds that failed for want of the segment (e.g. TF constant folding)
         handle = next(_COUNTER)

@@ -25,14 +25,16 @@ def op_denylist() -> FrozenSet[str]:
     return frozenset(op.strip() for op in os.environ.get(OP_DENYLIST_ENV, "").split(",") if op.strip())
 
 
-def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet[str]) -> Dict[str, Optional[str]]:
+def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet[str],
+             precision: str = "FP32") -> Dict[str, Optional[str]]:
     """Every node but Consts -> None when it is a candidate, else the reason it stays native.
 
     Nodes are judged in topological order, and the context learns which producers stay native,
-    so a value computed from a native node is not taken as known when building.
+    so a value computed from a native node is not taken as known when building. `precision` is the
+    conversion's precision mode (quantization ops convert only in INT8).
     """
     native: set = set()
-    ctx, denied_ops = ValidationContext(view, native), op_denylist()
+    ctx, denied_ops = ValidationContext(view, native, precision), op_denylist()
     reasons: Dict[str, Optional[str]] = {}
     for node in order:
         if node.op == "Const":

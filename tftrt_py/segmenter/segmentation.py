@@ -28,12 +28,13 @@ class SegmentationResult:
 
 
 def segment_graph(graph_def: Union[graph_pb2.GraphDef, GraphView], minimum_segment_size: int = 3,
-                  nodes_denylist: Iterable[str] = (), fetches: Iterable[str] = ()) -> SegmentationResult:
+                  nodes_denylist: Iterable[str] = (), fetches: Iterable[str] = (),
+                  precision_mode: str = "FP32") -> SegmentationResult:
     """Split `graph_def` into convertible segments (see the package docstring for the rules)."""
     view = graph_def if isinstance(graph_def, GraphView) else GraphView(graph_def)
     order = view.topological_order()
     fetches = list(fetches)
-    reasons = classify(view, order, frozenset(nodes_denylist))
+    reasons = classify(view, order, frozenset(nodes_denylist), precision_mode)
     candidates = {name for name, reason in reasons.items() if reason is None}
     segments: List[Segment] = []
     if minimum_segment_size < 0:

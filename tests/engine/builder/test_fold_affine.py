@@ -117,3 +117,13 @@ def test_batch_norm_folds_into_a_depthwise_convolution():
         return net
 
     assert layer_names(build_and_compare(make, [rand(*X)])) == ["dw + bn"]
+
+
+def test_a_reshape_between_convolution_and_bias_keeps_them_apart():
+    def make():
+        net, (x,) = network(X)
+        y = add(net, "Shuffle", [conv(net, x, 4, "conv")], "reshape", reshape=[2, 36, 2, 2])  # last axis: not channels
+        net.mark_output(add(net, "ElementWise", [y, const(net, rand(2), "c")], "bias", op="sum"))
+        return net
+
+    assert layer_names(build_and_compare(make, [rand(*X)])) == ["conv", "reshape", "bias"]

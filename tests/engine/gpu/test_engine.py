@@ -162,3 +162,23 @@ def test_out_of_memory_is_a_clear_error():
     with pytest.raises(RuntimeExecutionError, match="out of GPU memory"):
         engine.create_execution_context()
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.parametrize("precision", ["FP32", "FP16"])
+def test_bert_layer_matches_numpy(precision):
+    """A small BERT encoder layer (the benchmark's, narrower) through the builder: attention, softmax,
+    Reduce-based LayerNorm, FFN with GELU."""
+    import gpu_bert as bert
+
+    model = bert.spec(hidden=64, heads=4, ffn=256)
+
+    def build():
+        return bert.network(2, 32, model, dtype="float32")
+
+    reference = Engine(build(), backend="numpy").create_execution_context()
+    engine = Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(build())
+    ctx = engine.create_execution_context()
+    rng = np.random.default_rng(12)
+    for run in range(2):
+        x = {"x": rng.standard_normal((2, 32, 64)).astype(np.float32)}
+        assert_close(ctx.execute(x)["y"], reference.execute(x)["y"], precision, f"run {run}")

@@ -18,6 +18,7 @@ from tftrt_py.convert.ops import (  # noqa: F401,E402  (registration)
     matmul,
     nms,
     pooling,
+    quantize,
     reduce,
     resize,
     select,

@@ -50,11 +50,20 @@ class RangeConverter(OpConverter):
     def convert(self, node, ctx):
         dtype = np.dtype(node.attr("Tidx"))
         start, limit, delta = (np.asarray(v.value, dtype).reshape(()) for v in ctx.inputs(node))
-        if delta == 0 or (limit - start) * np.sign(delta) < 0:
-            raise InvalidNodeError(f"Range({start}, {limit}, {delta}) is invalid (TF raises as well)", node)
+        reason = _range_reason(start, limit, delta)  # operands from shapes are known only now
+        if reason is not None:
+            raise InvalidNodeError(reason, node)
         if dtype.kind == "i":  # as TF computes the size: exactly for integers, in the dtype for floats
             size = (abs(int(limit) - int(start)) + abs(int(delta)) - 1) // abs(int(delta))
         else:
             size = int(np.ceil(np.abs((limit - start) / delta)))
         values = start + np.arange(size, dtype=dtype) * delta
         ctx.set_outputs(node, [Weights.derived(np.asarray(values, dtype), *ctx.inputs(node))])
+
+
+def _range_reason(start, limit, delta):
+    """Why TF's Range rejects these operands (it raises), or None."""
+    start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
+    if delta == 0 or (limit - start) * np.sign(delta) < 0:
+        return f"Range({start}, {limit}, {delta}) is invalid: delta must be non-zero and step towards limit"
+    return None

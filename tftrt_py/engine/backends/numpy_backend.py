@@ -2,7 +2,8 @@
 
 One short function per layer kind, registered in ``KERNELS``. Each takes the layer and
 its input arrays and returns the output arrays. Accumulation is in float32 (float64 for
-the few ops numpy would otherwise lose accuracy on), results cast to the layer's dtype.
+the few ops numpy would otherwise lose accuracy on), results cast to the layer's dtype. Layers the
+builder set to FP16 or INT8 run through :mod:`numpy_precision`, which computes them as the GPU does.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tftrt_py.engine.errors import BackendError
 
-__all__ = ["NumpyBackend", "KERNELS"]
+__all__ = ["NumpyBackend", "KERNELS", "conv_sums", "apply_activation"]
 
 KERNELS: Dict[str, Callable] = {}
 
@@ -157,9 +158,18 @@ def _windows(x, window, strides, dilations, pre, post, pad_value=0.0):
 
 @kernel("Convolution")
 def _convolution(layer, inputs):
-    x = inputs[0]
     p, w = layer.params, layer.weights
-    k = w["kernel"]
+    out = conv_sums(inputs[0], w["kernel"], p)
+    if "bias" in w:
+        out = out + w["bias"]
+    if len(inputs) > 1:
+        out = out + inputs[1]
+    return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
+
+
+def conv_sums(x, k, p):
+    """The sums of a Convolution (no bias, residual or activation) of x [N, *S, C] with kernel k, computed in
+    the operands' dtype (the INT8 kernels pass integers held exactly in float64)."""
     nsp = k.ndim - 2
     groups = p.get("groups", 1)
     win = _windows(x, k.shape[:nsp], p["strides"], p["dilations"], p["pre_padding"], p["post_padding"])
@@ -175,11 +185,7 @@ def _convolution(layer, inputs):
         osub = "hwz"[:nsp]
         out = np.einsum(f"n{osub}gc{sp},{sp}cgm->n{osub}gm", win, wk, optimize=True)
         out = out.reshape(n, *o, k.shape[-1])
-    if "bias" in w:
-        out = out + w["bias"]
-    if len(inputs) > 1:
-        out = out + inputs[1]
-    return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
+    return out
 
 
 @kernel("Deconvolution")
@@ -483,4 +489,8 @@ class NumpyBackend:
         fn = KERNELS.get(layer.kind)
         if fn is None:
             raise BackendError(f"don't know how to run layer kind {layer.kind!r} on backend 'numpy'")
+        if layer.precision in ("FP16", "INT8"):  # computed as the GPU computes them
+            from tftrt_py.engine.backends import numpy_precision
+
+            return numpy_precision.run(fn, layer, inputs)
         return fn(layer, inputs)

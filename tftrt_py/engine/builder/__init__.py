@@ -11,6 +11,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from tftrt_py.engine.builder import passes
+from tftrt_py.engine.builder.precision import assign_precisions
 from tftrt_py.engine.builder.fusions import activation, affine, conv, horizontal, match, mlp, reduce, shuffle
 from tftrt_py.engine.errors import BuildError, EngineError
 
@@ -86,10 +87,9 @@ class Builder:
         try:
             network.lint()
             self.optimize(network)
-            for layer in network.layers:
-                layer.precision = self.config.precision if layer.kind != "Constant" else None
         except EngineError as exc:
             raise BuildError(f"building {network.name!r} failed: {exc}") from exc
+        assign_precisions(network, self.config.precision)  # once, after the fixed point (precision.py)
         engine = Engine(network, precision=self.config.precision, backend=self.config.backend,
                         build_config=dataclasses.asdict(self.config))
         logger.info("built engine %s: %d layers in %.3f s", network.name, len(network.layers),

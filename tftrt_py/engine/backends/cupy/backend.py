@@ -67,9 +67,6 @@ class CupyBackend:
                 logger.warning("engine %r was tuned on %r; this GPU is %r: re-tuning its tactics", engine.name,
                                engine.device, self.device)
         options = self.options_for(engine)
-        if engine.precision == "INT8" or any(l.precision == "INT8" for l in engine.network.layers):
-            logger.warning("engine %r: INT8 layers run in FP16 on the cupy backend (int8 convolution and GEMM "
-                           "kernels are not implemented yet)", engine.name)
         ledger = Ledger(engine.name)
         from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK
 
@@ -79,6 +76,8 @@ class CupyBackend:
                 program = compile_program(engine, options, prefer, ledger, options.tuner)
             except OutOfGpuMemory as exc:
                 raise BuildError(str(exc)) from exc
+            except BuildError:
+                raise
             except EngineError as exc:
                 raise BuildError(f"building engine {engine.name!r} for the GPU failed: {exc}") from exc
             except Exception as exc:
@@ -116,8 +115,12 @@ class CupyBackend:
         if entry is None or entry[0] is not layer:
             net = Network(f"layer {layer.name}")
             ins = [net.add_input(f"input_{i}", np.asarray(a).dtype, np.shape(a)) for i, a in enumerate(inputs)]
+            for t, old in zip(ins, layer.inputs):
+                t.dynamic_range = old.dynamic_range
             new = net.add_layer(layer.kind, ins, layer.params, layer.weights, name=layer.name)
             new.precision = layer.precision
+            for t, old in zip(new.outputs, layer.outputs):
+                t.dynamic_range = old.dynamic_range
             for t in new.outputs:
                 net.mark_output(t)
             engine = Engine(net, precision=layer.precision or "FP32", backend=self.name)

@@ -2,7 +2,9 @@
 per layer or fused pointwise group, plus casts), tactics chosen by timing on this GPU.
 
 Inside the engine every float tensor is stored in its layer's compute dtype (float16 for FP16/INT8
-layers); bindings keep their network dtype and casts are inserted where they meet. Tensors that
+layers); bindings keep their network dtype and casts are inserted where they meet. INT8 layers read
+their activation operands through quantize steps (one per tensor, shared by its readers), or straight
+from an int8 producer when only int8 layers read the tensor (ops/int8.py). Tensors that
 are a view of another (reshapes, order-keeping transposes, same-dtype identities) take no memory.
 Activations share one arena per execution context, laid out by lifetime.
 """
@@ -20,8 +22,10 @@ from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
 from tftrt_py.engine.backends.cupy.ops.base import align
+from tftrt_py.engine.backends.cupy.ops.int8 import (PAD, QuantizeOp, conv_channels, matmul_constant, padded,
+                                                    quantized_shape, tensor_scale)
 from tftrt_py.engine.backends.cupy.tactics import Tuner
-from tftrt_py.engine.errors import BackendError
+from tftrt_py.engine.errors import BackendError, MissingDynamicRangeError
 
 __all__ = ["Program", "Slot", "Step", "compile_program"]
 
@@ -85,7 +89,7 @@ class Program:
 
     @property
     def needs_cudnn(self) -> bool:
-        return any(s.op.tactic.get("op") == "cudnn_conv" for s in self.steps)
+        return any(str(s.op.tactic.get("op", "")).startswith("cudnn_conv") for s in self.steps)
 
     def root(self, name: str) -> Slot:
         slot = self.slots[name]
@@ -107,6 +111,82 @@ def compute_dtype(layer, precision: str) -> str:
 
 def storage_dtype(tensor, layer, precision: str) -> str:
     return compute_dtype(layer, precision) if tensor.dtype in FLOATS else tensor.dtype
+
+
+# -- int8 ----------------------------------------------------------------------------------------------
+INT8_KINDS = ("Convolution", "MatrixMultiply")
+
+
+def _constant(t) -> bool:
+    return t.producer is not None and t.producer.kind == "Constant"
+
+
+def _int8_operands(layer) -> List[Tuple[int, bool]]:
+    """(input index, needs a transposed copy) of each activation operand `layer` quantizes."""
+    if layer.kind == "Convolution":
+        return [(0, False)]
+    p = layer.params
+    return [(i, bool(p.get("transpose_a")) if i == 0 else not p.get("transpose_b"))
+            for i in (0, 1) if not _constant(layer.inputs[i])]
+
+
+def int8_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
+    """INT8 layers that run as int8 GEMMs/convolutions here: layer name -> its quantized operands.
+
+    Raises MissingDynamicRangeError naming every operand tensor without a dynamic range. Grouped
+    convolutions and products of two constants run in FP16 (logged).
+    """
+    out, missing = {}, {}
+    for layer in net.layers:
+        if (layer.precision or precision) != "INT8" or layer.kind not in INT8_KINDS:
+            continue
+        operands = _int8_operands(layer)
+        if not operands or layer.outputs[0].dtype not in FLOATS or any(
+                layer.inputs[i].dtype not in FLOATS for i, _ in operands):
+            continue
+        if layer.kind == "Convolution" and int(layer.params.get("groups", 1)) != 1:
+            logger.warning("INT8 layer %r: grouped convolutions run in FP16 on the cupy backend", layer.name)
+            continue
+        for i, _ in operands:
+            t = layer.inputs[i]
+            if t.dynamic_range is None:
+                missing.setdefault(t.name, []).append(layer.name)
+        out[layer.name] = operands
+    if missing:
+        names = sorted(missing)
+        raise MissingDynamicRangeError(
+            f"engine {net.name!r}: INT8 layer(s) {', '.join(sorted({l for ls in missing.values() for l in ls}))} "
+            f"read tensor(s) {', '.join(names)} without a dynamic range: set Tensor.dynamic_range (calibrate, or "
+            f"give the graph quantization ops) or build those layers in FP16", tensors=names)
+    return out
+
+
+def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, set]:
+    """(direct, dual): outputs of int8 layers that int8 layers read untransposed and unpadded. Direct:
+    only they read it, so it is stored as int8 alone; dual (convolution outputs): other layers read it
+    too (a residual sum), so its producer writes an int8 copy beside the fp16 tensor."""
+    consumers = net.consumers()
+    outputs = {t.name for t in net.outputs}
+    direct, dual = set(), set()
+    for layer in net.layers:
+        if layer.name not in layers:
+            continue
+        t = layer.outputs[0]
+        if t.dynamic_range is None or t.rank < 2 or t.shape[-1] % PAD:
+            continue
+
+        def quantized_reads(user) -> List[bool]:
+            """Per use of t by `user`: is it an untransposed int8 operand?"""
+            ops = layers.get(user.name, [])
+            return [any(i == j and not transposed for j, transposed in ops)
+                    for i, u in enumerate(user.inputs) if u is t]
+
+        reads = [r for u in consumers.get(t.name, []) for r in quantized_reads(u)]
+        if reads and all(reads) and t.name not in outputs:
+            direct.add(t.name)
+        elif any(reads) and layer.kind == "Convolution":
+            dual.add(t.name)
+    return direct, dual
 
 
 # -- views ---------------------------------------------------------------------------------------------
@@ -194,6 +274,55 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
         add_slot(t.name, t.shape, t.dtype, "input")
         prog.inputs.append((t.name, t.name))
 
+    tensors = {t.name: t for t in net.inputs}
+    tensors.update({t.name: t for l in net.layers for t in l.outputs})
+    int8 = int8_layers(net, precision)
+    int8_direct, int8_dual = int8_tensors(net, int8)
+    quantized: Dict[Tuple[str, int, bool], str] = {}
+
+    def need_q(tensor_name: str, last: int, transpose: bool, layer_name: str) -> str:
+        """A slot holding `tensor_name` quantized to int8, its last dim padded to `last` (after the optional
+        transpose of the last two dims); one quantize step per tensor and layout."""
+        slot = prog.slots[tensor_name]
+        if sd[tensor_name] == "int8":
+            if transpose or slot.shape[-1] != last:
+                raise BackendError(f"int8 tensor {tensor_name!r} cannot be read transposed or padded")
+            return tensor_name
+        key = (tensor_name, last, transpose)
+        if key not in quantized:
+            name = f"{tensor_name}@int8{'T' if transpose else ''}"
+            add_slot(name, quantized_shape(slot.shape, last, transpose), "int8", "arena")
+            op = QuantizeOp(slot.shape, sd[tensor_name], tensor_scale(tensors[tensor_name].dynamic_range), last,
+                            transpose)
+            prog.steps.append(Step(op, [tensor_name], [name], f"{layer_name} (quantize)"))
+            quantized[key] = name
+        return quantized[key]
+
+    def int8_inputs(layer, cdt: str):
+        """(input slots, quant dict) of an int8 layer."""
+        if layer.kind == "Convolution":
+            x = layer.inputs[0]
+            ins = [need_q(x.name, conv_channels(x.shape[-1]), False, layer.name)]
+            ins += [need(t.name, cdt if t.dtype in FLOATS else t.dtype, layer.name) for t in layer.inputs[1:]]
+            return ins, {"in_scale": float(tensor_scale(x.dynamic_range))}
+        p = layer.params
+        a = layer.inputs[0]
+        k = a.shape[-2] if p.get("transpose_a") else a.shape[-1]
+        quant, ins, scales = {"kp": padded(k)}, [], {}
+        for role, i, transposed in (("a", 0, bool(p.get("transpose_a"))), ("b", 1, bool(p.get("transpose_b")))):
+            t = layer.inputs[i]
+            if _constant(t):  # weights: one scale per output row (a) or column (b)
+                q, s = matmul_constant(t.producer.weights["value"], role, transposed, quant["kp"])
+                quant[role], scales[role] = {"const": q}, s
+            else:
+                ins.append(need_q(t.name, quant["kp"], transposed if role == "a" else not transposed, layer.name))
+                quant[role], scales[role] = {"const": None}, tensor_scale(t.dynamic_range)
+        m, n = layer.outputs[0].shape[-2:]
+        sa, sb = np.asarray(scales["a"], np.float32), np.asarray(scales["b"], np.float32)
+        quant["dq"] = (sa[:, None] * np.broadcast_to(sb, (n,))[None, :] if sa.ndim else
+                       np.broadcast_to(sa * sb, (n,)).copy())  # [M, N] or [N]
+        return ins, quant
+
     views = set()
     groups: Optional[Dict[str, List]] = None
     in_group: Dict[str, str] = {}
@@ -234,16 +363,29 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
             raise BackendError(f"layer kind {layer.kind!r} ({layer.name}) is not supported by the cupy backend")
         cdt = compute_dtype(layer, precision)
         host = layer.kind == "NMS"
-        inputs = []
-        for t in layer.inputs:
-            want = sd[t.name] if host else (cdt if t.dtype in FLOATS else t.dtype)
-            inputs.append(need(t.name, want, layer.name))
+        quant, extra = None, []  # extra: (slot, shape) of a second, int8 output (dual tensors)
+        if layer.name in int8:
+            inputs, quant = int8_inputs(layer, cdt)
+            t = layer.outputs[0]
+            out_dtypes = ["int8" if t.name in int8_direct else cdt]
+            if t.name in int8_dual:
+                quant["dual_scale"] = float(tensor_scale(t.dynamic_range))
+                extra = [(f"{t.name}@int8", tuple(t.shape))]
+        else:
+            inputs = []
+            for t in layer.inputs:
+                want = sd[t.name] if host else (cdt if t.dtype in FLOATS else t.dtype)
+                inputs.append(need(t.name, want, layer.name))
         spec = Spec(layer, [prog.slots[n].shape for n in inputs], [sd[n] for n in inputs],
-                    [t.shape for t in layer.outputs], out_dtypes, cdt, options, prefer.get(layer.name))
+                    [t.shape for t in layer.outputs] + [shape for _, shape in extra],
+                    out_dtypes + ["int8"] * len(extra), cdt, options, prefer.get(layer.name), quant=quant)
         op, record = tuner.choose(spec, factory)
         for t, dtype in zip(layer.outputs, out_dtypes):
             add_slot(t.name, t.shape, dtype, "arena")
-        prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs], layer.name))
+        for name, shape in extra:
+            add_slot(name, shape, "int8", "arena")
+            quantized[(layer.outputs[0].name, shape[-1], False)] = name
+        prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _ in extra], layer.name))
         prog.tactics[layer.name] = record
         weights.append(op)
     tuner.release()

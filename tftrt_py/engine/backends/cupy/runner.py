@@ -1,5 +1,6 @@
 """Running a program in one execution context: its own stream, handles, workspace, activation arena
 and binding buffers; the whole engine captured as CUDA graphs on the first run and replayed after.
+Host arrays travel through per-context pinned buffers, copied asynchronously on the context's stream.
 
 Steps that synchronize with the host (TopK, NMS) split the engine into several graphs with those
 steps run eagerly between them. If capture fails the context logs it once and runs eagerly.
@@ -41,6 +42,7 @@ class Runner:
                       for s in program.steps]
         self.segments: Optional[list] = None
         self.capture = program.capture
+        self._pinned: Optional[Dict[str, np.ndarray]] = None
 
     def _setup(self, cupy, ledger, program) -> None:
         try:
@@ -170,18 +172,36 @@ class Runner:
             self._check_shapes({k: v.shape for k, v in values.items()})
 
             def go():
-                for binding, slot in self.program.inputs:
-                    self.views[slot].set(np.ascontiguousarray(values[binding]), stream=self.rc.stream)
+                staged = self._staging()
+                for binding, slot in self.program.inputs:  # host -> pinned -> device, async on our stream
+                    np.copyto(staged[slot], values[binding], casting="no")
+                    self.views[slot].set(staged[slot], stream=self.rc.stream)
                 self._run(ctx.profiler)
+                for binding, slot in self.program.outputs:
+                    self.views[slot].get(stream=self.rc.stream, out=staged[slot])
+                self.rc.stream.synchronize()
                 outs = {}
                 for binding, slot in self.program.outputs:
-                    out = self.views[slot].get(stream=self.rc.stream)
+                    out = staged[slot]
                     if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
                         out = out[:batch]
-                    outs[binding] = np.ascontiguousarray(out)
+                    outs[binding] = np.array(out, order="C")  # a copy: the pinned buffer is reused
                 return outs
 
             return self._guarded(go)
+
+    def _staging(self) -> Dict[str, np.ndarray]:
+        """Pinned host buffers for the input and output bindings (made on the first host run, kept for the
+        context's life): copies from pinned memory run asynchronously on the context's stream."""
+        if self._pinned is None:
+            cupy = _device.require()
+            pinned = {}
+            for _, slot in self.program.inputs + self.program.outputs:
+                s = self.program.slots[slot]
+                mem = cupy.cuda.alloc_pinned_memory(max(s.nbytes, 1))
+                pinned[slot] = np.ndarray(s.shape, s.dtype, buffer=mem)
+            self._pinned = pinned
+        return self._pinned
 
     # -- device bindings --------------------------------------------------------------------------------
     def execute_device(self, bindings: Mapping[str, object], outputs: Optional[Mapping[str, object]] = None,

@@ -70,6 +70,9 @@ class Spec:
     options: BuildOptions
     #: The tactic recorded for this layer by an earlier build on this GPU (try it first).
     prefer: Optional[Dict[str, Any]] = None
+    #: INT8 layers (see ops/int8.py): the input scale ``in_scale`` and, for matrix multiplies, the
+    #: operands (``a``, ``b``), padded reduction dim ``kp`` and dequantization scales ``dq``.
+    quant: Optional[Dict[str, Any]] = None
 
     @property
     def params(self) -> Dict[str, Any]:

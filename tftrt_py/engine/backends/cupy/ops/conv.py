@@ -196,13 +196,19 @@ _MAX_GRAPHS = 512
 def cudnn_graph(geom, dtype, bias, residual_n, activation, fusion, options) -> CudnnConvGraph:
     key = json.dumps([dataclasses.astuple(geom), dtype, bias, residual_n, activation, fusion, options.allow_tf32,
                       options.max_workspace, _device.device_name()], sort_keys=True, default=str)
+    return cudnn_graph_cache(key, lambda: CudnnConvGraph(geom, dtype, bias, residual_n, activation, fusion,
+                                                         options.allow_tf32, options.max_workspace,
+                                                         options.tuner.cudnn))
+
+
+def cudnn_graph_cache(key: str, make) -> CudnnConvGraph:
+    """The cached graph for `key`, else ``make()`` (cached; least recently used graphs are dropped)."""
     with _GRAPHS_LOCK:
         graph = _GRAPHS.get(key)
         if graph is not None:
             _GRAPHS.move_to_end(key)
             return graph
-    graph = CudnnConvGraph(geom, dtype, bias, residual_n, activation, fusion, options.allow_tf32,
-                           options.max_workspace, options.tuner.cudnn)
+    graph = make()
     with _GRAPHS_LOCK:
         _GRAPHS[key] = graph
         while len(_GRAPHS) > _MAX_GRAPHS:
@@ -393,6 +399,10 @@ def _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_
 
 @register("Convolution")
 def conv_candidates(spec: Spec) -> List[Op]:
+    if spec.quant is not None:
+        from tftrt_py.engine.backends.cupy.ops.int8 import int8_conv_candidates
+
+        return int8_conv_candidates(spec)
     layer, dtype, opts = spec.layer, spec.cdt, spec.options
     cupy = _device.require()
     geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])

@@ -100,6 +100,10 @@ class MLPOp(Op):
 
 @register("MatrixMultiply")
 def matmul_candidates(spec: Spec) -> List[Op]:
+    if spec.quant is not None:
+        from tftrt_py.engine.backends.cupy.ops.int8 import int8_matmul_candidates
+
+        return int8_matmul_candidates(spec)
     return [MatMulOp(spec)]
 
 

@@ -1,0 +1,64 @@
+"""Calibrators on known distributions: the histogram they read and the range each picks."""
+import numpy as np
+import pytest
+
+from tftrt_py.calibration import CALIBRATORS, Histogram, get_calibrator
+from tftrt_py.calibration.calibrators import NUM_BINS, entropy_amax, minmax_amax, percentile_amax
+
+RNG = np.random.default_rng(11)
+
+
+def histogram(data, batches=4):
+    h = Histogram()
+    for part in np.array_split(np.asarray(data, np.float32), batches):
+        h.add(part)
+    return h
+
+
+def test_histogram_grows_its_range_and_keeps_every_count():
+    h = Histogram()
+    h.add([0.0, 0.0])  # zeros first: bin 0 whatever the range becomes
+    h.add(RNG.uniform(-1, 1, 1000))
+    h.add(RNG.uniform(-4, 4, 1000))
+    assert h.counts.shape == (NUM_BINS,) and h.counts.sum() == pytest.approx(2002)
+    assert h.upper == h.amax and 3.9 < h.amax <= 4
+    assert h.counts[:NUM_BINS // 4].sum() > h.counts[NUM_BINS // 4:].sum()  # the [-1, 1] batch sits low
+    h.add([np.inf, np.nan])  # non-finite values are not counted
+    assert h.counts.sum() == pytest.approx(2002)
+
+
+def test_entropy_keeps_the_whole_range_of_a_uniform_distribution():
+    h = histogram(RNG.uniform(-1, 1, 200_000))
+    assert entropy_amax(h) == pytest.approx(h.amax, rel=1e-6)
+
+
+def test_entropy_clips_heavy_tails():
+    body = RNG.standard_normal(100_000)
+    outliers = RNG.choice([-1.0, 1.0], 50) * RNG.uniform(20, 40, 50)
+    h = histogram(np.concatenate([body, outliers]))
+    amax = entropy_amax(h)
+    assert 2.5 < amax < 0.25 * h.amax  # the body's range, not the outliers'
+    cauchy = histogram(RNG.standard_cauchy(100_000))
+    assert entropy_amax(cauchy) < 0.2 * cauchy.amax
+
+
+def test_minmax_and_percentile():
+    data = np.concatenate([RNG.uniform(-1, 1, 100_000), [-7.0]])
+    h = histogram(data)
+    assert minmax_amax(h) == 7.0
+    assert 0.99 < percentile_amax(h) < 1.01  # one value in 100001 is beyond the 99.99th percentile
+    assert percentile_amax(histogram(RNG.uniform(-2, 2, 1000))) <= 2.0
+
+
+def test_empty_and_zero_histograms_give_zero():
+    for name in CALIBRATORS:
+        assert get_calibrator(name).amax(Histogram()) == 0.0
+        assert get_calibrator(name).amax(histogram(np.zeros(10), batches=1)) == 0.0
+
+
+def test_calibrators_by_name():
+    assert {name: c.header for name, c in CALIBRATORS.items()} == {
+        "entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration", "percentile": "PercentileCalibration"}
+    assert get_calibrator("MinMax").name == "minmax"
+    with pytest.raises(ValueError, match="unknown calibration algorithm 'kl'; use one of entropy, minmax, percentile"):
+        get_calibrator("kl")

@@ -1,0 +1,223 @@
+"""The precision pass (which layers run in FP32, FP16, INT8) and how the numpy backend computes FP16 and
+INT8 layers (as the GPU does)."""
+import logging
+
+import numpy as np
+import pytest
+
+from fusion_nets import add, const, conv, rand
+from tftrt_py.engine import Builder, BuilderConfig, Network, Runtime
+from tftrt_py.engine.backends import numpy_precision
+from tftrt_py.engine.builder import precision
+from tftrt_py.engine.errors import MissingDynamicRangeError
+
+
+def build(net, mode):
+    return Builder(BuilderConfig(precision=mode)).build_engine(net)
+
+
+def precisions(engine):
+    return {layer.name: layer.precision for layer in engine.network.layers}
+
+
+def classifier(batch=4, with_ranges=False):
+    """x [batch, 8, 8, 3] -> conv (relu) -> flatten -> matmul -> softmax (logits of a few units), and
+    ranges for x and the flattened activation when asked. Same weights at every call."""
+    rng = np.random.default_rng(0)
+    w = lambda *shape: rng.standard_normal(shape).astype("float32")
+    net = Network("classifier")
+    x = net.add_input("TensorRTInputPH_0", "float32", (batch, 8, 8, 3))
+    weights = {"kernel": w(3, 3, 3, 4) * 0.3, "bias": w(4) * 0.1}
+    y = add(net, "Convolution", [x], "conv", weights, strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1],
+            post_padding=[1, 1], groups=1, activation={"type": "relu"})
+    y = add(net, "Shuffle", [y], "flatten", reshape=[batch, -1])
+    logits = add(net, "MatrixMultiply", [y, const(net, w(256, 10) * 0.1, "dense/b")], "dense")
+    probs = add(net, "Softmax", [logits], "softmax", axis=-1)
+    net.mark_output(probs, "TensorRTOutputPH_0")
+    net.mark_output(logits, "TensorRTOutputPH_1")
+    if with_ranges:
+        x.dynamic_range, y.dynamic_range = 3.0, 6.0
+    return net
+
+
+# -- the pass ---------------------------------------------------------------------------------------
+def test_fp32_runs_everything_in_fp32():
+    assert set(precisions(build(classifier(), "FP32")).values()) == {"FP32", None}
+
+
+def test_fp16_keeps_softmax_in_fp32_and_logs_its_choices(caplog):
+    with caplog.at_level(logging.DEBUG, logger="tftrt_py.engine.builder.precision"):
+        engine = build(classifier(), "FP16")
+    got = precisions(engine)
+    assert got["softmax"] == "FP32" and got["conv"] == "FP16" and got["dense"] == "FP16" and got["flatten"] == "FP16"
+    assert got["dense/b"] is None  # constants hold weights: no precision
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("precision of classifier (FP16): 3 FP16, 1 FP32; fp32 for softmax sums x1" in m for m in info)
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("layer 'softmax' (Softmax) runs in FP32 (softmax sums)" in m for m in debug)
+    assert any("layer 'conv' (Convolution) runs in FP16" in m for m in debug)
+
+
+@pytest.mark.parametrize("kind, inputs, params, reason", [
+    ("Unary", 1, {"op": "exp"}, "exp/log"),
+    ("Unary", 1, {"op": "log"}, "exp/log"),
+    ("Unary", 1, {"op": "rsqrt"}, "normalization statistics"),
+    ("Unary", 1, {"op": "abs"}, None),
+    ("ElementWise", 2, {"op": "pow"}, "pow"),
+    ("ElementWise", 2, {"op": "squared_difference"}, "normalization statistics"),
+    ("ElementWise", 2, {"op": "sum"}, None),
+    ("Reduce", 1, {"op": "sum", "axes": [1, 2, 3], "keep_dims": False}, "large reduction (300 elements)"),
+    ("Reduce", 1, {"op": "mean", "axes": [3], "keep_dims": False}, None),
+    ("Reduce", 1, {"op": "max", "axes": [1, 2, 3], "keep_dims": False}, None),
+    ("Reduce", 1, {"op": "l2", "axes": [3], "keep_dims": False}, "normalization statistics"),
+    ("Reduce", 1, {"op": "log_sum_exp", "axes": [3], "keep_dims": False}, "exp/log"),
+    ("Softmax", 1, {"axis": -1}, "softmax sums"),
+    ("Identity", 1, {"dtype": "int32"}, "cast"),
+    ("Identity", 1, {}, None),
+    ("Activation", 1, {"type": "sigmoid"}, None),
+])
+def test_fp32_rules(kind, inputs, params, reason):
+    net = Network("n")
+    xs = [net.add_input(f"x{i}", "float32", (2, 10, 10, 3)) for i in range(inputs)]
+    layer = net.add_layer(kind, xs, params)
+    assert precision.fp32_reason(layer) == reason
+
+
+def test_integer_layers_are_exact():
+    net = Network("n")
+    layer = net.add_layer("ElementWise", [net.add_input(f"x{i}", "int32", (4,)) for i in range(2)], {"op": "sum"})
+    assert precision.fp32_reason(layer) == "no float data"
+
+
+def test_int8_runs_convolution_and_matmul_in_int8_and_the_rest_in_fp16():
+    got = precisions(build(classifier(with_ranges=True), "INT8"))
+    assert (got["conv"], got["dense"], got["flatten"], got["softmax"]) == ("INT8", "INT8", "FP16", "FP32")
+
+
+def test_int8_names_the_tensors_that_lack_a_range():
+    net = classifier()
+    net.inputs[0].dynamic_range = 3.0  # the flattened activation has none
+    with pytest.raises(MissingDynamicRangeError, match=r"no quantization range for tensor\(s\) flatten:0 "
+                                                       r"\(read by int8 layer\(s\) dense\)") as info:
+        build(net, "INT8")
+    assert info.value.tensors == ["flatten:0"]
+
+
+def test_int8_without_any_range_builds_fp16_with_a_warning(caplog):
+    engine = build(classifier(), "INT8")
+    assert set(precisions(engine).values()) == {"FP16", "FP32", None}
+    assert "no tensor has a dynamic range" in caplog.text
+
+
+def test_ranges_follow_fused_tensors_and_the_name_shown_is_the_graphs():
+    net = Network("n")
+    x = net.add_input("TensorRTInputPH_0", "float32", (2, 6, 6, 3))
+    y = conv(net, x, 4, "conv1/Conv2D")
+    y = add(net, "Activation", [y], "conv1/Relu", type="relu")
+    y.dynamic_range = 5.0  # fused into conv1's output: the range moves with it
+    z = conv(net, y, 4, "conv2/Conv2D")
+    z = add(net, "Activation", [z], "conv2/Relu", type="relu")
+    w = conv(net, z, 4, "conv3/Conv2D")
+    net.mark_output(w, "TensorRTOutputPH_0")
+    x.dynamic_range = 1.0
+    with pytest.raises(MissingDynamicRangeError) as info:
+        build(net, "INT8")
+    assert info.value.tensors == ["conv2/Relu:0"]  # the fused layer's output, by the graph's name
+
+
+# -- the numpy backend ------------------------------------------------------------------------------
+def is_fp16(a):
+    return np.array_equal(a, a.astype(np.float16).astype(a.dtype))
+
+
+def test_fp16_engines_keep_binding_dtypes_and_hold_fp16_values():
+    x = rand(4, 8, 8, 3)
+    want = build(classifier(), "FP32").create_execution_context().execute_v2([x])
+    engine = build(classifier(), "FP16")
+    got = engine.create_execution_context().execute_v2([x])
+    assert [t.dtype for t in engine.inputs + engine.outputs] == ["float32"] * 3
+    assert all(g.dtype == np.float32 for g in got)
+    assert is_fp16(got[1]) and not is_fp16(want[1])  # logits come from an FP16 layer
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-2, atol=1e-2)
+
+
+def test_fp16_layers_round_inputs_and_weights_then_accumulate_in_fp32():
+    net = Network("n")
+    a = net.add_input("a", "float32", (3, 64))
+    w = rand(64, 5)
+    out = add(net, "MatrixMultiply", [a, const(net, w, "w")], "mm")
+    net.mark_output(out, "y")
+    engine = build(net, "FP16")
+    x = rand(3, 64)
+    got = engine.create_execution_context().execute_v2([x])[0]
+    f16 = lambda v: v.astype(np.float16).astype(np.float64)
+    want = (f16(x) @ f16(w)).astype(np.float16).astype(np.float32)  # exact sums, one rounding at the end
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fp16_overflow_gives_inf_as_on_the_gpu():
+    net = Network("n")
+    x = net.add_input("x", "float32", (2,))
+    net.mark_output(add(net, "ElementWise", [x, const(net, [1.0], "c")], "add", op="sum"), "y")
+    got = build(net, "FP16").create_execution_context().execute_v2([np.array([1e5, 2.0], "float32")])[0]
+    assert np.isinf(got[0]) and got[1] == 3.0
+
+
+def test_int8_convolution_quantizes_as_tensorrt():
+    net = Network("n")
+    x = net.add_input("x", "float32", (1, 4, 4, 2))
+    k = rand(3, 3, 2, 3)
+    bias = rand(3)
+    y = add(net, "Convolution", [x], "conv", {"kernel": k, "bias": bias}, strides=[1, 1], dilations=[1, 1],
+            pre_padding=[1, 1], post_padding=[1, 1], groups=1)
+    net.mark_output(y, "y")
+    x.dynamic_range = 2.0
+    engine = build(net, "INT8")
+    assert precisions(engine)["conv"] == "INT8"
+    v = rand(1, 4, 4, 2) * 2
+    got = engine.create_execution_context().execute_v2([v])[0]
+
+    # reference: symmetric int8, round half to even, clamp to 127, weights per output channel
+    qx = np.clip(np.rint(v.astype(np.float64) / (2.0 / 127)), -127, 127)
+    sk = np.abs(k).max(axis=(0, 1, 2)) / 127
+    qk = np.clip(np.rint(k / sk), -127, 127)
+    padded = np.pad(qx, [(0, 0), (1, 1), (1, 1), (0, 0)])
+    acc = np.zeros((1, 4, 4, 3))
+    for i in range(4):
+        for j in range(4):
+            acc[0, i, j] = np.tensordot(padded[0, i:i + 3, j:j + 3], qk, axes=3)
+    assert np.all(acc == np.round(acc))  # integer sums
+    want = (acc * (2.0 / 127) * sk).astype(np.float32) + bias
+    np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32))
+
+
+def test_quantize_rounds_half_to_even_and_clamps():
+    q, scale = numpy_precision.quantize(np.array([0.5, 1.5, 2.5, -2.5, 400.0, -400.0]), 127.0)
+    assert scale == 1.0 and q.tolist() == [0, 2, 2, -2, 127, -127]
+    w = np.array([[1.0, -0.5], [-2.0, 0.25]])
+    qw, sw = numpy_precision.quantize_per_channel(w, axis=-1)
+    assert sw.ravel().tolist() == [2.0 / 127, 0.5 / 127] and qw.tolist() == [[64, -127], [-127, 64]]
+
+
+def test_int8_matmul_with_two_activations_uses_both_ranges():
+    net = Network("n")
+    a, b = net.add_input("a", "float32", (2, 3, 8)), net.add_input("b", "float32", (2, 8, 4))
+    net.mark_output(add(net, "MatrixMultiply", [a, b], "bmm"), "y")
+    va, vb = rand(2, 3, 8), rand(2, 8, 4)
+    a.dynamic_range, b.dynamic_range = np.abs(va).max(), np.abs(vb).max()
+    engine = build(net, "INT8")
+    got = engine.create_execution_context().execute_v2([va, vb])[0]
+    assert precisions(engine)["bmm"] == "INT8"
+    np.testing.assert_allclose(got, va @ vb, atol=0.1)
+
+
+def test_int8_plans_keep_precisions_and_ranges():
+    x = rand(4, 8, 8, 3)
+    engine = build(classifier(with_ranges=True), "INT8")
+    loaded = Runtime().deserialize_cuda_engine(engine.serialize())
+    assert precisions(loaded) == precisions(engine)
+    assert loaded.network.inputs[0].dynamic_range == 3.0
+    for got, want in zip(loaded.create_execution_context().execute_v2([x]),
+                         engine.create_execution_context().execute_v2([x])):
+        np.testing.assert_array_equal(got, want)

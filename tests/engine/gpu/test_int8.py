@@ -1,0 +1,393 @@
+"""INT8 Convolution and MatrixMultiply on the cupy backend against the contract, emulated here in numpy,
+and against the numpy backend's INT8 kernels (where that backend quantizes): activations quantized with
+s = dynamic_range / 127 (round half to even, clamp to +-127), weights per output channel, int32
+accumulation, dequantization, bias, residual and activation in fp32, output rounded to fp16. All three
+quantize identically, so they agree to 1e-3 (relative L2). Also: missing ranges, int8 tensors between int8 layers, each cuDNN graph
+variant and the GEMM path, ResNet-50 in INT8, and the pinned host staging of the runner."""
+import types
+
+import numpy as np
+import pytest
+
+from tftrt_py.engine import Builder, BuilderConfig, Engine, Network
+from tftrt_py.engine.backends.numpy_backend import KERNELS, apply_activation
+from tftrt_py.engine.errors import BuildError, MissingDynamicRangeError
+
+import gpu_resnet50 as resnet50
+from gpu_calibrate import apply_ranges, max_abs_ranges
+from gpu_helpers import GPU, healthy_gpu  # noqa: F401 (autouse fixture)
+
+pytestmark = GPU
+
+rng0 = np.random.default_rng(99)
+
+
+# -- the contract, in numpy ------------------------------------------------------------------------------
+def quantize(x, dynamic_range):
+    s = float(dynamic_range) / 127
+    return np.clip(np.rint(np.asarray(x, np.float64) / s), -127, 127), s
+
+
+def quantize_per_channel(w, axis=-1):
+    axis = axis % w.ndim
+    s = np.max(np.abs(w.astype(np.float64)), axis=tuple(a for a in range(w.ndim) if a != axis), keepdims=True) / 127
+    return np.clip(np.rint(w / s), -127, 127), s.reshape(-1)
+
+
+def fp16(y):
+    return y.astype(np.float16).astype(np.float32)
+
+
+def emulate_conv(layer, x, residual=None):
+    xq, sx = quantize(x, layer.inputs[0].dynamic_range)
+    wq, sw = quantize_per_channel(layer.weights["kernel"])
+    plain = types.SimpleNamespace(params={k: v for k, v in layer.params.items() if k != "activation"},
+                                  weights={"kernel": wq.astype(np.float64)},
+                                  outputs=[types.SimpleNamespace(dtype="float64")])
+    acc = KERNELS["Convolution"](plain, [xq.astype(np.float64)])[0]  # exact integers
+    y = (acc * (sx * sw)).astype(np.float32)
+    if "bias" in layer.weights:
+        y = y + layer.weights["bias"]
+    if residual is not None:
+        y = y + residual
+    return fp16(apply_activation(y.astype(np.float32), layer.params.get("activation")))
+
+
+def emulate_matmul(layer, a, b, consts=(False, True)):
+    p = layer.params
+    if p.get("transpose_a"):
+        a = np.swapaxes(a, -1, -2)
+    if p.get("transpose_b"):
+        b = np.swapaxes(b, -1, -2)
+    if consts[0]:
+        aq, sa = quantize_per_channel(a, axis=-2)
+        sa = sa[:, None]
+    else:
+        aq, sa = quantize(a, layer.inputs[0].dynamic_range)
+    bq, sb = quantize_per_channel(b, axis=-1) if consts[1] else quantize(b, layer.inputs[1].dynamic_range)
+    y = (np.matmul(aq, bq) * sa * sb).astype(np.float32)
+    if "bias" in layer.weights:
+        y = y + layer.weights["bias"]
+    return fp16(apply_activation(y, p.get("activation")))
+
+
+def rel_l2(got, ref):
+    return float(np.linalg.norm(got.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def int8_engine(net: Network, backend: str = "cupy") -> Engine:
+    for layer in net.layers:
+        if layer.kind == "Constant":
+            layer.precision = None
+        else:
+            layer.precision = "INT8" if layer.kind in ("Convolution", "MatrixMultiply") else "FP16"
+    return Engine(net, precision="INT8", backend=backend)
+
+
+def numpy_int8(build, inputs):
+    """The numpy backend's INT8 output, or None while that backend does not quantize (it then equals FP32)."""
+    got = int8_engine(build(), "numpy").create_execution_context().execute(inputs)
+    fp32 = Engine(build(), backend="numpy").create_execution_context().execute(inputs)
+    if all(np.array_equal(got[k], fp32[k]) for k in got):
+        return None
+    return got
+
+
+def check(build, inputs, emulated, what="", tol=1e-3):
+    """The cupy INT8 engine against the emulation (and the numpy backend's INT8 when there is one)."""
+    engine = int8_engine(build())
+    ctx = engine.create_execution_context()
+    for run in range(2):  # eager + capture, then a graph replay
+        got = ctx.execute(inputs)
+        for name, ref in emulated.items():
+            err = rel_l2(got[name], ref)
+            print(f"{what} {name} run {run}: relative L2 error vs emulation {err:.2e}")
+            assert np.isfinite(got[name]).all() and err < tol, (what, name, err)
+    reference = numpy_int8(build, inputs)
+    if reference is not None:
+        for name, ref in reference.items():
+            err = rel_l2(got[name], ref)
+            print(f"{what} {name}: relative L2 error vs the numpy backend's INT8 {err:.2e}")
+            assert err < tol, (what, name, err)
+    return engine
+
+
+def conv_params(k=3, stride=1, pad=1, act=None, nsp=2):
+    p = dict(strides=[stride] * nsp, dilations=[1] * nsp, pre_padding=[pad] * nsp, post_padding=[pad] * nsp,
+             groups=1)
+    if act:
+        p["activation"] = act
+    return p
+
+
+def kernel(*shape):
+    return (rng0.standard_normal(shape) / np.sqrt(np.prod(shape[:-1]))).astype(np.float32)
+
+
+CONV_CASES = {
+    "3x3_bias_relu": ((2, 9, 9, 16), conv_params(act={"type": "relu"}), (3, 3, 16, 32), False),
+    "stem_c3_stride2": ((2, 20, 20, 3), conv_params(k=7, stride=2, pad=3, act={"type": "relu"}), (7, 7, 3, 16), False),
+    "1x1": ((2, 7, 7, 64), conv_params(k=1, pad=0), (1, 1, 64, 48), False),
+    "residual_relu": ((2, 8, 8, 32), conv_params(act={"type": "relu"}), (3, 3, 32, 32), True),
+    "odd_cout_sigmoid": ((1, 6, 6, 24), conv_params(act={"type": "sigmoid"}), (3, 3, 24, 10), False),
+    "conv1d": ((2, 20, 16), conv_params(nsp=1), (3, 16, 16), False),
+}
+
+
+def conv_case(case):
+    shape, params, kshape, residual = CONV_CASES[case]
+    weights = {"kernel": kernel(*kshape), "bias": (rng0.standard_normal(kshape[-1]) * 0.1).astype(np.float32)}
+    rng = np.random.default_rng(hash(case) % 1000)
+    x = rng.standard_normal(shape).astype(np.float32)
+    r_shape = shape[:-1] + (kshape[-1],)  # (the residual cases keep the spatial size)
+
+    def build():
+        net = Network(f"int8_{case}")
+        xt = net.add_input("x", "float32", shape)
+        xt.dynamic_range = float(np.max(np.abs(x))) * 0.9  # some values clamp
+        ins = [xt] + ([net.add_input("r", "float32", r_shape)] if residual else [])
+        layer = net.add_layer("Convolution", ins, params, weights, name="conv")
+        net.mark_output(layer.outputs[0], name="y")
+        return net
+
+    inputs = {"x": x}
+    if residual:
+        inputs["r"] = np.random.default_rng(1).standard_normal(r_shape).astype(np.float32)
+    net = build()
+    emulated = {"y": emulate_conv(net.layers[0], x, inputs.get("r"))}
+    return build, inputs, emulated
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_int8_convolution(case):
+    build, inputs, emulated = conv_case(case)
+    engine = check(build, inputs, emulated, case)
+    tactic = engine.tactics["conv"]
+    assert tactic["op"] in ("cudnn_conv_int8", "gemm_conv_int8"), tactic
+    print(case, tactic)
+
+
+@pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm"])
+@pytest.mark.parametrize("case", ["residual_relu", "stem_c3_stride2"])
+def test_int8_convolution_each_path(case, variant, monkeypatch):
+    """Every cuDNN int8 graph variant and the cuBLAS GEMM path (forced), where this GPU has it."""
+    monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
+    build, inputs, emulated = conv_case(case)
+    try:
+        engine = check(build, inputs, emulated, f"{case}/{variant}")
+    except BuildError as exc:
+        if "no GPU implementation" in str(exc):
+            pytest.skip(f"no {variant} int8 plan on this GPU: {exc}")
+        raise
+    tactic = engine.tactics["conv"]
+    assert tactic.get("fusion", "gemm") == variant or tactic["op"] == "gemm_conv_int8", tactic
+
+
+@pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm", None])
+def test_int8_tensor_between_int8_convolutions(variant, monkeypatch):
+    """conv -> conv: the middle tensor is read only by an int8 layer, so the first writes it as int8
+    (requantized after rounding to fp16, except "fused_nr": one step off for ~0.2% of the values)."""
+    if variant:
+        monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
+    k1, k2 = kernel(3, 3, 16, 32), kernel(1, 1, 32, 16)
+    b1, b2 = (rng0.standard_normal(32) * 0.1).astype(np.float32), (rng0.standard_normal(16) * 0.1).astype(np.float32)
+    x = np.random.default_rng(5).standard_normal((2, 10, 10, 16)).astype(np.float32)
+
+    def build():
+        net = Network("int8_chain")
+        xt = net.add_input("x", "float32", x.shape)
+        xt.dynamic_range = float(np.max(np.abs(x)))
+        c1 = net.add_layer("Convolution", [xt], conv_params(act={"type": "relu"}), {"kernel": k1, "bias": b1},
+                           name="c1")
+        c2 = net.add_layer("Convolution", c1.outputs, conv_params(k=1, pad=0), {"kernel": k2, "bias": b2}, name="c2")
+        net.mark_output(c2.outputs[0], name="y")
+        return net
+
+    net = build()
+    mid = emulate_conv(net.layers[0], x)
+    net.layers[0].outputs[0].dynamic_range = float(np.max(np.abs(mid))) * 0.8
+
+    def build_with_range():
+        n = build()
+        n.layers[0].outputs[0].dynamic_range = net.layers[0].outputs[0].dynamic_range
+        return n
+
+    emulated = {"y": emulate_conv(net.layers[1], mid)}
+    try:
+        engine = check(build_with_range, {"x": x}, emulated, f"chain/{variant}", 5e-3 if variant == "fused_nr" else 1e-3)
+    except BuildError as exc:
+        if variant and "no GPU implementation" in str(exc):
+            pytest.skip(f"no {variant} int8 plan on this GPU: {exc}")
+        raise
+    slots = engine.cupy_program.slots
+    assert slots["c1:0"].dtype == "int8", {k: v.dtype for k, v in slots.items()}
+    assert not any(name.startswith("c1:0@") for name in slots)  # no quantize step for it
+
+
+@pytest.mark.parametrize("variant", ["fused+q", "fused", "conv", "gemm", None])
+def test_int8_tensor_read_by_int8_and_float_layers(variant, monkeypatch):
+    """c1 -> c2 (int8 input) with c1's output also c2's residual: c1 writes its output in fp16 and as int8."""
+    if variant:
+        monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
+    k1, k2 = kernel(3, 3, 16, 32), kernel(1, 1, 32, 32)
+    b1, b2 = (rng0.standard_normal(32) * 0.1).astype(np.float32), (rng0.standard_normal(32) * 0.1).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((2, 10, 10, 16)).astype(np.float32)
+    ranges = {}
+
+    def build():
+        net = Network("int8_dual")
+        xt = net.add_input("x", "float32", x.shape)
+        xt.dynamic_range = float(np.max(np.abs(x)))
+        c1 = net.add_layer("Convolution", [xt], conv_params(act={"type": "relu"}), {"kernel": k1, "bias": b1},
+                           name="c1")
+        c1.outputs[0].dynamic_range = ranges.get("c1:0")
+        c2 = net.add_layer("Convolution", [c1.outputs[0], c1.outputs[0]], conv_params(k=1, pad=0, act={"type": "relu"}),
+                           {"kernel": k2, "bias": b2}, name="c2")
+        net.mark_output(c2.outputs[0], name="y")
+        return net
+
+    net = build()
+    mid = emulate_conv(net.layers[0], x)
+    ranges["c1:0"] = float(np.max(np.abs(mid))) * 0.8
+    net = build()
+    emulated = {"y": emulate_conv(net.layers[1], mid, residual=mid)}
+    try:
+        engine = check(build, {"x": x}, emulated, f"dual/{variant}")
+    except BuildError as exc:
+        if variant and "no GPU implementation" in str(exc):
+            pytest.skip(f"no {variant} int8 plan on this GPU: {exc}")
+        raise
+    prog = engine.cupy_program
+    assert prog.slots["c1:0"].dtype == "float16" and prog.slots["c1:0@int8"].dtype == "int8"
+    producers = [s for s in prog.steps if "c1:0@int8" in s.outputs]
+    assert len(producers) == 1 and producers[0].layer == "c1", [(s.layer, s.outputs) for s in producers]
+    print(variant, engine.tactics["c1"])
+
+
+MATMUL_CASES = {
+    # name: (a shape, b shape, params, b constant)
+    "fc_gelu_pad_k": ((37, 70), (70, 50), {"activation": {"type": "gelu_erf"}}, True),
+    "fc_batched_a": ((3, 5, 64), (64, 24), {}, True),
+    "fc_transpose_b": ((16, 48), (40, 48), {"transpose_b": True}, True),
+    "attention_scores": ((2, 3, 17, 24), (2, 3, 19, 24), {"transpose_b": True}, False),
+    "attention_values": ((2, 3, 17, 19), (2, 3, 19, 24), {}, False),
+    "transposed_a": ((2, 24, 17), (2, 24, 9), {"transpose_a": True}, False),
+    "constant_a": ((12, 40), (2, 40, 9), {}, "a"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MATMUL_CASES))
+def test_int8_matrix_multiply(case):
+    sa, sb, params, const = MATMUL_CASES[case]
+    a_const, b_const = const == "a", const is True
+    rng = np.random.default_rng(len(case))
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = (rng.standard_normal(sb) / np.sqrt(sb[-2])).astype(np.float32)
+    weights = {"bias": (rng.standard_normal(sb[-2] if params.get("transpose_b") else sb[-1]) * 0.1).astype(
+        np.float32)} if b_const else {}
+
+    def build():
+        net = Network(f"int8_{case}")
+        operands = []
+        for key, value, is_const in (("a", a, a_const), ("b", b, b_const)):
+            if is_const:
+                operands.append(net.add_constant(value, name=f"w{key}"))
+            else:
+                t = net.add_input(key, "float32", value.shape)
+                t.dynamic_range = float(np.max(np.abs(value))) * (0.95 if key == "b" else 1.0)
+                operands.append(t)
+        layer = net.add_layer("MatrixMultiply", operands, params, weights, name="mm")
+        net.mark_output(layer.outputs[0], name="y")
+        return net
+
+    inputs = {k: v for k, v, c in (("a", a, a_const), ("b", b, b_const)) if not c}
+    emulated = {"y": emulate_matmul(build().layers[-1], a, b, consts=(a_const, b_const))}
+    engine = check(build, inputs, emulated, case)
+    assert engine.tactics["mm"]["op"] == "cublas_gemm_int8", engine.tactics
+
+
+def test_missing_dynamic_range_names_the_tensor():
+    net = Network("no_range")
+    x = net.add_input("images", "float32", (1, 8, 8, 16))
+    y = net.add_layer("Convolution", [x], conv_params(), {"kernel": kernel(3, 3, 16, 16)}, name="conv").outputs[0]
+    net.mark_output(y, name="y")
+    with pytest.raises(MissingDynamicRangeError, match="images") as info:
+        int8_engine(net)
+    assert info.value.tensors == ["images"]
+
+
+def test_resnet50_int8():
+    """ResNet-50 (64x64, batch 2) calibrated by max |value|: INT8 close to FP32, int8 kernels chosen,
+    int8 tensors between int8 layers, and a plan round trip keeps the tactics."""
+    from tftrt_py.engine import Runtime
+
+    model = resnet50.spec(classes=100)
+    rng = np.random.default_rng(11)
+    batches = [{"input": rng.standard_normal((2, 64, 64, 3)).astype(np.float32)} for _ in range(2)]
+    ranges = max_abs_ranges(lambda: resnet50.network(2, 64, model), batches)
+    engine = Builder(BuilderConfig(precision="INT8", backend="cupy")).build_engine(
+        apply_ranges(resnet50.network(2, 64, model), ranges))
+    ops = [t["op"] for t in engine.tactics.values()]
+    assert ops.count("cudnn_conv_int8") + ops.count("gemm_conv_int8") == 53, engine.tactics
+    assert "cublas_gemm_int8" in ops
+    assert sum(s.dtype == "int8" for s in engine.cupy_program.slots.values()) > 30
+    reference = Engine(resnet50.network(2, 64, model), backend="numpy").create_execution_context()
+    ctx = engine.create_execution_context()
+    x = {"input": rng.standard_normal((2, 64, 64, 3)).astype(np.float32)}
+    ref = reference.execute(x)["logits"]
+    for run in range(2):
+        got = ctx.execute(x)["logits"]
+        err = rel_l2(got, ref)
+        print(f"ResNet-50 INT8 run {run}: relative L2 error vs FP32 {err:.3e}")
+        assert err < 0.15
+    numpy_int8 = Builder(BuilderConfig(precision="INT8")).build_engine(apply_ranges(resnet50.network(2, 64, model),
+                                                                                    ranges))
+    if any(layer.precision == "INT8" for layer in numpy_int8.network.layers):
+        err = rel_l2(got, numpy_int8.create_execution_context().execute(x)["logits"].astype(np.float64))
+        print(f"ResNet-50 INT8: relative L2 error vs the numpy backend's INT8 {err:.3e}")
+        assert err < 2e-2
+    again = Runtime().deserialize_cuda_engine(engine.serialize())
+    assert again.tactics == engine.tactics
+    assert rel_l2(again.create_execution_context().execute(x)["logits"], ref) < 0.15
+
+
+def test_host_arrays_are_staged_through_pinned_buffers():
+    import cupy
+
+    build, inputs, emulated = conv_case("3x3_bias_relu")
+    ctx = int8_engine(build()).create_execution_context()
+    first = ctx.execute(inputs)["y"]
+    runner = ctx._runner
+    pinned = runner._pinned
+    assert pinned and all(isinstance(v, np.ndarray) for v in pinned.values())
+    assert all(cupy.cuda.runtime.pointerGetAttributes(v.ctypes.data).type == 1 for v in pinned.values())  # host
+    first_copy = first.copy()
+    second = ctx.execute({"x": inputs["x"] * 0.5})["y"]
+    assert runner._pinned is pinned  # kept for the context's life
+    np.testing.assert_array_equal(first, first_copy)  # results are copies, not views of the pinned buffers
+    assert not np.array_equal(first, second)
+    one = ctx.execute({"x": inputs["x"][:1]})["y"]
+    np.testing.assert_allclose(one, first[:1], rtol=1e-6, atol=1e-6)
+
+
+def test_bert_layer_int8():
+    """A small BERT layer in INT8: projections with int8 weights, scores and context from two quantized
+    activations (one read transposed), softmax and LayerNorm in FP16/FP32; close to FP32."""
+    import gpu_bert as bert
+
+    model = bert.spec(hidden=64, heads=4, ffn=256)
+    rng = np.random.default_rng(13)
+
+    def build():
+        return bert.network(2, 32, model, dtype="float32")
+
+    ranges = max_abs_ranges(build, [{"x": rng.standard_normal((2, 32, 64)).astype(np.float32)} for _ in range(2)])
+    engine = Builder(BuilderConfig(precision="INT8", backend="cupy")).build_engine(apply_ranges(build(), ranges))
+    ops = [t["op"] for t in engine.tactics.values()]
+    assert ops.count("cublas_gemm_int8") >= 3, engine.tactics  # scores, context, output projection (+ QKV)
+    x = {"x": rng.standard_normal((2, 32, 64)).astype(np.float32)}
+    ref = Engine(build(), backend="numpy").create_execution_context().execute(x)["y"]
+    got = engine.create_execution_context().execute(x)["y"]
+    err = rel_l2(got, ref)
+    print(f"BERT layer INT8: relative L2 error vs FP32 {err:.3e}; ops {sorted(set(ops))}")
+    assert err < 0.1

@@ -1,0 +1,135 @@
+"""Calibrators: a histogram of a tensor's absolute values over the calibration data -> its symmetric INT8
+range (TensorRT's calibrators).
+
+* ``entropy`` (default, TensorRT's entropy calibrator): of the thresholds from 128 bins up to all 2048, the
+  one whose 128-level quantization loses the least information: the reference distribution P is the
+  histogram clipped at the threshold with the outliers folded into its last bin; the candidate Q is the
+  clipped histogram quantized to 128 levels (each level's count spread evenly over its non-empty bins);
+  the smallest KL(P || Q) wins.
+* ``minmax``: the largest absolute value seen.
+* ``percentile``: the 99.99th percentile of the absolute values.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict
+
+import numpy as np
+
+__all__ = ["Histogram", "Calibrator", "CALIBRATORS", "get_calibrator", "entropy_amax", "minmax_amax",
+           "percentile_amax", "NUM_BINS", "NUM_QUANTIZED_BINS", "START_BIN", "PERCENTILE"]
+
+NUM_BINS = 2048
+NUM_QUANTIZED_BINS = 128
+START_BIN = 128
+PERCENTILE = 99.99
+
+
+class Histogram:
+    """Counts of |x| in NUM_BINS equal bins over [0, upper], and the exact max of |x|.
+
+    The range grows to the largest value seen: counts already collected are spread over the wider bins
+    by interpolating their cumulative distribution (so batches may arrive in any order).
+    """
+
+    def __init__(self, num_bins: int = NUM_BINS):
+        self.counts = np.zeros(num_bins, np.float64)
+        self.upper = 0.0
+        self.amax = 0.0
+
+    @property
+    def edges(self) -> np.ndarray:
+        return np.linspace(0.0, self.upper, len(self.counts) + 1)
+
+    def add(self, values) -> None:
+        a = np.abs(np.asarray(values, np.float32)).ravel()
+        a = a[np.isfinite(a)]
+        if not a.size:
+            return
+        top = float(a.max())
+        self.amax = max(self.amax, top)
+        if top > self.upper:
+            self._grow(top)
+        n = len(self.counts)
+        if self.upper == 0.0:  # only zeros so far: they belong to bin 0 whatever the range becomes
+            self.counts[0] += a.size
+            return
+        idx = np.minimum((a * (n / self.upper)).astype(np.int64), n - 1)
+        self.counts += np.bincount(idx, minlength=n)
+
+    def _grow(self, upper: float) -> None:
+        if self.upper > 0.0:
+            cdf = np.concatenate([[0.0], np.cumsum(self.counts)])
+            new_edges = np.linspace(0.0, upper, len(self.counts) + 1)
+            self.counts = np.diff(np.interp(new_edges, self.edges, cdf))
+        self.upper = upper
+
+
+def _kl_divergence(counts: np.ndarray, outliers: float, levels: int) -> float:
+    """KL(P || Q) over the first len(counts) bins: P is them with `outliers` folded into the last bin, Q
+    is them merged into `levels` levels, each level's count spread evenly over its non-empty bins."""
+    i = len(counts)
+    p = counts.copy()
+    p[-1] += outliers
+    level = (np.arange(i) * levels) // i
+    nonzero = counts != 0
+    level_sums = np.bincount(level, weights=counts, minlength=levels)
+    level_bins = np.bincount(level, weights=nonzero, minlength=levels)
+    q = np.where(nonzero, level_sums[level] / np.maximum(level_bins[level], 1), 0.0)
+    keep = p != 0
+    p, q = p[keep] / p.sum(), q[keep] / q.sum()
+    if not q.all():  # P has mass where Q has none (outliers folded into an empty bin)
+        return float("inf")
+    return float(np.sum(p * np.log(p / q)))
+
+
+def entropy_amax(hist: Histogram, levels: int = NUM_QUANTIZED_BINS, start: int = START_BIN) -> float:
+    """The threshold of least KL divergence (the upper edge of the last bin kept)."""
+    counts = hist.counts
+    if hist.upper == 0.0 or not counts.any():
+        return 0.0
+    n = len(counts)
+    start = min(start, n)
+    outliers = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # outliers[i] = counts[i:].sum()
+    # A threshold in an empty bin with mass beyond it folds outliers where Q has none: infinitely far.
+    divergences = [_kl_divergence(counts[:i], outliers[i], levels) if counts[i - 1] or not outliers[i]
+                   else float("inf") for i in range(start, n + 1)]
+    best = start + int(np.argmin(divergences))
+    return float(hist.edges[best])
+
+
+def minmax_amax(hist: Histogram) -> float:
+    return float(hist.amax)
+
+
+def percentile_amax(hist: Histogram, percentile: float = PERCENTILE) -> float:
+    """The upper edge of the bin where the cumulative count reaches `percentile` % (at most the max)."""
+    total = hist.counts.sum()
+    if hist.upper == 0.0 or total == 0:
+        return 0.0
+    cdf = np.cumsum(hist.counts) / total
+    idx = min(int(np.searchsorted(cdf, percentile / 100.0)), len(cdf) - 1)
+    return float(min(hist.edges[idx + 1], hist.amax))
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibrator:
+    """A calibration algorithm: its name, its table header (TensorRT's names) and histogram -> range."""
+
+    name: str
+    header: str
+    amax: Callable[[Histogram], float]
+
+
+CALIBRATORS: Dict[str, Calibrator] = {c.name: c for c in (
+    Calibrator("entropy", "EntropyCalibration2", entropy_amax),
+    Calibrator("minmax", "MinMaxCalibration", minmax_amax),
+    Calibrator("percentile", "PercentileCalibration", percentile_amax),
+)}
+
+
+def get_calibrator(name: str) -> Calibrator:
+    try:
+        return CALIBRATORS[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"unknown calibration algorithm {name!r}; use one of {', '.join(CALIBRATORS)}") from None

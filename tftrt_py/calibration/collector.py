@@ -1,0 +1,92 @@
+"""Collecting calibration statistics: what an engine op runs while it calibrates.
+
+A :class:`CalibrationEngine` is the op's network in FP32, before fusion (only constants are folded), so
+every tensor a later INT8 build may need a range for exists and keeps the name it will have there. It
+runs on the numpy backend and hands each float tensor's values to a :class:`Collector`, which keeps one
+histogram per tensor and turns them into a calibration table with its calibrator.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from tftrt_py.calibration.calibrators import Histogram, get_calibrator
+from tftrt_py.calibration.table import CalibrationTable
+from tftrt_py.engine.backends.numpy_backend import NumpyBackend
+from tftrt_py.engine.builder.passes import eliminate_dead_layers, fold_constants
+from tftrt_py.engine.network import Network
+
+__all__ = ["Collector", "CalibrationEngine"]
+
+logger = logging.getLogger(__name__)
+
+FLOATS = ("float32", "float16")
+
+
+class Collector:
+    """Histograms of every float tensor an op's calibration engines computed, over all calibration batches."""
+
+    def __init__(self, algorithm: str = "entropy"):
+        self.calibrator = get_calibrator(algorithm)
+        self.histograms: Dict[str, Histogram] = {}
+        self.batches = 0
+        self.shapes: List[tuple] = []  # distinct input shapes seen, in arrival order
+        self._lock = threading.Lock()
+
+    def observe(self, name: str, value: np.ndarray) -> None:
+        if value.dtype.name in FLOATS:
+            with self._lock:
+                self.histograms.setdefault(name, Histogram()).add(value)
+
+    def ranges(self) -> Dict[str, float]:
+        """Dynamic range per tensor, by the calibrator."""
+        with self._lock:
+            return {name: self.calibrator.amax(h) for name, h in self.histograms.items()}
+
+    def table(self) -> CalibrationTable:
+        return CalibrationTable(self.calibrator.header, self.ranges())
+
+
+class CalibrationEngine:
+    """Runs `network` in FP32 on the numpy backend, recording its tensors into a Collector."""
+
+    def __init__(self, network: Network):
+        while fold_constants(network) | eliminate_dead_layers(network):
+            pass
+        network.lint()
+        for layer in network.layers:
+            layer.precision = None if layer.kind == "Constant" else "FP32"
+        self.network = network
+        self._backend = NumpyBackend()
+        self._last_use: Dict[str, int] = {}
+        for i, layer in enumerate(network.layers):
+            for t in layer.inputs:
+                self._last_use[t.name] = i
+        for t in network.outputs:
+            self._last_use[t.name] = len(network.layers)
+
+    def execute(self, arrays: Sequence[np.ndarray], collector: Collector) -> List[np.ndarray]:
+        """The network's outputs for `arrays` (in binding order); every float tensor is recorded."""
+        net = self.network
+        values = {}
+        for t, a in zip(net.inputs, arrays):
+            values[t.name] = np.asarray(a)
+            collector.observe(t.name, values[t.name])
+        for i, layer in enumerate(net.layers):
+            outs = self._backend.run_layer(layer, [values[t.name] for t in layer.inputs])
+            for t, out in zip(layer.outputs, outs):
+                values[t.name] = out
+                if layer.kind != "Constant":
+                    collector.observe(t.name, np.asarray(out))
+            for t in layer.inputs:
+                if self._last_use.get(t.name) == i:
+                    values.pop(t.name, None)
+        shapes = tuple(tuple(np.shape(a)) for a in arrays)
+        with collector._lock:
+            collector.batches += 1
+            if shapes not in collector.shapes:
+                collector.shapes.append(shapes)
+        return [values[t.name] for t in net.outputs]

@@ -1,0 +1,145 @@
+"""FP16 and INT8 layers on the numpy backend, computed the way the GPU computes them, so that accuracy
+measured on the CPU predicts accuracy on the GPU.
+
+* FP16: float inputs and weights are rounded to fp16, the layer's fp32 kernel runs on them (fp32
+  accumulation), float outputs are rounded to fp16 (kept in the tensor's dtype: they hold fp16 values).
+* INT8 (Convolution, MatrixMultiply): activations are quantized with their tensor's scale
+  (dynamic range / 127, round half to even, clamp to [-127, 127]), constant weights per output channel
+  (max abs / 127); the integer products are summed exactly (TensorRT's int32 accumulation; the sums are
+  carried in float64, exact for integers below 2**53, so BLAS does the work), dequantized, then bias,
+  residual and activation apply in fp32 and the output is rounded to fp16.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.backends.numpy_backend import apply_activation, conv_sums
+from tftrt_py.engine.errors import BackendError
+
+__all__ = ["run", "round_fp16", "quantize", "quantize_per_channel", "QMAX"]
+
+#: The largest int8 magnitude used: ranges are symmetric, so -128 is never produced.
+QMAX = 127
+
+_CACHE: Dict[int, Tuple[object, object]] = {}  # id(layer) -> (layer, prepared weights)
+
+
+def round_fp16(a: np.ndarray) -> np.ndarray:
+    """`a` rounded to the nearest fp16 values (overflow gives inf, as on the GPU), in its own dtype."""
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        return a
+    with np.errstate(over="ignore"):
+        return a.astype(np.float16).astype(a.dtype)
+
+
+def _scale(amax) -> float:
+    amax = float(amax)
+    return amax / QMAX if amax > 0 and np.isfinite(amax) else 1.0
+
+
+def quantize(x: np.ndarray, amax: float) -> Tuple[np.ndarray, float]:
+    """(int8 values of x held in float64, scale) for the symmetric range [-amax, amax]."""
+    scale = _scale(amax)
+    q = np.clip(np.rint(np.asarray(x, np.float64) / scale), -QMAX, QMAX)
+    return q, scale
+
+
+def quantize_per_channel(w: np.ndarray, axis: int = -1) -> Tuple[np.ndarray, np.ndarray]:
+    """(int8 values of w held in float64, scale per index of `axis`): one scale per output channel."""
+    w = np.asarray(w, np.float64)
+    axis = axis % w.ndim
+    amax = np.max(np.abs(w), axis=tuple(i for i in range(w.ndim) if i != axis), keepdims=True)
+    scale = np.where(amax > 0, amax / QMAX, 1.0)
+    return np.clip(np.rint(w / scale), -QMAX, QMAX), scale
+
+
+def _cached(layer, make: Callable):
+    """What `make(layer)` returns (arrays: nothing that refers back to the layer), computed once per layer."""
+    entry = _CACHE.get(id(layer))
+    if entry is None or entry[0]() is not layer:
+        entry = (weakref.ref(layer), make(layer))
+        _CACHE[id(layer)] = entry
+        weakref.finalize(layer, _CACHE.pop, id(layer), None)
+    return entry[1]
+
+
+# -- FP16 ----------------------------------------------------------------------------------------------------
+def _fp16_weights(layer) -> Dict[str, np.ndarray]:
+    return {k: round_fp16(v) for k, v in layer.weights.items()}
+
+
+def _run_fp16(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
+    rounded = dataclasses.replace(layer, weights=_cached(layer, _fp16_weights))
+    outs = fn(rounded, [round_fp16(np.asarray(a)) for a in inputs])
+    return [round_fp16(np.asarray(o)) for o in outs]
+
+
+# -- INT8 ----------------------------------------------------------------------------------------------------
+def _activation_operand(layer, i: int, value: np.ndarray) -> Tuple[np.ndarray, object]:
+    t = layer.inputs[i]
+    if t.dynamic_range is None:
+        raise BackendError(f"INT8 layer {layer.name!r}: its input {t.name!r} has no dynamic range")
+    return quantize(value, t.dynamic_range)
+
+
+def _epilogue(layer, out: np.ndarray, residual=None) -> List[np.ndarray]:
+    """Bias, residual and activation in fp32, then the output rounded to fp16."""
+    out = out.astype(np.float32)
+    bias = layer.weights.get("bias")
+    if bias is not None:
+        out = out + bias.astype(np.float32)
+    if residual is not None:
+        out = out + residual.astype(np.float32)
+    with np.errstate(over="ignore"):
+        out = apply_activation(out, layer.params.get("activation"))
+    return [round_fp16(out).astype(layer.outputs[0].dtype, copy=False)]
+
+
+def _int8_convolution(layer, inputs):
+    qx, sx = _activation_operand(layer, 0, inputs[0])
+    qk, sk = _cached(layer, lambda l: quantize_per_channel(l.weights["kernel"], axis=-1))
+    sums = conv_sums(qx, qk, layer.params)
+    return _epilogue(layer, sums * (sx * sk.reshape(-1)), inputs[1] if len(inputs) > 1 else None)
+
+
+def _matmul_weights(layer):
+    """Per-channel quantized constant operands: A per row (its output rows), B per column."""
+    p, prepared = layer.params, {}
+    for i, (flag, axis) in enumerate((("transpose_a", -2), ("transpose_b", -1))):
+        t = layer.inputs[i]
+        if t.producer is not None and t.producer.kind == "Constant":
+            w = t.producer.weights["value"]
+            prepared[i] = quantize_per_channel(np.swapaxes(w, -1, -2) if p.get(flag) else w, axis=axis)
+    return prepared
+
+
+def _int8_matmul(layer, inputs):
+    p = layer.params
+    weights = _cached(layer, _matmul_weights)
+    operands = []
+    for i, flag in enumerate(("transpose_a", "transpose_b")):
+        if i in weights:
+            operands.append(weights[i])
+            continue
+        value = np.swapaxes(inputs[i], -1, -2) if p.get(flag) else inputs[i]
+        operands.append(_activation_operand(layer, i, value))
+    (qa, sa), (qb, sb) = operands
+    return _epilogue(layer, np.matmul(qa, qb) * sa * sb)
+
+
+INT8_KERNELS = {"Convolution": _int8_convolution, "MatrixMultiply": _int8_matmul}
+
+
+def run(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
+    """Outputs of `layer` (precision FP16 or INT8) whose fp32 numpy kernel is `fn`."""
+    if layer.precision == "INT8":
+        int8 = INT8_KERNELS.get(layer.kind)
+        if int8 is None:
+            raise BackendError(f"layer {layer.name!r}: no int8 kernel for layer kind {layer.kind!r} on backend "
+                               f"'numpy' (int8 kinds: {', '.join(INT8_KERNELS)})")
+        return int8(layer, [np.asarray(a) for a in inputs])
+    return _run_fp16(fn, layer, inputs)

@@ -1,0 +1,181 @@
+"""The precision pass: the precision each layer of an optimized network runs in.
+
+Run once after the fusion passes have settled (a layer's kind and inputs decide its precision):
+
+* FP32: every layer in fp32.
+* FP16: float layers in fp16 (weights and activations rounded to fp16, fp32 accumulation), except those
+  ``fp32_reason`` names: large or overflow-prone reductions, softmax sums, exp/log/pow, normalization
+  statistics, casts.
+* INT8: Convolution and MatrixMultiply layers in int8 (activations quantized with their tensors' dynamic
+  ranges, weights per output channel); the other layers as in FP16, since TF-TRT's INT8 mode enables FP16
+  too. An int8 layer reading a tensor without a range is an error naming those tensors
+  (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range at all: then the network
+  builds without int8 layers, with a warning.
+
+Tensors keep their dtypes, so engine bindings keep the graph's dtypes; backends cast where a tensor
+meets a layer of another precision (the numpy backend rounds on read, the cupy backend stores fp16).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import re
+from typing import Callable, Dict, List, Optional
+
+from tftrt_py.engine.errors import MissingDynamicRangeError
+from tftrt_py.engine.network import Layer, Network, Tensor
+
+__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "LARGE_REDUCTION", "display_name"]
+
+logger = logging.getLogger(__name__)
+
+FLOATS = ("float32", "float16")
+
+#: Layer kinds with int8 kernels (TensorRT's int8 convolution and GEMM).
+INT8_KINDS = ("Convolution", "MatrixMultiply")
+
+#: Sum-like reductions over more elements than this keep fp32 (fp16 sums lose precision and overflow).
+LARGE_REDUCTION = 256
+
+#: Reduce ops that keep fp32 whatever their size: products and squares overflow fp16, log-sums exponentiate.
+FP32_REDUCE_OPS = {"prod": "product reduction", "sum_squares": "normalization statistics",
+                   "l2": "normalization statistics", "log_sum": "log of a sum", "log_sum_exp": "exp/log"}
+SUM_LIKE_REDUCE_OPS = ("sum", "mean", "l1")
+FP32_UNARY_OPS = {"exp": "exp/log", "log": "exp/log", "sqrt": "normalization statistics",
+                  "rsqrt": "normalization statistics"}
+FP32_ELEMENTWISE_OPS = {"pow": "pow", "squared_difference": "normalization statistics"}
+
+
+def _reduce_reason(layer: Layer) -> Optional[str]:
+    op = layer.params["op"]
+    if op in FP32_REDUCE_OPS:
+        return FP32_REDUCE_OPS[op]
+    x = layer.inputs[0]
+    reduced = 1
+    for a in layer.params["axes"]:
+        reduced *= (x.shape if layer.params.get("first_perm") is None
+                    else [x.shape[i] for i in layer.params["first_perm"]])[a % x.rank]
+    if op in SUM_LIKE_REDUCE_OPS and reduced > LARGE_REDUCTION:
+        return f"large reduction ({reduced} elements)"
+    return None
+
+
+def _cast_reason(layer: Layer) -> Optional[str]:
+    dtype = layer.params.get("dtype")
+    return "cast" if dtype is not None and dtype != layer.inputs[0].dtype else None
+
+
+def _scale_reason(layer: Layer) -> Optional[str]:
+    power = layer.weights.get("power")
+    return "pow" if power is not None and (power != 1).any() else None
+
+
+#: layer kind -> why a layer of that kind keeps fp32 (None: it may run in fp16)
+FP32_RULES: Dict[str, Callable[[Layer], Optional[str]]] = {
+    "Softmax": lambda layer: "softmax sums",
+    "Reduce": _reduce_reason,
+    "Unary": lambda layer: FP32_UNARY_OPS.get(layer.params["op"]),
+    "ElementWise": lambda layer: FP32_ELEMENTWISE_OPS.get(layer.params["op"]),
+    "Scale": _scale_reason,
+    "Identity": _cast_reason,
+    "NMS": lambda layer: "score and overlap comparisons",
+}
+
+
+def _floats(layer: Layer) -> bool:
+    return any(t.dtype in FLOATS for t in layer.inputs + layer.outputs)
+
+
+def fp32_reason(layer: Layer) -> Optional[str]:
+    """Why `layer` keeps fp32 in a reduced-precision engine, or None when it may run in fp16."""
+    if not _floats(layer):
+        return "no float data"
+    rule = FP32_RULES.get(layer.kind)
+    return rule(layer) if rule is not None else None
+
+
+def _is_constant(t: Tensor) -> bool:
+    return t.producer is not None and t.producer.kind == "Constant"
+
+
+def int8_inputs(layer: Layer) -> List[Tensor]:
+    """The activation inputs `layer` quantizes when it runs in int8 (constant operands are weights)."""
+    if layer.kind == "Convolution":
+        return [layer.inputs[0]]
+    if layer.kind == "MatrixMultiply":
+        return [t for t in layer.inputs[:2] if not _is_constant(t)]
+    return []
+
+
+def display_name(tensor: Tensor) -> str:
+    """A tensor's name as the graph knows it: a fused layer's output is its last layer's output."""
+    return re.sub(r" \([^)]*\)", "", tensor.name.split(" + ")[-1])
+
+
+def _all_tensors(network: Network) -> List[Tensor]:
+    return network.inputs + [t for layer in network.layers for t in layer.outputs]
+
+
+def _int8_candidates(network: Network) -> List[Layer]:
+    return [l for l in network.layers if l.kind in INT8_KINDS and l.outputs[0].dtype in FLOATS
+            and fp32_reason(l) is None]
+
+
+def _check_ranges(network: Network, candidates: List[Layer]) -> bool:
+    """True when the candidates can run in int8; raises when some of their inputs lack a range."""
+    if not candidates:
+        return False
+    if all(t.dynamic_range is None for t in _all_tensors(network)):
+        logger.warning("INT8 engine %r: no tensor has a dynamic range (no calibration table and no quantization "
+                       "ops in the graph), so it builds without int8 layers (FP16)", network.name)
+        return False
+    missing: Dict[str, List[str]] = {}
+    for layer in candidates:
+        for t in int8_inputs(layer):
+            if t.dynamic_range is None:
+                missing.setdefault(display_name(t), []).append(layer.name)
+    if missing:
+        names = sorted(missing)
+        raise MissingDynamicRangeError(
+            f"INT8 engine {network.name!r}: no quantization range for tensor(s) {', '.join(names)} (read by int8 "
+            f"layer(s) {', '.join(sorted({l for ls in missing.values() for l in ls}))}); give each a range with a "
+            f"QuantizeAndDequantizeV2/V3 or FakeQuantWithMinMaxVars/Args op on it, or calibrate "
+            f"(use_calibration=True)", tensors=names)
+    return True
+
+
+def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
+    """Set ``layer.precision`` of every layer (None for constants) for builder precision `precision`.
+
+    Logs a summary (INFO) and each layer's choice (DEBUG); returns how many layers got each precision.
+    """
+    precision = precision.upper()
+    int8 = set()
+    if precision == "INT8":
+        candidates = _int8_candidates(network)
+        if _check_ranges(network, candidates):
+            int8 = {id(l) for l in candidates}
+    counts: collections.Counter = collections.Counter()
+    reasons: collections.Counter = collections.Counter()
+    for layer in network.layers:
+        if layer.kind == "Constant":
+            layer.precision = None
+            continue
+        reason = None
+        if precision == "FP32":
+            layer.precision = "FP32"
+        elif id(layer) in int8:
+            layer.precision = "INT8"
+        else:
+            reason = fp32_reason(layer)
+            layer.precision = "FP32" if reason else "FP16"
+            if reason:
+                reasons[reason] += 1
+        counts[layer.precision] += 1
+        logger.debug("%s: layer %r (%s) runs in %s%s", network.name, layer.name, layer.kind, layer.precision,
+                     f" ({reason})" if reason else "")
+    if precision != "FP32":
+        logger.info("precision of %s (%s): %s%s", network.name, precision,
+                    ", ".join(f"{n} {p}" for p, n in sorted(counts.items())),
+                    "; fp32 for " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())) if reasons else "")
+    return dict(counts)
