@@ -1,3 +1,25 @@
+"""Fixtures shared by every test folder."""
 import os
+import sys
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(REPO, "models"))
+
+
+@pytest.fixture(scope="session")
+def saved_model(tmp_path_factory):
+    """saved_model(name) -> directory of sample model `name` (models/sample_models.py), built once per session."""
+    from sample_models import save_model
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = save_model(name, str(tmp_path_factory.mktemp(name) / "model"))
+        return cache[name]
+
+    return get

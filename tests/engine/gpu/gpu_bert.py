@@ -27,7 +27,8 @@ def spec(hidden: int = 768, heads: int = 12, ffn: int = 3072, seed: int = 0) -> 
             "ln2": (1 + b(hidden), b(hidden))}
 
 
-def network(batch: int, seq: int = 128, model: dict = None, dtype: str = "float16", name: str = "bert_layer") -> Network:
+def network(batch: int, seq: int = 128, model: dict = None, dtype: str = "float16",
+            name: str = "bert_layer") -> Network:
     """x [batch, seq, hidden] (`dtype`) -> y [batch, seq, hidden]."""
     m = model or spec()
     hidden, heads = m["hidden"], m["heads"]

@@ -1,6 +1,5 @@
-"""GPU test helpers: the ``gpu`` marker with its skip (no conftest here: a second conftest module
-would shadow tests/engine/conftest.py for ``from conftest import``), and building the same network
-for the numpy and cupy backends to compare them on fresh random inputs.
+"""GPU test helpers: the ``gpu`` marker with its skip, and building the same network for the numpy
+and cupy backends to compare them on fresh random inputs.
 
 Activation and binding buffers are poisoned (NaN bytes) before use, so unwritten outputs fail.
 """

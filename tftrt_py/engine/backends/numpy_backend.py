@@ -159,11 +159,11 @@ def _windows(x, window, strides, dilations, pre, post, pad_value=0.0):
 @kernel("Convolution")
 def _convolution(layer, inputs):
     p, w = layer.params, layer.weights
-    out = conv_sums(inputs[0], w["kernel"], p)
+    out = conv_sums(inputs[0], w["kernel"], p)  # a fresh array: the epilogue works in place
     if "bias" in w:
-        out = out + w["bias"]
+        out += w["bias"]
     if len(inputs) > 1:
-        out = out + inputs[1]
+        out += inputs[1]
     return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
 
 
@@ -172,6 +172,10 @@ def conv_sums(x, k, p):
     the operands' dtype (the INT8 kernels pass integers held exactly in float64)."""
     nsp = k.ndim - 2
     groups = p.get("groups", 1)
+    pointwise = all(d == 1 for d in k.shape[:nsp]) and not any(p["pre_padding"]) and not any(p["post_padding"])
+    if pointwise and groups == 1:  # a 1x1 convolution is one matrix product over the strided pixels
+        x = x[(slice(None),) + tuple(slice(None, None, s) for s in p["strides"])]
+        return (x.reshape(-1, x.shape[-1]) @ k.reshape(k.shape[-2], k.shape[-1])).reshape(*x.shape[:-1], -1)
     win = _windows(x, k.shape[:nsp], p["strides"], p["dilations"], p["pre_padding"], p["post_padding"])
     sp = "abcd"[:nsp]
     if groups == 1:

@@ -37,7 +37,6 @@ PIPELINE: List[Tuple[str, Callable]] = [
     ("MLP fusion", mlp.fuse_mlp),
     ("reduction fusion", reduce.fuse_reductions),
     ("horizontal fusion", horizontal.fuse_horizontal),
-    ("fusion report", match.report_fusions),
 ]
 
 MAX_ROUNDS = 50
@@ -75,8 +74,12 @@ class Builder:
                     if self.config.lint:
                         network.lint()
             if not changed:
-                return
-        logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
+                break
+        else:
+            logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
+        counts = match.fusion_counts(network)
+        if counts:
+            logger.info("fusions in %s: %s", network.name, ", ".join(f"{n} x {r}" for r, n in sorted(counts.items())))
 
     def build_engine(self, network):
         from tftrt_py.engine.runtime import Engine

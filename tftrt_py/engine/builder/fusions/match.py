@@ -17,7 +17,7 @@ import numpy as np
 
 from tftrt_py.engine.network import Layer, Network, Tensor
 
-__all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "report_fusions", "constant_value",
+__all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "constant_value",
            "private", "sole_producer", "affine", "activation_of", "with_activation", "bias_key", "FLOATS"]
 
 logger = logging.getLogger(__name__)
@@ -176,37 +176,14 @@ def apply_rules(network: Network, rules: Mapping[str, Sequence[Rule]], log: logg
 
 
 # -- counts -------------------------------------------------------------------
-@dataclasses.dataclass
-class _Tally:
-    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    seen: int = 0
-    reported: bool = False
-
-
-_TALLIES: "weakref.WeakKeyDictionary[Network, _Tally]" = weakref.WeakKeyDictionary()
+_COUNTS: "weakref.WeakKeyDictionary[Network, collections.Counter]" = weakref.WeakKeyDictionary()
 
 
 def record(network: Network, rule: str) -> None:
     """Count one application of `rule` on `network`."""
-    _TALLIES.setdefault(network, _Tally()).counts[rule] += 1
+    _COUNTS.setdefault(network, collections.Counter())[rule] += 1
 
 
 def fusion_counts(network: Network) -> Dict[str, int]:
     """How often each fusion rule was applied to `network` so far."""
-    tally = _TALLIES.get(network)
-    return dict(tally.counts) if tally else {}
-
-
-def report_fusions(network: Network) -> bool:
-    """Log the network's fusion counts once a pipeline round made no fusion; never changes anything."""
-    tally = _TALLIES.get(network)
-    if tally is None:
-        return False
-    total = sum(tally.counts.values())
-    if total != tally.seen:
-        tally.seen, tally.reported = total, False
-    elif not tally.reported:
-        tally.reported = True
-        logger.info("fusions in %s: %s", network.name,
-                    ", ".join(f"{n} x {rule}" for rule, n in sorted(tally.counts.items())))
-    return False
+    return dict(_COUNTS.get(network, {}))

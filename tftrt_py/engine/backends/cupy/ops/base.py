@@ -70,8 +70,9 @@ class Spec:
     options: BuildOptions
     #: The tactic recorded for this layer by an earlier build on this GPU (try it first).
     prefer: Optional[Dict[str, Any]] = None
-    #: INT8 layers (see ops/int8.py): the input scale ``in_scale`` and, for matrix multiplies, the
-    #: operands (``a``, ``b``), padded reduction dim ``kp`` and dequantization scales ``dq``.
+    #: INT8 layers (see ops/int8.py): convolutions the input scale ``in_scale``, matrix multiplies the
+    #: operands (``a``, ``b``), padded reduction dim ``kp`` and dequantization scales ``dq``; ``dual_scale``
+    #: when the layer also writes its output as int8 (a second output).
     quant: Optional[Dict[str, Any]] = None
 
     @property

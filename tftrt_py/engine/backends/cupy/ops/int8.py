@@ -177,7 +177,7 @@ __device__ __forceinline__ float tt_fp16(float f) {
 class Dequant:
     """What turns int32 accumulators into the output: per-channel dq, bias, activation, output scale."""
 
-    dq: object          # cupy float32 [Cout]
+    dq: object          # cupy float32 [Cout] (matrix multiplies with a constant A: [M, N])
     bias: object        # cupy float32 [Cout] or None
     activation: Optional[dict]
     out_dtype: str
@@ -477,7 +477,6 @@ class Int8MatMulOp(Op):
         batch = tuple(out[:-2])
         self.batch = int(np.prod(batch)) if batch else 1
         self.kp = q["kp"]
-        self.consts = {}
         ins = iter(range(len(spec.in_shapes)))
         self.sources, self.strides = [], []
         for role, rows in (("a", self.m), ("b", self.n)):
@@ -502,8 +501,8 @@ class Int8MatMulOp(Op):
         self.workspace = align(self.batch * self.m * self.np * 4)
         bias = spec.weights.get("bias")
         bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (self.n,)).copy()) if bias is not None else None
-        self.deq = Dequant(cupy.asarray(np.ascontiguousarray(q["dq"], np.float32)), bias32, p.get("activation"),  # [N] or [M, N]
-                           spec.out_dtypes[0], _out_scale(spec), None)
+        dq = cupy.asarray(np.ascontiguousarray(q["dq"], np.float32))  # [N], or [M, N] for a constant A
+        self.deq = Dequant(dq, bias32, p.get("activation"), spec.out_dtypes[0], _out_scale(spec), None)
         self.device_bytes = self.deq.nbytes + sum(int(s[1].nbytes) for s in self.sources if s[0] == "const")
         self.tactic = {"op": "cublas_gemm_int8", "workspace": self.workspace}
 
