@@ -17,6 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 from sample_models import MODELS, save_model  # noqa: E402
 from tftrt_py import trt_convert as trt  # noqa: E402
+from tftrt_py.engine_op import dispatcher  # noqa: E402
 
 
 def _latency_ms(fn, feed, runs):
@@ -67,8 +68,9 @@ def main():
     print(f"[demo] outputs match native TF: {ok} (max abs diff {worst:.2e}, tolerance 1e-4)")
     print(f"[demo] convert {convert_s:.2f} s, build {build_s:.2f} s; engine ops: "
           + ", ".join(f"{k}: {v['engines']} engine(s), {v['fallback_total']} fallback(s)" for k, v in stats.items()))
+    backend = dispatcher.engine_backend()
     print(f"[demo] batch {args.batch} median latency: native TF {native_ms:.2f} ms, converted {converted_ms:.2f} ms "
-          f"(CPU, numpy engine backend)")
+          f"(engines on the {backend} backend{', GPU' if backend == 'cupy' else ', CPU'})")
     return 0 if ok else 1
 
 

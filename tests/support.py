@@ -1,6 +1,11 @@
 """Shared test helpers: segment GraphDefs from tf.functions, engines built from them, comparisons."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
@@ -84,3 +89,19 @@ def assert_converts(fn, inputs, rtol=1e-5, atol=1e-5, expect_kinds=()):
     for kind in expect_kinds:
         assert kind in kinds, f"expected a {kind} layer, engine has {sorted(kinds)}"
     return engine
+
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def subprocess_env(**extra):
+    """This environment with the repository first on PYTHONPATH (keeping what was there) and TF quiet."""
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+
+
+def run_json_process(code, payload, **env):
+    """Run `code` in a fresh Python with `payload` as JSON on stdin; returns the JSON its last line prints."""
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), capture_output=True, text=True,
+                          env=subprocess_env(**env), check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])

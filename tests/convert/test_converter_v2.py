@@ -1,21 +1,17 @@
 """TrtGraphConverterV2 end to end: convert, build, save, load, serve — and its errors."""
-import json
 import re
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import random_array
+from support import random_array, run_json_process
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.summary import conversion_ratio
 from tftrt_py.engine_op import dispatcher
 
-REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def engine_nodes(func):
@@ -123,11 +119,7 @@ for feed in json.loads(sys.stdin.read()):
     outs.append({{k: v.numpy().tolist() for k, v in res.items()}})
 print(json.dumps({{"outputs": outs, "stats": trt.engine_op_stats()}}))
 """
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO), TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps([{k: v.tolist() for k, v in f.items()}
-                                                                          for f in feeds]),
-                          capture_output=True, text=True, env=env, check=True)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_json_process(code, [{k: v.tolist() for k, v in f.items()} for f in feeds])
     return result["outputs"], result["stats"]
 
 

@@ -1,15 +1,11 @@
 """TrtGraphConverterV2 dynamic shapes: profile strategies, profile engines saved and restored, and the
 allow_build_at_runtime / built-offline / forbidden-fallback matrix."""
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import random_array, run_engine
+from support import random_array, run_engine, run_json_process
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.profiles import make_profiles
 from tftrt_py.engine import PlanError, Runtime
@@ -17,7 +13,6 @@ from tftrt_py.engine.runtime import OptimizationProfile
 from tftrt_py.engine_op import dispatcher
 from tftrt_py.engine_op.cache import unpack_plans
 
-REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 
 #: Shapes build() sees, on an input of shape [?, ?, ?, 1].
 COLLECTED = [(1, 8, 8, 1), (2, 12, 12, 1), (1, 16, 16, 1), (4, 16, 16, 1)]
@@ -169,10 +164,7 @@ for model_dir, shapes in json.loads(sys.stdin.read()).items():
             errors.setdefault(model_dir, []).append(exc.message)
 print(json.dumps({"stats": trt.engine_op_stats(), "errors": errors}))
 """
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO), TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs), capture_output=True, text=True,
-                          env=env, check=True)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_json_process(code, jobs, **(env or {}))
     return result["stats"], result["errors"]
 
 

@@ -4,7 +4,6 @@ import pytest
 
 from tftrt_py.engine import Builder, Network, Profiler, RuntimeExecutionError
 
-from networks import conv_relu_pool_net
 
 
 def test_smaller_batch_is_served_and_matches(conv_engine):

@@ -6,12 +6,14 @@ import types
 import numpy as np
 import pytest
 
+from support import subprocess_env
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def _run_cli(module, *args, code=None, timeout=300):
     """Run `python -m tftrt_py.tools.<module> args` (or `python -c code`) with the repo on PYTHONPATH."""
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", f"tftrt_py.tools.{module}", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 

@@ -5,7 +5,7 @@ MatrixMultiply has np.matmul semantics, so BatchMatMulV2/V3's broadcasting of ba
 from tftrt_py.convert.ops.base import OpConverter
 from tftrt_py.convert.ops.registry import register
 
-__all__ = ["MatMulConverter", "BatchMatMulConverter", "BatchMatMulV3Converter", "TRANSPOSE_ATTRS"]
+__all__ = ["MatMulConverter", "BatchMatMulV3Converter", "TRANSPOSE_ATTRS"]
 
 #: TF op -> its (transpose_a, transpose_b) attribute names
 TRANSPOSE_ATTRS = {
