@@ -9,6 +9,7 @@ import pytest
 from tftrt_py.engine import Builder, BuilderConfig, Engine, Profiler, RuntimeExecutionError, Runtime
 
 import gpu_resnet50 as resnet50
+from networks import conv_relu_pool_net
 from gpu_helpers import GPU, assert_close, healthy_gpu  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
@@ -121,24 +122,6 @@ def test_profiler_and_memory_report(fp16_engine):
     assert report["weights"] > 0 and report["activations"] > 0 and report["workspace"] > 0 and report["io"] > 0
     # FP16 weights take about half the float32 bytes of the network's weights.
     assert report["weights"] < 0.7 * fp16_engine.weight_bytes
-
-
-def conv_relu_pool_net():
-    """input [4, 8, 8, 3] -> conv 3x3 (bias, relu) -> 2x2 avg pool -> mean over H, W."""
-    from tftrt_py.engine import Network
-
-    rng = np.random.default_rng(0)
-    net = Network("conv_net")
-    x = net.add_input("x", "float32", (4, 8, 8, 3))
-    conv = net.add_layer("Convolution", [x], dict(strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1],
-                                                  post_padding=[1, 1], groups=1, activation={"type": "relu"}),
-                         {"kernel": rng.standard_normal((3, 3, 3, 5)).astype("float32"),
-                          "bias": rng.standard_normal(5).astype("float32")}, name="conv")
-    pool = net.add_layer("Pooling", conv.outputs, dict(type="avg", window=[2, 2], strides=[2, 2],
-                                                       pre_padding=[0, 0], post_padding=[0, 0]), name="pool")
-    mean = net.add_layer("Reduce", pool.outputs, dict(op="mean", axes=[1, 2], keep_dims=False), name="mean")
-    net.mark_output(mean.outputs[0], name="y")
-    return net
 
 
 def test_builder_path_and_fp32_strictness():
