@@ -47,7 +47,7 @@ class TrtGraphConverterV2:
                  use_dynamic_shape=None, dynamic_shape_profile_strategy=None,
                  max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, precision_mode=TrtPrecisionMode.FP32,
                  minimum_segment_size=3, maximum_cached_engines=1, use_calibration=True, allow_build_at_runtime=True,
-                 conversion_params: Optional[TrtConversionParams] = None):
+                 conversion_params: Optional[TrtConversionParams] = None, calibration_algorithm="entropy"):
         if not tf.executing_eagerly():
             raise RuntimeError("TrtGraphConverterV2 needs eager execution (TF2 behaviour); use TrtGraphConverter "
                                "in tf.compat.v1 graph mode")
@@ -55,7 +55,8 @@ class TrtGraphConverterV2:
             conversion_params = TrtConversionParams(
                 max_workspace_size_bytes=max_workspace_size_bytes, precision_mode=precision_mode,
                 minimum_segment_size=minimum_segment_size, maximum_cached_engines=maximum_cached_engines,
-                use_calibration=use_calibration, allow_build_at_runtime=allow_build_at_runtime)
+                use_calibration=use_calibration, allow_build_at_runtime=allow_build_at_runtime,
+                calibration_algorithm=calibration_algorithm)
         check_conversion_params(conversion_params)
         self._conversion_params = conversion_params
         self._input_saved_model_dir = input_saved_model_dir

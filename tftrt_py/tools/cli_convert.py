@@ -14,6 +14,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
+from tftrt_py.convert.params import CALIBRATION_ALGORITHMS
 from tftrt_py.tools.cli import ToolError, add_common_flags, run_tool, shape_str
 from tftrt_py.tools.inputs import load_arrays
 
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=".npy/.npz inputs to build engines for (repeatable: one build() input per file)")
     p.add_argument("--calibration-data", action="append", default=[], metavar="FILE",
                    help=".npy/.npz calibration batch for INT8 (repeatable: one batch per file)")
+    p.add_argument("--calibration-algorithm", type=str.lower, choices=CALIBRATION_ALGORITHMS, default="entropy",
+                   help="INT8 calibrator for --calibration-data (default: %(default)s)")
     p.add_argument("--use-dynamic-shape", action="store_true", default=None,
                    help="build engines with shape profiles (passed to TrtGraphConverterV2(use_dynamic_shape))")
     p.add_argument("--profile-strategy", default=None,
@@ -70,7 +73,8 @@ def converter_kwargs(args: argparse.Namespace) -> dict:
                   precision_mode=args.precision_mode, minimum_segment_size=args.minimum_segment_size,
                   max_workspace_size_bytes=args.max_workspace_size_bytes,
                   maximum_cached_engines=args.maximum_cached_engines, use_calibration=args.use_calibration,
-                  allow_build_at_runtime=args.allow_build_at_runtime)
+                  allow_build_at_runtime=args.allow_build_at_runtime,
+                  calibration_algorithm=args.calibration_algorithm)
     if args.use_dynamic_shape:
         kwargs["use_dynamic_shape"] = True
     if args.profile_strategy is not None:
