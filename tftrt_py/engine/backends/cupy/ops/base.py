@@ -25,6 +25,12 @@ def align(n: int, to: int = 256) -> int:
     return (int(n) + to - 1) // to * to
 
 
+def pad3(values, fill):
+    """Per-spatial-dim values padded to 3 dims with `fill` (the 3-d kernels serve 1-d and 2-d layers)."""
+    values = list(values)
+    return values + [fill] * (3 - len(values))
+
+
 class Op:
     """One way to run one layer; shared by every execution context of an engine.
 

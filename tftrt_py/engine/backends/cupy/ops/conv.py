@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, pad3, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
 
 __all__ = ["ConvGeom", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
@@ -296,14 +296,9 @@ extern "C" __global__ void tt_im2col(const T* __restrict__ x, T* __restrict__ co
 """
 
 
-def _pad3(values, fill):
-    values = list(values)
-    return values + [fill] * (3 - len(values))
-
-
 def im2col_kernel(geom: ConvGeom, itemsize: int):
-    s, k, o = _pad3(geom.spatial, 1), _pad3(geom.kernel, 1), _pad3(geom.out, 1)
-    st, dl, pd = _pad3(geom.strides, 1), _pad3(geom.dilations, 1), _pad3(geom.pre, 0)
+    s, k, o = pad3(geom.spatial, 1), pad3(geom.kernel, 1), pad3(geom.out, 1)
+    st, dl, pd = pad3(geom.strides, 1), pad3(geom.dilations, 1), pad3(geom.pre, 0)
     defs = {"T": {2: "unsigned short", 4: "unsigned int", 1: "unsigned char"}[itemsize], "CG": geom.cg,
             "G": geom.groups, "C": geom.c}
     for d in range(3):

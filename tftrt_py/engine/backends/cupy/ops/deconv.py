@@ -7,7 +7,7 @@ from typing import List
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, pad3, register
 
 __all__ = ["DeconvOp"]
 
@@ -39,11 +39,6 @@ extern "C" __global__ void tt_col2im(const T* __restrict__ prod, T* __restrict__
 """
 
 
-def _pad3(values, fill):
-    values = list(values)
-    return values + [fill] * (3 - len(values))
-
-
 class DeconvOp(Op):
     def __init__(self, spec: Spec):
         cupy = _device.require()
@@ -56,8 +51,8 @@ class DeconvOp(Op):
         # [Cin, Ks * Cout]: row c holds every kernel tap's output channels.
         wm = np.moveaxis(k, -1, 0).reshape(self.cin, self.ks * self.cout)
         self.w = cupy.asarray(np.ascontiguousarray(wm).astype(self.dtype))
-        s, kk, o = _pad3(shape[1:-1], 1), _pad3(k.shape[:nsp], 1), _pad3(out[1:-1], 1)
-        st, pd = _pad3(p["strides"], 1), _pad3(p["pre_padding"], 0)
+        s, kk, o = pad3(shape[1:-1], 1), pad3(k.shape[:nsp], 1), pad3(out[1:-1], 1)
+        st, pd = pad3(p["strides"], 1), pad3(p["pre_padding"], 0)
         defs = {"T": kernels.raw_type(self.dtype), "COUT": self.cout}
         for d in range(3):
             defs.update({f"S{d}": s[d], f"K{d}": kk[d], f"O{d}": o[d], f"ST{d}": st[d], f"PD{d}": pd[d]})

@@ -7,7 +7,7 @@ from typing import List
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, pad3, register
 
 __all__ = ["PoolOp"]
 
@@ -42,11 +42,6 @@ extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, l
 """
 
 
-def _pad3(values, fill):
-    values = list(values)
-    return values + [fill] * (3 - len(values))
-
-
 class PoolOp(Op):
     def __init__(self, spec: Spec):
         p = spec.params
@@ -54,8 +49,8 @@ class PoolOp(Op):
         dtype = spec.in_dtypes[0]
         defs = {"T": kernels.raw_type(dtype), "C": shape[-1], "IS_MAX": int(p["type"] == "max"),
                 "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}
-        s, k, o = _pad3(shape[1:-1], 1), _pad3(p["window"], 1), _pad3(out[1:-1], 1)
-        st, pd = _pad3(p["strides"], 1), _pad3(p["pre_padding"], 0)
+        s, k, o = pad3(shape[1:-1], 1), pad3(p["window"], 1), pad3(out[1:-1], 1)
+        st, pd = pad3(p["strides"], 1), pad3(p["pre_padding"], 0)
         for d in range(3):
             defs.update({f"S{d}": s[d], f"K{d}": k[d], f"O{d}": o[d], f"ST{d}": st[d], f"PD{d}": pd[d]})
         head = "".join(f"#define {name} {value}\n" for name, value in defs.items())
