@@ -1,9 +1,10 @@
-"""Execution contexts check bindings and serve smaller batches of row-wise engines."""
+"""Execution contexts check bindings and serve smaller batches of row-wise engines; row-wise networks
+re-batch."""
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Builder, Network, Profiler, RuntimeExecutionError
-
+from tftrt_py.engine import Builder, Engine, Network, NetworkError, Profiler, RuntimeExecutionError
+from tftrt_py.engine.runtime import rebatched
 
 
 def test_smaller_batch_is_served_and_matches(conv_engine):
@@ -44,3 +45,31 @@ def test_profiler_receives_every_layer(conv_engine):
     ctx.profiler = Profiler()
     ctx.execute_v2([np.ones((4, 8, 8, 3), "float32")])
     assert set(ctx.profiler.records) == {l.name for l in conv_engine.network.layers}
+
+
+def test_rebatched_network_keeps_layers_and_matches_rows(conv_engine):
+    net = conv_engine.network
+    net.inputs[0].dynamic_range = 2.5
+    one = rebatched(net, 1)
+    assert [l.name for l in one.layers] == [l.name for l in net.layers]
+    assert [l.precision for l in one.layers] == [l.precision for l in net.layers]
+    assert one.inputs[0].shape == (1, 8, 8, 3) and one.inputs[0].dynamic_range == 2.5
+    assert [t.name for t in one.outputs] == [t.name for t in net.outputs] and one.outputs[0].shape == (1, 5)
+    x = np.random.default_rng(3).standard_normal((4, 8, 8, 3)).astype("float32")
+    full = conv_engine.create_execution_context().execute_v2([x])[0]
+    row = Engine(one).create_execution_context().execute_v2([x[2:3]])[0]
+    np.testing.assert_allclose(row, full[2:3], rtol=1e-6)
+    assert rebatched(net, 16).outputs[0].shape == (16, 5)
+
+
+def test_networks_mixing_rows_or_fixing_the_batch_do_not_rebatch():
+    mixing = Network("mixing")
+    x = mixing.add_input("x", "float32", (4, 3))
+    mixing.mark_output(mixing.add_layer("Reduce", [x], {"op": "sum", "axes": [0], "keep_dims": True}).outputs[0])
+    with pytest.raises(NetworkError, match="mixes rows"):
+        rebatched(mixing, 2)
+    fixed = Network("fixed")
+    x = fixed.add_input("x", "float32", (4, 3))
+    fixed.mark_output(fixed.add_layer("Shuffle", [x], {"reshape": [4, 3, 1]}).outputs[0])
+    with pytest.raises(NetworkError, match="fix the batch"):
+        rebatched(fixed, 2)

@@ -9,10 +9,10 @@ import numpy as np
 
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends import get_backend
-from tftrt_py.engine.errors import RuntimeExecutionError
+from tftrt_py.engine.errors import NetworkError, RuntimeExecutionError
 from tftrt_py.engine.network import Network, Tensor
 
-__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationProfile"]
+__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationProfile", "rebatched"]
 
 
 def rowwise(network: Network) -> bool:
@@ -27,6 +27,47 @@ def rowwise(network: Network) -> bool:
         for t in layer.outputs:
             batched[t.name] = True
     return all(batched.get(t.name, False) for t in network.outputs)
+
+
+def rebatched(network: Network, batch: int) -> Network:
+    """A copy of row-wise `network` for inputs of `batch` rows: the same layers, names, params, weights,
+    precisions and dynamic ranges (an engine built from it serves that batch without padding).
+
+    Raises NetworkError when the network mixes rows or a layer's params fix the batch (a reshape to
+    an explicit batch): its shapes would not follow.
+    """
+    if not rowwise(network):
+        raise NetworkError(f"network {network.name!r} mixes rows of its batch: it cannot be re-batched")
+    new = Network(network.name)
+    tensors: Dict[str, Tensor] = {}
+    batched = set()
+
+    def copy(old: Tensor, tensor: Tensor, is_batched: bool) -> None:
+        want = (batch, *old.shape[1:]) if is_batched else old.shape
+        if tensor.shape != want:
+            raise NetworkError(f"network {network.name!r}: tensor {old.name!r} would be {list(tensor.shape)} at "
+                               f"batch {batch}, not {list(want)} (its layer's params fix the batch)")
+        tensor.name, tensor.dynamic_range = old.name, old.dynamic_range
+        new._names.add(old.name)
+        tensors[old.name] = tensor
+        if is_batched:
+            batched.add(old.name)
+
+    for t in network.inputs:
+        copy(t, new.add_input(t.name, t.dtype, (batch, *t.shape[1:])), True)
+    for layer in network.layers:
+        try:
+            made = new.add_layer(layer.kind, [tensors[t.name] for t in layer.inputs], layer.params, layer.weights,
+                                 name=layer.name)
+        except NetworkError as exc:
+            raise NetworkError(f"network {network.name!r}: layer {layer.name!r} does not take batch {batch} (its "
+                               f"params fix the batch): {exc}") from None
+        made.precision = layer.precision
+        is_batched = any(t.name in batched for t in layer.inputs)
+        for old, tensor in zip(layer.outputs, made.outputs):
+            copy(old, tensor, is_batched)
+    new.outputs = [tensors[t.name] for t in network.outputs]
+    return new
 
 
 class OptimizationProfile:

@@ -24,12 +24,14 @@ PRECISIONS = ("FP32", "FP16", "INT8")
 #: (name, pass) in the order they run; the whole list repeats until no pass changes anything.
 #: Biases and scales fold into a layer before its residual sum and activation do (they must not
 #: apply after them); MLPs form from matrix multiplies that already hold their bias and activation.
+#: Zero padding folds into a max pooling only behind a non-negative activation (fused or not).
 PIPELINE: List[Tuple[str, Callable]] = [
     ("constant folding", passes.fold_constants),
     ("dead-layer elimination", passes.eliminate_dead_layers),
     ("identity erasure", affine.erase_identities),
     ("shuffle fusion", shuffle.fuse_shuffles),
     ("padding into convolution", conv.fuse_padding),
+    ("padding into pooling", conv.fuse_pooling_padding),
     ("activation recognition", activation.recognize_activations),
     ("bias and scale folding", affine.fold_affine),
     ("residual fusion", conv.fuse_residual),
@@ -50,6 +52,8 @@ class BuilderConfig:
     max_workspace_size: int = 1 << 30
     backend: str = "numpy"
     lint: bool = False
+    #: INT8 layers stay int8 on the GPU even where their fp16 kernel is faster (TensorRT's strict types).
+    strict_types: bool = False
 
     def __post_init__(self):
         self.precision = self.precision.upper()

@@ -12,7 +12,7 @@ from tftrt_py.engine.builder.fusions.match import (FLOATS, Fused, activation_of,
                                                    private, sole_producer, with_activation)
 from tftrt_py.engine.layers import ACTIVATIONS, UNARY_OPS
 
-__all__ = ["recognize_activations", "fuse_activations", "FUSABLE", "RECOGNIZED"]
+__all__ = ["recognize_activations", "fuse_activations", "nonnegative", "FUSABLE", "RECOGNIZED", "NONNEGATIVE"]
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +21,9 @@ _EPILOGUE = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", 
 #: layer kind -> the activation types it can apply to its own output
 FUSABLE = {"Convolution": _EPILOGUE, "MatrixMultiply": _EPILOGUE, "MLP": frozenset(ACTIVATIONS),
            "Scale": frozenset(ACTIVATIONS)}
+
+#: activations that never give a negative value (and clip with a lower bound alpha >= 0)
+NONNEGATIVE = frozenset({"relu", "relu6", "sigmoid", "softplus", "hard_sigmoid"})
 
 #: activations recognized in element-wise subgraphs, tried in this order
 RECOGNIZED = ("swish", "gelu_erf", "gelu_tanh", "sigmoid", "softplus")
@@ -106,6 +109,16 @@ def activation_epilogue(network, users, layer):
         return None
     return Fused(f"{p.kind} + Activation", [p, layer], p.kind, p.inputs, with_activation(p, dict(layer.params)),
                  p.weights)
+
+
+def nonnegative(tensor) -> bool:
+    """True when `tensor` is the output of an activation, alone or fused into its layer, that is never negative."""
+    p = tensor.producer
+    if p is None or p.kind not in ("Activation", *FUSABLE):
+        return False
+    act = (p.params if p.kind == "Activation" else activation_of(p)) or {}
+    lower = act.get("alpha")
+    return act.get("type") in NONNEGATIVE or (act.get("type") == "clip" and lower is not None and lower >= 0)
 
 
 def recognize_activations(network) -> bool:

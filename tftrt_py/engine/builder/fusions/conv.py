@@ -1,11 +1,12 @@
-"""Convolution fusions: a residual ElementWise sum, and a zero Padding in front."""
+"""Convolution fusions: a residual ElementWise sum, and a zero Padding in front (also of a Pooling)."""
 from __future__ import annotations
 
 import logging
 
+from tftrt_py.engine.builder.fusions.activation import nonnegative
 from tftrt_py.engine.builder.fusions.match import Fused, activation_of, apply_rules, sole_producer
 
-__all__ = ["fuse_residual", "fuse_padding"]
+__all__ = ["fuse_residual", "fuse_padding", "fuse_pooling_padding"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,8 @@ def residual_sum(network, users, layer):
                  conv.weights)
 
 
-def padding_into_convolution(network, users, layer):
-    """Padding(zeros, spatial axes only) -> Convolution   =>   Convolution with the padding added to its own."""
+def _zero_padding(network, users, layer):
+    """The Padding making `layer`'s input, read by `layer` only, when it pads only spatial axes, with zeros."""
     pad = sole_producer(network, users, layer.inputs[0], ("Padding",))
     if pad is None:
         return None
@@ -41,10 +42,53 @@ def padding_into_convolution(network, users, layer):
     if (p.get("mode", "constant") != "constant" or p.get("value", 0) != 0 or min(p["pre"] + p["post"]) < 0
             or p["pre"][0] or p["post"][0] or p["pre"][-1] or p["post"][-1]):
         return None
-    params = dict(layer.params, pre_padding=[a + b for a, b in zip(layer.params["pre_padding"], p["pre"][1:-1])],
-                  post_padding=[a + b for a, b in zip(layer.params["post_padding"], p["post"][1:-1])])
-    return Fused("Padding + Convolution", [pad, layer], "Convolution", [pad.inputs[0], *layer.inputs[1:]], params,
-                 layer.weights)
+    return pad
+
+
+def _with_padding(layer, pad, **params) -> dict:
+    """`layer`'s params with `pad`'s spatial padding added to its own."""
+    return dict(layer.params, pre_padding=[a + b for a, b in zip(layer.params["pre_padding"], pad.params["pre"][1:-1])],
+                post_padding=[a + b for a, b in zip(layer.params["post_padding"], pad.params["post"][1:-1])], **params)
+
+
+def padding_into_convolution(network, users, layer):
+    """Padding(zeros, spatial axes only) -> Convolution   =>   Convolution with the padding added to its own."""
+    pad = _zero_padding(network, users, layer)
+    if pad is None:
+        return None
+    return Fused("Padding + Convolution", [pad, layer], "Convolution", [pad.inputs[0], *layer.inputs[1:]],
+                 _with_padding(layer, pad), layer.weights)
+
+
+def _windows_reach_input(layer, pad) -> bool:
+    """True when, with `pad` folded into `layer`'s padding, every pooling window still holds an input element."""
+    p, x = layer.params, pad.inputs[0]
+    for i, (k, s) in enumerate(zip(p["window"], p["strides"])):
+        before = p["pre_padding"][i] + pad.params["pre"][i + 1]
+        last_start = (layer.outputs[0].shape[i + 1] - 1) * s
+        if before >= k or last_start >= before + x.shape[i + 1]:
+            return False
+    return True
+
+
+def padding_into_pooling(network, users, layer):
+    """Padding(zeros, spatial axes only) -> Pooling   =>   Pooling with the padding added to its own.
+
+    Max pooling ignores its own padding, so the padded zeros may go only where they never win:
+    the input must be >= 0 (a relu-like activation made it) and every window must hold an input
+    element. Average pooling becomes count_include_pad, which counts the zeros as the Padding did;
+    one that already has padding of its own that it does not count cannot fold.
+    """
+    pad, p = _zero_padding(network, users, layer), layer.params
+    if pad is None:
+        return None
+    if p["type"] == "max" and nonnegative(pad.inputs[0]) and _windows_reach_input(layer, pad):
+        params = _with_padding(layer, pad)
+    elif p["type"] == "avg" and (p.get("count_include_pad") or not any(p["pre_padding"] + p["post_padding"])):
+        params = _with_padding(layer, pad, count_include_pad=True)
+    else:
+        return None
+    return Fused("Padding + Pooling", [pad, layer], "Pooling", [pad.inputs[0]], params, {})
 
 
 def fuse_residual(network) -> bool:
@@ -55,3 +99,8 @@ def fuse_residual(network) -> bool:
 def fuse_padding(network) -> bool:
     """Fold zero spatial padding into the Convolution that reads it."""
     return apply_rules(network, {"Convolution": [padding_into_convolution]}, logger)
+
+
+def fuse_pooling_padding(network) -> bool:
+    """Fold zero spatial padding into the Pooling that reads it, where that changes no value."""
+    return apply_rules(network, {"Pooling": [padding_into_pooling]}, logger)
