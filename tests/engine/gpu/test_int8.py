@@ -82,7 +82,7 @@ def int8_engine(net: Network, backend: str = "cupy") -> Engine:
             layer.precision = None
         else:
             layer.precision = "INT8" if layer.kind in ("Convolution", "MatrixMultiply") else "FP16"
-    return Engine(net, precision="INT8", backend=backend)
+    return Engine(net, precision="INT8", backend=backend, build_config={"strict_types": True})
 
 
 def numpy_int8(build, inputs):
@@ -327,7 +327,7 @@ def test_resnet50_int8():
     rng = np.random.default_rng(11)
     batches = [{"input": rng.standard_normal((2, 64, 64, 3)).astype(np.float32)} for _ in range(2)]
     ranges = max_abs_ranges(lambda: resnet50.network(2, 64, model), batches)
-    engine = Builder(BuilderConfig(precision="INT8", backend="cupy")).build_engine(
+    engine = Builder(BuilderConfig(precision="INT8", backend="cupy", strict_types=True)).build_engine(
         apply_ranges(resnet50.network(2, 64, model), ranges))
     ops = [t["op"] for t in engine.tactics.values()]
     assert ops.count("cudnn_conv_int8") + ops.count("gemm_conv_int8") == 53, engine.tactics
@@ -351,6 +351,36 @@ def test_resnet50_int8():
     again = Runtime().deserialize_cuda_engine(engine.serialize())
     assert again.tactics == engine.tactics
     assert rel_l2(again.create_execution_context().execute(x)["logits"], ref) < 0.15
+
+
+def test_int8_convolutions_slower_than_fp16_run_in_fp16():
+    """Without strict types each int8 convolution is timed against its fp16 kernel: the slower precision
+    loses, the choice is recorded in the tactic and the layer's precision, so the plan runs the same on
+    the numpy backend and reloads on this GPU without re-timing."""
+    from tftrt_py.engine import Runtime
+    from tftrt_py.engine.plan import deserialize
+
+    model = resnet50.spec(classes=100)
+    rng = np.random.default_rng(12)
+    batches = [{"input": rng.standard_normal((2, 64, 64, 3)).astype(np.float32)} for _ in range(2)]
+    ranges = max_abs_ranges(lambda: resnet50.network(2, 64, model), batches)
+    engine = Builder(BuilderConfig(precision="INT8", backend="cupy")).build_engine(
+        apply_ranges(resnet50.network(2, 64, model), ranges))
+    convs = [l for l in engine.network.layers if l.kind == "Convolution"]
+    choice = {l.name: engine.tactics[l.name]["int8"] for l in convs}
+    assert len(choice) == 53
+    for layer in convs:
+        int8_op = engine.tactics[layer.name]["op"].endswith("_int8")
+        assert int8_op == choice[layer.name] and layer.precision == ("INT8" if int8_op else "FP16"), layer.name
+    print(f"ResNet-50 64x64 batch 2: {sum(choice.values())} of 53 convolutions stay int8")
+    x = {"input": rng.standard_normal((2, 64, 64, 3)).astype(np.float32)}
+    got = engine.create_execution_context().execute(x)["logits"]
+    plan = engine.serialize()
+    on_cpu = deserialize(plan, backend="numpy").create_execution_context().execute(x)["logits"]
+    assert rel_l2(got, on_cpu.astype(np.float64)) < 2e-2
+    again = Runtime().deserialize_cuda_engine(plan)
+    again.prepare()
+    assert again.tactics == engine.tactics
 
 
 def test_host_arrays_are_staged_through_pinned_buffers():

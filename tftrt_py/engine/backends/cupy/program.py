@@ -161,6 +161,54 @@ def int8_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
     return out
 
 
+def keep_faster_int8(net, layers: Dict[str, List[Tuple[int, bool]]], tuner: Tuner, options: BuildOptions,
+                     prefer: Dict[str, dict]) -> Tuple[Dict[str, List[Tuple[int, bool]]], Dict[str, bool]]:
+    """The int8 convolutions worth running in int8 on this GPU, and the choice made for each.
+
+    TensorRT's INT8 mode lets a layer run in fp16 when that kernel is faster, unless precisions are
+    strict: each int8 convolution here is timed both ways, its int8 time including the quantize step
+    its input needs when the producer does not write int8. A convolution that is faster in fp16
+    becomes an FP16 layer (``layer.precision``, so the plan and the numpy backend say what runs). A
+    tactic recorded on this GPU (``int8`` in it) decides without timing.
+    """
+    from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
+
+    kept, chosen = {}, {}
+    for layer in net.layers:
+        if layer.name not in layers:
+            continue
+        if layer.kind != "Convolution" or options.strict_types:
+            kept[layer.name] = layers[layer.name]
+            continue
+        x, rest = layer.inputs[0], layer.inputs[1:]
+        recorded = (prefer.get(layer.name) or {}).get("int8")
+        if recorded is None:
+            out = [layer.outputs[0].shape]
+            fp16 = Spec(layer, [t.shape for t in layer.inputs], ["float16"] * len(layer.inputs), out, ["float16"],
+                        "float16", options)
+            cp, scale = conv_channels(x.shape[-1]), tensor_scale(x.dynamic_range)
+            qshape = quantized_shape(x.shape, cp)
+            int8 = Spec(layer, [qshape] + [t.shape for t in rest], ["int8"] + ["float16"] * len(rest), out,
+                        ["float16"], "float16", options, quant={"in_scale": float(scale)})
+            int8_ms = tuner.fastest_ms(int8, conv_candidates)
+            if x.producer is None or x.producer.name not in kept:
+                int8_ms += tuner.op_ms(QuantizeOp(x.shape, "float16", scale, cp), [x.shape], ["float16"], [qshape],
+                                       ["int8"])
+            fp16_ms = tuner.fastest_ms(fp16, conv_candidates)
+            recorded = int8_ms < fp16_ms
+            logger.debug("%s: int8 %.4f ms (with its quantize step), fp16 %.4f ms", layer.name, int8_ms, fp16_ms)
+        chosen[layer.name] = recorded
+        if recorded:
+            kept[layer.name] = layers[layer.name]
+        else:
+            layer.precision = "FP16"
+    demoted = [name for name, int8 in chosen.items() if not int8]
+    if demoted:
+        logger.info("engine %s: %d of %d int8 convolutions run in FP16, faster on this GPU", net.name, len(demoted),
+                    len(chosen))
+    return kept, chosen
+
+
 def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, set]:
     """(direct, dual): outputs of int8 layers that int8 layers read untransposed and unpadded. Direct:
     only they read it, so it is stored as int8 alone; dual (convolution outputs): other layers read it
@@ -276,7 +324,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
 
     tensors = {t.name: t for t in net.inputs}
     tensors.update({t.name: t for l in net.layers for t in l.outputs})
-    int8 = int8_layers(net, precision)
+    int8, int8_choice = keep_faster_int8(net, int8_layers(net, precision), tuner, options, prefer)
     int8_direct, int8_dual = int8_tensors(net, int8)
     quantized: Dict[Tuple[str, int, bool], str] = {}
 
@@ -386,6 +434,8 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
             add_slot(name, shape, "int8", "arena")
             quantized[(layer.outputs[0].name, shape[-1], False)] = name
         prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _ in extra], layer.name))
+        if layer.name in int8_choice:
+            record = dict(record, int8=int8_choice[layer.name])
         prog.tactics[layer.name] = record
         weights.append(op)
     tuner.release()

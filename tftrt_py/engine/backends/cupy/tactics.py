@@ -104,7 +104,7 @@ class Tuner:
                 logger.debug("recorded tactic for %s failed to build: %s", spec.layer.name, exc)
                 cands = []
             if cands:
-                record = dict(cands[0].tactic, ms=prefer.get("ms"), candidates=prefer.get("candidates", 1))
+                record = {"ms": None, "candidates": 1, **prefer, **cands[0].tactic}  # keeps notes like int8
                 self.chosen.setdefault(sig, record)
                 return cands[0], record
             if spec.prefer is not None:
@@ -128,9 +128,24 @@ class Tuner:
         self.chosen[sig] = record
         return fitting[0], record
 
+    def fastest_ms(self, spec: Spec, factory) -> float:
+        """Milliseconds of `spec`'s fastest tactic on this GPU (timed even when it is the only one)."""
+        op, record = self.choose(spec, factory)
+        if record.get("ms") is None:
+            record["ms"] = round(self._time_all(spec, [op])[0].ms, 5)
+        return record["ms"]
+
+    def op_ms(self, op: Op, in_shapes, in_dtypes, out_shapes, out_dtypes) -> float:
+        """Milliseconds of one run of `op` on random operands of these shapes and dtypes."""
+        ins, outs = self._io(in_shapes, in_dtypes, out_shapes, out_dtypes)
+        return self._time(op, ins, outs)
+
+    def _io(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
+        return ([self._buffer(s, d, f"in{i}") for i, (s, d) in enumerate(zip(in_shapes, in_dtypes))],
+                [self._buffer(s, d, f"out{i}") for i, (s, d) in enumerate(zip(out_shapes, out_dtypes))])
+
     def _time_all(self, spec: Spec, cands: List[Op]) -> List[Op]:
-        ins = [self._buffer(s, d, f"in{i}") for i, (s, d) in enumerate(zip(spec.in_shapes, spec.in_dtypes))]
-        outs = [self._buffer(s, d, f"out{i}") for i, (s, d) in enumerate(zip(spec.out_shapes, spec.out_dtypes))]
+        ins, outs = self._io(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
         self.rc.ensure_workspace(max(c.workspace for c in cands))
         ref = self._reference(spec, ins) if (self.check and spec.quant is None) else None  # int8: see tests
         timed = []
