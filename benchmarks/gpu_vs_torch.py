@@ -116,7 +116,7 @@ def profile(engine, ctx, x, precision, runs: int = 3) -> None:
 
     ctx.profiler = Profiler()
     for _ in range(runs):
-        ctx.execute({"input": x})
+        ctx.execute({engine.inputs[0].name: x})
     ctx.profiler, records = None, ctx.profiler.records
     kinds = {l.name: l.kind for l in engine.network.layers}
     per_layer = {name: sum(v) / len(v) for name, v in records.items()}
@@ -247,20 +247,40 @@ def torch_variants(table, model, batch, fn_eager, x, args, torch, modes):
             print(f"{model} batch {batch} {name} FAILED: {type(exc).__name__}: {exc}", flush=True)
 
 
-def bench_resnet(args, table, torch, cupy):
-    from tftrt_py.engine import Builder, BuilderConfig
+def resnet_source(args, cupy):
+    """(spec the torch model copies, network(batch) for our engines, INT8 ranges or None, description).
 
+    With ``--plan``: the network and weights of a plan exported here from the converted Keras model
+    (benchmarks/make_resnet50_plan.py; its tensors carry the converter's calibration ranges), re-batched
+    for each batch. Otherwise the Network-API ResNet-50 of the GPU tests, calibrated on the GPU.
+    """
+    if args.plan:
+        from tftrt_py.engine.plan import deserialize
+        from tftrt_py.engine.runtime import rebatched
+
+        with open(args.plan, "rb") as f:
+            base = deserialize(f.read(), backend="numpy").network
+        args.size = base.inputs[0].shape[1]
+        return (resnet50.spec_from_network(base), lambda batch: rebatched(base, batch), None,
+                f"plan {os.path.basename(args.plan)} ({len(base.layers)} layers, INT8 ranges from its calibration)")
     model = resnet50.spec()
-    tmodel = torch_model(model, torch).cuda().eval()
     ranges = None
     if "INT8" in args.precisions and not args.torch_only:
         rng = np.random.default_rng(0)
-        t0 = time.perf_counter()
         calib = [{"input": cupy.asarray(rng.standard_normal((8, args.size, args.size, 3)).astype(np.float32))}
                  for _ in range(2)]
         ranges = max_abs_ranges(lambda: resnet50.network(8, args.size, model), calib, backend="cupy")
-        print(f"INT8 calibration (max |value|, 2 batches of 8 through our FP32 engine): {len(ranges)} tensors, "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+    return (model, lambda batch: resnet50.network(batch, args.size, model), ranges,
+            "Network-API ResNet-50 (INT8 ranges: max |value| over 2 random batches of 8 through our FP32 engine)")
+
+
+def bench_resnet(args, table, torch, cupy):
+    from tftrt_py.engine import Builder, BuilderConfig
+
+    model, network, ranges, what = resnet_source(args, cupy)
+    print(f"ResNet-50 source: {what}", flush=True)
+    table.results["resnet50_source"] = what
+    tmodel = torch_model(model, torch).cuda().eval()
     for batch in args.batches:
         rng = np.random.default_rng(batch)
         x_np = rng.standard_normal((batch, args.size, args.size, 3)).astype(np.float32)
@@ -272,8 +292,8 @@ def bench_resnet(args, table, torch, cupy):
             ref = tmodel.float().to(memory_format=torch.channels_last)(xt32).double().cpu().numpy()
         for precision in ([] if args.torch_only else args.precisions):
             def build(precision=precision):
-                net = resnet50.network(batch, args.size, model)
-                if precision == "INT8":
+                net = network(batch)
+                if precision == "INT8" and ranges is not None:
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 
@@ -322,13 +342,14 @@ def bench_bert(args, table, torch, cupy):
 
 
 def max_autotune(args, table):
-    """torch.compile(mode="max-autotune") for ResNet-50 at batch 1 and the largest batch, in a subprocess
-    given `args.autotune_limit` seconds; rows it finished are kept."""
+    """torch.compile(mode="max-autotune") for ResNet-50 at ``--autotune-batches`` (default: 1 and the largest),
+    in a subprocess given `args.autotune_limit` seconds; rows it finished are kept."""
     path = os.path.join(os.environ.get("OUT", "/tmp"), "max_autotune.json")
     if os.path.exists(path):
         os.remove(path)
-    batches = sorted({1, max(args.batches)})
+    batches = sorted(set(args.autotune_batches or (1, max(args.batches))))
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-only", "--models", "resnet50", "--torch", "compile",
+           *(["--plan", args.plan] if args.plan else []),
            "--compile-mode", "max-autotune", "--batches", *map(str, batches), "--iters", str(args.iters),
            "--json", path]
     t0 = time.perf_counter()
@@ -354,6 +375,7 @@ def main(argv=None):
     p.add_argument("--models", nargs="+", default=["resnet50", "bert"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--size", type=int, default=224)
+    p.add_argument("--plan", default=None, help="ResNet-50 from this plan (benchmarks/make_resnet50_plan.py)")
     p.add_argument("--precisions", nargs="*", default=["FP32", "FP16", "INT8"])
     p.add_argument("--bert-batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--bert-precisions", nargs="*", default=["FP16", "INT8"])
@@ -364,6 +386,8 @@ def main(argv=None):
     p.add_argument("--compile-batches", type=int, nargs="*", default=None, help="torch.compile only these batches")
     p.add_argument("--autotune-limit", type=float, default=0,
                    help="seconds for a max-autotune retry of ResNet-50 at batch 1 and the largest (0: skip)")
+    p.add_argument("--autotune-batches", type=int, nargs="*", default=None,
+                   help="batches of the max-autotune retry (default: 1 and the largest)")
     p.add_argument("--profile", action="store_true", help="per-layer times of our engines at the largest batch")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--json", default=None, help="write all numbers here")
