@@ -1,16 +1,12 @@
 """spec_from_network (tests/engine/gpu/gpu_resnet50.py) reads a ResNet-50 spec back from built engines:
 the Network API's ResNet-50 after the builder and a plan round trip, and (slow) a converted Keras
 ResNet-50 v1.5."""
-import os
-import sys
-
 import numpy as np
 import pytest
 
 from tftrt_py.engine import Builder, BuilderConfig, Runtime
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
-import gpu_resnet50 as resnet50  # noqa: E402
+import gpu_resnet50 as resnet50
 
 
 def assert_same_spec(got, want):

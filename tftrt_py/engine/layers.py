@@ -358,6 +358,44 @@ def _softmax(layer):
     return _same_as_input(layer)
 
 
+@register("Attention", rowwise=lambda layer, batched: all(batched))
+def _attention(layer):
+    """softmax(q k^T * ``scale``, last axis) v, in fp32. ``heads`` None: q [*B, Sq, D], k [*B, Sk, D],
+    v [*B, Sk, Dv] -> [*B, Sq, Dv]. ``heads`` H (packed, rank 3): q [B, Sq, H*D], k [B, Sk, H*D], v [B, Sk, H*Dv]
+    -> [B, Sq, H*Dv]; head h reads columns h*D:(h+1)*D of q and k, h*Dv:(h+1)*Dv of v, and writes those of the
+    output (no transposes)."""
+    q, k, v = layer.inputs
+    heads, scale = layer.params.get("heads"), layer.params["scale"]
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise NetworkError(f"Attention scale {scale!r} is not a number")
+    if heads is not None and (type(heads) is not int or heads <= 0 or q.rank != 3 or q.shape[-1] % heads
+                              or v.shape[-1] % heads):
+        raise NetworkError(f"Attention with {heads!r} heads needs rank-3 q, k, v whose last dims they divide, "
+                           f"got {q.shape}, {v.shape}")
+    if (q.rank < 3 or not q.rank == k.rank == v.rank or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or not q.dtype == k.dtype == v.dtype):
+        raise NetworkError(f"Attention needs q [*B, Sq, D], k [*B, Sk, D], v [*B, Sk, Dv] of one dtype and rank >= 3, "
+                           f"got {q.shape}, {k.shape}, {v.shape}")
+    return [(q.dtype, (*q.shape[:-1], v.shape[-1]))]
+
+
+@register("Normalization", rowwise=lambda layer, batched: all(batched))
+def _normalization(layer):
+    """Layer normalization over the last axis, in fp32: s = x (+ residual, x's shape);
+    (s - mean) / sqrt(var + ``epsilon``) * scale + bias, population variance, weights scale and bias [C]."""
+    x = layer.inputs[0]
+    eps = layer.params["epsilon"]
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise NetworkError(f"Normalization epsilon {eps!r} is not a number")
+    if x.rank == 0 or len(layer.inputs) > 2 or any(t.shape != x.shape or t.dtype != x.dtype for t in layer.inputs):
+        raise NetworkError(f"Normalization needs x of rank >= 1 and at most a residual like it, got "
+                           f"{[t.shape for t in layer.inputs]}")
+    for key in ("scale", "bias"):
+        if layer.weights[key].shape != x.shape[-1:]:
+            raise NetworkError(f"Normalization {key} has shape {layer.weights[key].shape}, not [{x.shape[-1]}]")
+    return _same_as_input(layer)
+
+
 @register("Gather", rowwise=lambda layer, batched: batched[0] and not batched[1]
           and layer.params["axis"] % layer.inputs[0].rank != 0)
 def _gather(layer):

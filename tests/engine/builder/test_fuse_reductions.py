@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fusion_nets import add, build_and_compare, layer, layer_names, network, rand
+from fusion_nets import add, build_and_compare, const, layer, layer_names, network, rand
 
 X = (2, 4, 5, 3)
 
@@ -35,6 +35,17 @@ def test_reductions_fuse(before, after, fused_op, name):
     engine = build_and_compare(chain(before, after), [rand(*X, positive=not before)])
     assert layer_names(engine) == [name]
     assert layer(engine, name).params["op"] == fused_op
+
+
+def test_x_to_the_power_2_is_a_square():
+    def make():
+        net, (x,) = network(X)
+        sq = add(net, "ElementWise", [x, const(net, 2.0, "two")], "pow", op="pow")
+        net.mark_output(add(net, "Reduce", [sq], "sum", op="sum", axes=[1], keep_dims=False))
+        return net
+
+    engine = build_and_compare(make, [rand(*X)])
+    assert layer_names(engine) == ["pow + sum"] and layer(engine, "pow + sum").params["op"] == "sum_squares"
 
 
 def test_log_sum_exp_does_not_overflow():

@@ -283,6 +283,33 @@ def test_softmax(axis, precision):
     compare(single("Softmax", [("float32", (3, 37, 5))], {"axis": axis}), normal((3, 37, 5)), precision)
 
 
+ATTENTION_CASES = {  # q, k, v shapes and params; "packed": heads side by side in the last dim
+    "plain": ([(2, 3, 16, 32), (2, 3, 24, 32), (2, 3, 24, 32)], {"scale": 0.17, "heads": None}),
+    "packed": ([(2, 16, 4 * 32), (2, 24, 4 * 32), (2, 24, 4 * 32)], {"scale": 0.17, "heads": 4}),
+    "packed_narrow_v": ([(3, 8, 2 * 64), (3, 8, 2 * 64), (3, 8, 2 * 16)], {"scale": 0.125, "heads": 2}),
+    "odd_head_dim": ([(2, 5, 2 * 12), (2, 7, 2 * 12), (2, 7, 2 * 12)], {"scale": 0.3, "heads": 2}),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
+def test_attention(case, precision):
+    shapes, params = ATTENTION_CASES[case]
+    engine = compare(single("Attention", [("float32", s) for s in shapes], params), normal(*shapes), precision)
+    print(case, precision, engine.tactics)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("residual", [False, True])
+def test_normalization(residual, precision):
+    shape = (6, 7, 200)
+    weights = {"scale": rng0.uniform(0.5, 1.5, 200).astype(np.float32),
+               "bias": (rng0.standard_normal(200) * 0.1).astype(np.float32)}
+    inputs = [shape] * (2 if residual else 1)
+    compare(single("Normalization", [("float32", s) for s in inputs], {"epsilon": 1e-5}, weights), normal(*inputs),
+            precision)
+
+
 SHUFFLE_CASES = {
     "transpose": {"first_perm": [0, 2, 1, 3]},
     "reshape": {"reshape": [2, -1]},

@@ -366,12 +366,40 @@ def _slice_stop(start, size, stride):
     return None if stop < 0 else stop
 
 
+def _stable_softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 @kernel("Softmax")
 def _softmax(layer, inputs):
-    x = inputs[0]
-    axis = layer.params["axis"]
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return [(e / e.sum(axis=axis, keepdims=True)).astype(layer.outputs[0].dtype, copy=False)]
+    return [_stable_softmax(inputs[0], layer.params["axis"]).astype(layer.outputs[0].dtype, copy=False)]
+
+
+def _heads(a, heads):
+    """Packed [B, S, H*D] -> [B, H, S, D]."""
+    return a.reshape(*a.shape[:2], heads, -1).transpose(0, 2, 1, 3)
+
+
+@kernel("Attention")
+def _attention(layer, inputs):
+    q, k, v = (a.astype(np.float32) for a in inputs)
+    heads = layer.params.get("heads")
+    if heads:
+        q, k, v = (_heads(a, heads) for a in (q, k, v))
+    out = _stable_softmax(q @ np.swapaxes(k, -1, -2) * np.float32(layer.params["scale"]), -1) @ v
+    if heads:
+        out = out.transpose(0, 2, 1, 3).reshape(layer.outputs[0].shape)
+    return [out.astype(layer.outputs[0].dtype)]
+
+
+@kernel("Normalization")
+def _normalization(layer, inputs):
+    s = sum(a.astype(np.float32) for a in inputs)
+    d = s - s.mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt(np.mean(np.square(d), axis=-1, keepdims=True) + np.float32(layer.params["epsilon"]))
+    y = d * rstd * layer.weights["scale"].astype(np.float32) + layer.weights["bias"].astype(np.float32)
+    return [y.astype(layer.outputs[0].dtype)]
 
 
 @kernel("Gather")

@@ -12,7 +12,8 @@ from typing import Callable, List, Optional, Tuple
 
 from tftrt_py.engine.builder import passes
 from tftrt_py.engine.builder.precision import assign_precisions
-from tftrt_py.engine.builder.fusions import activation, affine, conv, horizontal, match, mlp, reduce, shuffle
+from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, horizontal, match, mlp, normalization,
+                                             reduce, shuffle)
 from tftrt_py.engine.errors import BuildError, EngineError
 
 __all__ = ["BuilderConfig", "Builder", "PIPELINE", "PRECISIONS"]
@@ -38,6 +39,8 @@ PIPELINE: List[Tuple[str, Callable]] = [
     ("activation fusion", activation.fuse_activations),
     ("MLP fusion", mlp.fuse_mlp),
     ("reduction fusion", reduce.fuse_reductions),
+    ("layer normalization fusion", normalization.fuse_layer_norms),
+    ("attention fusion", attention.fuse_attention),
     ("horizontal fusion", horizontal.fuse_horizontal),
 ]
 

@@ -5,7 +5,8 @@ Run once after the fusion passes have settled (a layer's kind and inputs decide 
 * FP32: every layer in fp32.
 * FP16: float layers in fp16 (weights and activations rounded to fp16, fp32 accumulation), except those
   ``fp32_reason`` names: large or overflow-prone reductions, softmax sums, exp/log/pow, normalization
-  statistics, casts.
+  statistics, casts. Attention and Normalization layers run in fp16: their kernels keep the softmax and the
+  statistics in fp32.
 * INT8: Convolution and MatrixMultiply layers in int8 (activations quantized with their tensors' dynamic
   ranges, weights per output channel); the other layers as in FP16, since TF-TRT's INT8 mode enables FP16
   too. An int8 layer reading a tensor without a range is an error naming those tensors

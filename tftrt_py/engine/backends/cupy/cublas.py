@@ -103,17 +103,17 @@ class Cublas:
 
     def gemm(self, dtype: str, m: int, n: int, k: int, a: int, lda: int, trans_a: bool, b: int, ldb: int,
              trans_b: bool, c: int, ldc: int, batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-             stride_c: int = 0, allow_tf32: bool = False, out_dtype: str = None) -> None:
-        """Row-major C[m, n] = op(A) @ op(B) for `batch` matrices; leading dims and strides in elements.
+             stride_c: int = 0, allow_tf32: bool = False, out_dtype: str = None, alpha: float = 1.0) -> None:
+        """Row-major C[m, n] = alpha op(A) @ op(B) for `batch` matrices; leading dims and strides in elements.
 
         A is [m, k] (stored [k, m] when `trans_a`), B is [k, n] (stored [n, k] when `trans_b`).
         float16 operands accumulate in float32; float32 uses TF32 only when `allow_tf32`.
         """
         if dtype == "int8":
-            compute, alpha, beta = _COMPUTE_32I, ctypes.c_int32(1), ctypes.c_int32(0)
+            compute, alpha, beta = _COMPUTE_32I, ctypes.c_int32(int(alpha)), ctypes.c_int32(0)
         else:
             compute = _COMPUTE_32F_FAST_TF32 if (allow_tf32 and dtype == "float32") else _COMPUTE_32F
-            alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+            alpha, beta = ctypes.c_float(alpha), ctypes.c_float(0.0)
         t_in, t_out = _DTYPE[dtype], _DTYPE[out_dtype or dtype]
         # Row-major C = A B is column-major C^T = B^T A^T: swap the operands.
         status = self.lib.cublasGemmStridedBatchedEx(

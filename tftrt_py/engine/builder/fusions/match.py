@@ -17,8 +17,9 @@ import numpy as np
 
 from tftrt_py.engine.network import Layer, Network, Tensor
 
-__all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "constant_value",
-           "private", "sole_producer", "affine", "activation_of", "with_activation", "bias_key", "FLOATS"]
+__all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "constant_value", "produced_by",
+           "private", "sole_producer", "squared", "channel_vector", "affine", "activation_of", "with_activation",
+           "bias_key", "FLOATS"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,12 @@ def constant_value(tensor: Tensor) -> Optional[np.ndarray]:
     return p.weights["value"] if p is not None and p.kind == "Constant" else None
 
 
+def produced_by(tensor: Tensor, kind: str, *ops: str) -> Optional[Layer]:
+    """The producer of `tensor` when it is of `kind` (and has one of `ops` as its op, when given), else None."""
+    p = tensor.producer
+    return p if p is not None and p.kind == kind and (not ops or p.params.get("op") in ops) else None
+
+
 def private(network: Network, users: Users, tensor: Tensor, inside: Sequence[Layer]) -> bool:
     """True when only layers of `inside` read `tensor` and it is no network output."""
     return not network.is_output(tensor) and all(any(u is l for l in inside) for u in users.get(tensor.name, ()))
@@ -71,6 +78,17 @@ def sole_producer(network: Network, users: Users, tensor: Tensor, kinds: Sequenc
     return p
 
 
+def squared(layer: Layer) -> Optional[Tensor]:
+    """x when `layer` computes x * x (Unary square, ElementWise x * x or x ** 2), else None."""
+    if layer.kind == "Unary":
+        return layer.inputs[0] if layer.params["op"] == "square" else None
+    if layer.kind != "ElementWise":
+        return None
+    a, b = layer.inputs
+    op, c = layer.params["op"], constant_value(b)
+    return a if op == "prod" and a is b or op == "pow" and c is not None and c.size == 1 and c.item() == 2 else None
+
+
 #: (ElementWise op, index of the constant operand) -> (scale, shift) that op applies, given the constant c
 AFFINE_OPS = {
     ("sum", 0): lambda c: (1.0, c), ("sum", 1): lambda c: (1.0, c),
@@ -80,7 +98,7 @@ AFFINE_OPS = {
 }
 
 
-def _channel_vector(value: np.ndarray, rank: int, channels: int) -> Optional[np.ndarray]:
+def channel_vector(value: np.ndarray, rank: int, channels: int) -> Optional[np.ndarray]:
     """`value` as a float64 [channels] vector when it varies along the last of `rank` axes at most."""
     if value.ndim > rank or any(d != 1 for d in value.shape[:-1]) or value.size not in (1, channels):
         return None
@@ -104,8 +122,8 @@ def affine(layer: Layer) -> Optional[Tuple[Tensor, np.ndarray, np.ndarray]]:
         if x.rank and layer.params.get("channel_axis", -1) % x.rank != x.rank - 1 and any(
                 w[k].size > 1 for k in ("scale", "shift") if k in w):
             return None
-        vectors = [_channel_vector(np.asarray(w.get(k, v)), x.rank, channels) for k, v in (("scale", 1.0),
-                                                                                          ("shift", 0.0))]
+        vectors = [channel_vector(np.asarray(w.get(k, v)), x.rank, channels) for k, v in (("scale", 1.0),
+                                                                                         ("shift", 0.0))]
         return None if any(v is None for v in vectors) else (x, *vectors)
     if layer.kind != "ElementWise":
         return None
@@ -114,7 +132,7 @@ def affine(layer: Layer) -> Optional[Tuple[Tensor, np.ndarray, np.ndarray]]:
         fn = AFFINE_OPS.get((layer.params["op"], i))
         if c is None or fn is None or constant_value(x) is not None or x.shape != out.shape:
             continue
-        c = _channel_vector(c, x.rank, channels)
+        c = channel_vector(c, x.rank, channels)
         if c is None or (layer.params["op"] == "div" and not np.all(c)):
             return None
         scale, shift = fn(c)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from tftrt_py.engine.builder.fusions.match import FLOATS, Fused, apply_rules, sole_producer
+from tftrt_py.engine.builder.fusions.match import FLOATS, Fused, apply_rules, sole_producer, squared
 
 __all__ = ["fuse_reductions", "INPUT_FUSIONS", "OUTPUT_FUSIONS"]
 
@@ -17,14 +17,14 @@ OUTPUT_FUSIONS = {("sum_squares", "sqrt"): ("l2", "L2Norm"), ("sum", "log"): ("l
 
 
 def _elementwise_op(layer) -> str:
-    """A Unary layer's op; "square" for an ElementWise product of a tensor with itself."""
-    if layer.kind == "ElementWise":
-        return "square" if layer.params["op"] == "prod" and layer.inputs[0] is layer.inputs[1] else ""
-    return layer.params["op"]
+    """A Unary layer's op; "square" for an ElementWise x * x or x ** 2."""
+    if squared(layer) is not None:
+        return "square"
+    return layer.params["op"] if layer.kind == "Unary" else ""
 
 
 def reduce_of_elementwise(network, users, layer):
-    """x -> Unary abs | square (or x * x) | exp -> Reduce sum | log_sum -> y   =>   x -> Reduce l1 | ... -> y"""
+    """x -> Unary abs | square (or x * x, x ** 2) | exp -> Reduce sum | log_sum -> y   =>   x -> Reduce l1 | ... -> y"""
     p = sole_producer(network, users, layer.inputs[0], ("Unary", "ElementWise"))
     fused = p and INPUT_FUSIONS.get((layer.params["op"], _elementwise_op(p)))
     if not fused:

@@ -1,5 +1,5 @@
-"""Reduce (cupy ReductionKernels accumulating in float / int64), ArgReduce and Softmax (one block per
-row of the softmax axis, any axis)."""
+"""Reduce (cupy ReductionKernels accumulating in float / int64), ArgReduce, Softmax (one block per row of
+the softmax axis, any axis) and Normalization (one block per row of the last axis)."""
 from __future__ import annotations
 
 from typing import List
@@ -10,7 +10,7 @@ from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE
 
-__all__ = ["ReduceOp", "ArgReduceOp", "SoftmaxOp"]
+__all__ = ["ReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel", "row_block"]
 
 _PREAMBLE = r"""
 __device__ __forceinline__ float tt_max(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -90,7 +90,7 @@ class ArgReduceOp(Op):
         cupy.copyto(outs[0], getattr(cupy, self.fn)(ins[0], axis=self.axis), casting="unsafe")
 
 
-_SOFTMAX = r"""
+_BLOCK_REDUCE = r"""
 __device__ __forceinline__ float tt_block_reduce(float v, bool is_max, float* shared) {
   for (int o = 16; o > 0; o >>= 1) {
     float w = __shfl_xor_sync(0xffffffff, v, o);
@@ -104,7 +104,10 @@ __device__ __forceinline__ float tt_block_reduce(float v, bool is_max, float* sh
   for (int i = 1; i < nwarps; ++i) v = is_max ? fmaxf(v, shared[i]) : v + shared[i];
   return v;
 }
-extern "C" __global__ void tt_softmax(const T* __restrict__ x, T* __restrict__ y, int len, long long inner) {
+"""
+
+_SOFTMAX = _BLOCK_REDUCE + r"""
+extern "C" __global__ void tt_softmax(const TI* __restrict__ x, TO* __restrict__ y, int len, long long inner) {
   __shared__ float shared[32];
   long long row = blockIdx.x;
   long long base = (row / inner) * len * inner + row % inner;
@@ -114,9 +117,20 @@ extern "C" __global__ void tt_softmax(const T* __restrict__ x, T* __restrict__ y
   float s = 0.0f;
   for (int l = threadIdx.x; l < len; l += blockDim.x) s += expf(ld(x[base + l * inner]) - m);
   s = tt_block_reduce(s, false, shared);
-  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l * inner] = st<T>(expf(ld(x[base + l * inner]) - m) / s);
+  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l * inner] = st<TO>(expf(ld(x[base + l * inner]) - m) / s);
 }
 """
+
+
+def row_block(length: int) -> int:
+    """Threads of the block that reduces one row of `length` elements."""
+    return int(min(1024, max(32, 1 << int(np.ceil(np.log2(max(length, 1)))))))
+
+
+def softmax_kernel(in_dtype: str, out_dtype: str):
+    """tt_softmax(x, y, len, inner): one block per row of `len` elements `inner` apart; fp32 math."""
+    head = f"#define TI {kernels.raw_type(in_dtype)}\n#define TO {kernels.raw_type(out_dtype)}\n"
+    return kernels.raw_kernel(head + _SOFTMAX, "tt_softmax")
 
 
 class SoftmaxOp(Op):
@@ -126,14 +140,60 @@ class SoftmaxOp(Op):
         self.len = shape[axis]
         self.inner = int(np.prod(shape[axis + 1:]))
         self.rows = int(np.prod(shape)) // max(self.len, 1)
-        self.block = int(min(1024, max(32, 1 << int(np.ceil(np.log2(max(self.len, 1)))))))
-        head = f"#define T {kernels.raw_type(spec.in_dtypes[0])}\n"
-        self.kernel = kernels.raw_kernel(head + _SOFTMAX, "tt_softmax")
+        self.block = row_block(self.len)
+        self.kernel = softmax_kernel(spec.in_dtypes[0], spec.out_dtypes[0])
         self.tactic = {"op": "softmax_kernel", "block": self.block}
 
     def run(self, rc, ins, outs):
         if self.rows and self.len:
             self.kernel((self.rows,), (self.block,), (ins[0], outs[0], kernels.i32(self.len), kernels.i64(self.inner)))
+
+
+_LAYER_NORM = _BLOCK_REDUCE + r"""
+extern "C" __global__ void tt_layer_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
+                                         const float* __restrict__ b, T* __restrict__ y, int len, float eps) {
+  __shared__ float shared[32];
+  long long base = (long long)blockIdx.x * len;
+  float s = 0.0f;
+  for (int l = threadIdx.x; l < len; l += blockDim.x) s += VALUE(base + l);
+  float mean = tt_block_reduce(s, false, shared) / len;
+  float q = 0.0f;
+  for (int l = threadIdx.x; l < len; l += blockDim.x) { float d = VALUE(base + l) - mean; q += d * d; }
+  float rstd = rsqrtf(tt_block_reduce(q, false, shared) / len + eps);
+  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l] = st<T>((VALUE(base + l) - mean) * rstd * g[l] + b[l]);
+}
+"""
+
+
+class NormalizationOp(Op):
+    """Layer normalization over the last axis of x (+ residual): statistics in fp32, scale and bias fused."""
+
+    def __init__(self, spec: Spec):
+        cupy = _device.require()
+        shape = spec.in_shapes[0]
+        self.len = shape[-1]
+        self.rows = int(np.prod(shape[:-1]))
+        self.block = row_block(-(-self.len // 4))
+        self.residual = len(spec.in_shapes) > 1
+        value = "(ld(x[i]) + ld(r[i]))" if self.residual else "ld(x[i])"
+        head = f"#define T {kernels.raw_type(spec.cdt)}\n#define VALUE(i) {value}\n"
+        self.kernel = kernels.raw_kernel(head + _LAYER_NORM, "tt_layer_norm")
+        self.scale = cupy.asarray(spec.weights["scale"].astype(np.float32))
+        self.bias = cupy.asarray(spec.weights["bias"].astype(np.float32))
+        self.eps = np.float32(spec.params["epsilon"])
+        self.device_bytes = int(self.scale.nbytes + self.bias.nbytes)
+        self.tactic = {"op": "layer_norm_kernel", "block": self.block}
+
+    def run(self, rc, ins, outs):
+        if self.rows and self.len:
+            r = ins[1] if self.residual else ins[0]
+            self.kernel((self.rows,), (self.block,), (ins[0], r, self.scale, self.bias, outs[0],
+                                                      kernels.i32(self.len), self.eps))
+
+
+@register("Normalization")
+def normalization_candidates(spec: Spec) -> List[Op]:
+    return [NormalizationOp(spec)]
 
 
 @register("Reduce")

@@ -1,0 +1,173 @@
+"""Attention fusion: softmax(q k^T * scale) v -- a MatrixMultiply (k read transposed, or given as k^T), scalar
+scalings, a Softmax over the last axis and a MatrixMultiply with v -- as one Attention layer.
+
+When Shuffles split q, k and v into heads from packed [B, S, H*D] (or [B*S, H*D]) tensors ([B, S, H, D]
+transposed to [B, H, S, D]; k^T to [B, H, D, S]) and merge the context back the same way, the Attention reads and
+writes the packed tensors (``heads`` H, reshape views of 2-d ones): no head transposes. Split Shuffles that
+nothing else reads are left to dead-layer elimination.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.backends.numpy_backend import KERNELS
+from tftrt_py.engine.builder.fusions.match import FLOATS, affine, produced_by, record
+from tftrt_py.engine.network import Layer, Tensor
+
+__all__ = ["fuse_attention", "MAX_SHUFFLES"]
+
+logger = logging.getLogger(__name__)
+
+#: at most this many Shuffles between a packed tensor and its heads
+MAX_SHUFFLES = 4
+#: heads as transposes of [B, S, H, D]: [B, H, S, D] (q, v, k read transposed) and [B, H, D, S] (k^T)
+HEADS, HEADS_T = (0, 2, 1, 3), (0, 2, 3, 1)
+
+
+@dataclasses.dataclass
+class _Attention:
+    layers: List[Layer]  # scores, scalings, softmax, context
+    q: Tensor
+    k: Tensor  # as the scores read it: [*B, Sk, D], or [*B, D, Sk] when k_transposed
+    v: Tensor
+    k_transposed: bool
+    scale: float
+
+
+def _plain(layer: Layer, transpose_b: Sequence[bool]) -> bool:
+    """A MatrixMultiply without bias, activation or transposed A, transposing B as one of `transpose_b`."""
+    p = layer.params
+    return (layer.kind == "MatrixMultiply" and "bias" not in layer.weights and not p.get("activation")
+            and not p.get("transpose_a") and bool(p.get("transpose_b")) in transpose_b)
+
+
+def _match(network, users, layer: Layer) -> Optional[_Attention]:
+    """The attention whose context MatrixMultiply is `layer`; its intermediates each have one reader."""
+    if not _plain(layer, (False,)):
+        return None
+    probs, v = layer.inputs
+    soft = produced_by(probs, "Softmax")
+    if soft is None or soft.params["axis"] % probs.rank != probs.rank - 1 or not probs.shape[-1]:
+        return None
+    t, scale, scalings = soft.inputs[0], 1.0, []
+    found = t.producer and affine(t.producer)
+    while found and not np.any(found[2]) and np.all(found[1] == found[1][0]):  # uniform, no shift
+        scalings.insert(0, t.producer)
+        t, scale = found[0], scale * float(found[1][0])
+        found = t.producer and affine(t.producer)
+    scores = t.producer
+    if scores is None or not _plain(scores, (False, True)):
+        return None
+    q, k = scores.inputs
+    layers = [scores, *scalings, soft, layer]
+    if (q.rank < 3 or not q.rank == k.rank == v.rank or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            or q.dtype not in FLOATS or not q.dtype == k.dtype == v.dtype == layer.outputs[0].dtype
+            or any(len(users.get(l.outputs[0].name, ())) != 1 or network.is_output(l.outputs[0]) for l in layers[:-1])):
+        return None
+    return _Attention(layers, q, k, v, not scores.params.get("transpose_b"), scale)
+
+
+def _index(shape) -> np.ndarray:
+    return np.arange(int(np.prod(shape))).reshape(shape)
+
+
+def _moved(shuffles: List[Layer], shape) -> np.ndarray:
+    """Where `shuffles` (in order) move each element of a tensor of `shape`: its flat indices, shuffled."""
+    index = _index(shape)
+    for s in shuffles:
+        index = KERNELS["Shuffle"](s, [index])[0]
+    return index
+
+
+def _packed(b: int, s: int, width: int) -> Tuple[Tuple[int, ...], ...]:
+    return (b, s, width), (b * s, width)
+
+
+def _split_source(t: Tensor, perm: Tuple[int, ...]) -> Optional[Tensor]:
+    """The packed tensor whose heads Shuffles lay out as `t` ([B, S, H, D] transposed by `perm`)."""
+    if t.rank != 4:
+        return None
+    b, s, h, d = (t.shape[perm.index(i)] for i in range(4))
+    shuffles = []
+    for _ in range(MAX_SHUFFLES):
+        shuffle = produced_by(t, "Shuffle")
+        if shuffle is None:
+            return None
+        shuffles.insert(0, shuffle)
+        t = shuffle.inputs[0]
+        if t.shape in _packed(b, s, h * d) and np.array_equal(_moved(shuffles, t.shape),
+                                                              _index((b, s, h, d)).transpose(perm)):
+            return t
+    return None
+
+
+def _merge(network, users, t: Tensor) -> Optional[Tuple[Tensor, List[Layer]]]:
+    """(packed tensor, Shuffles) when Shuffles, each the sole reader of the tensor before, merge the heads of the
+    context `t` [B, H, S, Dv] into [B, S, H*Dv] or [B*S, H*Dv]."""
+    b, h, s, dv = t.shape
+    heads, shuffles = _index(t.shape).transpose(HEADS), []
+    for _ in range(MAX_SHUFFLES):
+        readers = users.get(t.name, ())
+        if len(readers) != 1 or readers[0].kind != "Shuffle" or network.is_output(t):
+            return None
+        shuffles.append(readers[0])
+        t = readers[0].outputs[0]
+        if t.shape in _packed(b, s, h * dv) and np.array_equal(_moved(shuffles, (b, h, s, dv)),
+                                                               heads.reshape(t.shape)):
+            return t, shuffles
+    return None
+
+
+def _reshaped(network, t: Tensor, shape, name: str) -> Tensor:
+    """`t` when it has `shape`, else a reshape view of it."""
+    shape = tuple(shape)
+    return t if t.shape == shape else network.add_layer("Shuffle", [t], {"reshape": list(shape)}, name=name).outputs[0]
+
+
+def _rewrite(network, users, m: _Attention) -> str:
+    """Replace the attention `m` by an Attention layer (packed when its head Shuffles allow); its name."""
+    name = " + ".join(l.name for l in m.layers)
+    sources = [_split_source(m.q, HEADS), _split_source(m.k, HEADS_T if m.k_transposed else HEADS),
+               _split_source(m.v, HEADS)]
+    merged = all(t is not None for t in sources) and _merge(network, users, m.layers[-1].outputs[0])
+    if merged:
+        old, shuffles = merged
+        layers, batch = m.layers + shuffles, m.q.shape[0]
+        name += "".join(f" + {s.name}" for s in shuffles)
+        with network.inserting_before(shuffles[-1]):
+            inputs = [_reshaped(network, t, (batch, int(np.prod(t.shape[:-1])) // batch, t.shape[-1]),
+                                f"{name} ({role})") for t, role in zip(sources, "qkv")]
+            attention = network.add_layer("Attention", inputs, {"scale": m.scale, "heads": m.q.shape[1]}, name=name)
+            new = _reshaped(network, attention.outputs[0], old.shape, f"{name} (rows)")
+    else:
+        old, layers, k = m.layers[-1].outputs[0], m.layers, m.k
+        with network.inserting_before(m.layers[-1]):
+            if m.k_transposed:
+                perm = [*range(k.rank - 2), k.rank - 1, k.rank - 2]
+                k = network.add_layer("Shuffle", [k], {"first_perm": perm}, name=f"{name} (k)").outputs[0]
+            attention = network.add_layer("Attention", [m.q, k, m.v], {"scale": m.scale, "heads": None}, name=name)
+            new = attention.outputs[0]
+    network.replace_all_uses(old, new)
+    for layer in reversed(layers):
+        network.erase(layer)
+    if network.is_output(new):
+        new.name = old.name
+    return attention.name
+
+
+def fuse_attention(network) -> bool:
+    """Replace each attention (q k^T, scalings, Softmax, times v) by an Attention layer."""
+    changed = False
+    users = network.consumers()
+    for layer in list(network.layers):
+        m = layer.kind == "MatrixMultiply" and _match(network, users, layer)
+        if m:
+            logger.info("attention: %s", _rewrite(network, users, m))
+            record(network, "attention")
+            users = network.consumers()
+            changed = True
+    return changed
