@@ -7,17 +7,18 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+if ls .whl/*.whl >/dev/null 2>&1; then  # installed once; a later call on the same machine finds /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
+[ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 tests=1
 if [ "${1:-}" = "--no-tests" ]; then tests=0; shift; fi
 [ "${1:-}" = "--" ] && shift
 status=0
 if [ "$tests" = 1 ]; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+  timeout "${TEST_LIMIT:-420}" python3 -m pytest -q -m gpu -p no:cacheprovider -x --durations=5 tests/engine 2>&1 \
+    | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|FAILED|ERROR|Error|s call" | tail -40
   status=$?
 fi
 if [ $# -gt 0 ]; then
