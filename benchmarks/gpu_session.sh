@@ -17,7 +17,7 @@ if [ "${1:-}" = "--no-tests" ]; then tests=0; shift; fi
 [ "${1:-}" = "--" ] && shift
 status=0
 if [ "$tests" = 1 ]; then
-  timeout "${TEST_LIMIT:-420}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 tests/engine 2>&1 \
+  timeout "${TEST_LIMIT:-420}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 tests/engine/gpu 2>&1 \
     | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|FAILED|ERROR|Error|s call" | tail -40
   status=$?
 fi

@@ -333,7 +333,8 @@ def bench_bert(args, table, torch, cupy):
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 
-            ours(table, "bert_layer", batch, precision, build, x16, ref, args.iters)
+            ours(table, "bert_layer", batch, precision, build, x16, ref, args.iters,
+                 args.profile and batch == max(args.bert_batches))
         th = tblock.half()
         modes = [args.compile_mode] if "compile" in args.torch else []
         torch_variants(table, "bert_layer", batch, th, torch.from_numpy(x_np).cuda().half(), args, torch, modes)
@@ -388,7 +389,7 @@ def main(argv=None):
                    help="seconds for a max-autotune retry of ResNet-50 at batch 1 and the largest (0: skip)")
     p.add_argument("--autotune-batches", type=int, nargs="*", default=None,
                    help="batches of the max-autotune retry (default: 1 and the largest)")
-    p.add_argument("--profile", action="store_true", help="per-layer times of our engines at the largest batch")
+    p.add_argument("--profile", action="store_true", help="per-layer times of our engines at the largest batch (ResNet-50 and BERT)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--json", default=None, help="write all numbers here")
     args = p.parse_args(argv)
