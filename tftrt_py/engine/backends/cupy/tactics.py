@@ -104,7 +104,7 @@ class Tuner:
                 logger.debug("recorded tactic for %s failed to build: %s", spec.layer.name, exc)
                 cands = []
             if cands:
-                record = {"ms": None, "candidates": 1, **prefer, **cands[0].tactic}  # keeps notes like int8
+                record = {"candidates": 1, **prefer, **cands[0].tactic}  # keeps ms and notes like int8
                 self.chosen.setdefault(sig, record)
                 return cands[0], record
             if spec.prefer is not None:

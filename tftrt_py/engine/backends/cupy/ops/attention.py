@@ -76,6 +76,10 @@ class CudnnAttentionGraph(CudnnConvGraph):
 
 
 class CudnnAttentionOp(Op):
+    #: cuDNN 9.19's attention plans do not run from a captured CUDA graph (measured on an H200: a replay
+    #: leaves the output as it was), so this op runs between the captured parts of an engine.
+    capturable = False
+
     def __init__(self, graph: CudnnAttentionGraph, plan):
         self.graph, (self.index, name, self.workspace) = graph, plan
         self.tactic = {"op": "cudnn_sdpa", "plan": name, "workspace": self.workspace}
