@@ -1,32 +1,28 @@
-"""Attention: softmax(q k^T * scale) v as one cuDNN flash-attention graph (fp16), or two cuBLAS GEMMs
-around the softmax kernel (scores in fp32 in the workspace; any float dtype).
+"""Attention: softmax(q k^T * scale) v as two cuBLAS GEMMs around the softmax kernel (scores in fp32 in the
+workspace; any float dtype), reading the packed layout (``heads`` H: q [B, S, H*D], head h in columns
+h*D..) in place through strides: no head transposes.
 
-Both read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, through
-strides: no head transposes.
+cuDNN 9.19's flash-attention graphs (nvidia-cudnn-frontend 1.32 ``sdpa``) were tried on an H200 and left
+out: replayed from a CUDA graph they left their output unchanged, and run eagerly between captured
+parts one of four runs came out wrong, so they cannot be trusted here.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
-import threading
 from typing import List
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import _device, kernels
+from tftrt_py.engine.backends.cupy import kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
-from tftrt_py.engine.backends.cupy.ops.conv import CudnnConvGraph, cudnn_graph_cache
 from tftrt_py.engine.backends.cupy.ops.reduce import row_block, softmax_kernel
 
-__all__ = ["AttentionGeom", "CudnnAttentionOp", "GemmAttentionOp"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["AttentionGeom", "GemmAttentionOp"]
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionGeom:
-    """Batches x heads of [sq, d] x [sk, d]^T -> [sq, sk] -> x [sk, dv]; element strides of each operand."""
+    """Batches x heads of [sq, d] x [sk, d]^T -> [sq, sk] -> x [sk, dv], and the scale."""
 
     batch: int
     heads: int
@@ -41,53 +37,6 @@ class AttentionGeom:
         (q, k, v), heads = spec.in_shapes, spec.params.get("heads") or 1
         batch = int(np.prod(q[:-2])) if len(q) > 2 else 1
         return cls(batch, int(heads), q[-2], k[-2], q[-1] // heads, v[-1] // heads, float(spec.params["scale"]))
-
-    def strides(self, s: int, d: int) -> List[int]:
-        """[batch, head, row, col] strides of a [.., s, heads*d] tensor."""
-        return [s * self.heads * d, d, self.heads * d, 1]
-
-
-class CudnnAttentionGraph(CudnnConvGraph):
-    """cuDNN's scaled-dot-product (flash) attention over [B, H, S, D] views (plans as for convolutions)."""
-
-    def __init__(self, geom: AttentionGeom, max_workspace: int, handle):
-        cudnn = _device.cudnn_module()
-        half, f32 = cudnn.data_type.HALF, cudnn.data_type.FLOAT
-        self.lock = threading.Lock()
-        self.fusion, self.dtype = "sdpa", "float16"
-        g = cudnn.pygraph(io_data_type=half, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
-        b, h = geom.batch, geom.heads
-        self.Q = g.tensor(name="Q", dim=[b, h, geom.sq, geom.d], stride=geom.strides(geom.sq, geom.d), data_type=half)
-        self.K = g.tensor(name="K", dim=[b, h, geom.sk, geom.d], stride=geom.strides(geom.sk, geom.d), data_type=half)
-        self.V = g.tensor(name="V", dim=[b, h, geom.sk, geom.dv], stride=geom.strides(geom.sk, geom.dv),
-                          data_type=half)
-        o, _ = g.sdpa(q=self.Q, k=self.K, v=self.V, attn_scale=geom.scale, generate_stats=False, name="sdpa")
-        o.set_output(True).set_data_type(half).set_dim([b, h, geom.sq, geom.dv]).set_stride(
-            geom.strides(geom.sq, geom.dv))
-        self.Y = o
-        g.validate()
-        g.build_operation_graph()
-        g.deselect_workspace_greater_than(int(max_workspace))
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        self.graph = g
-        self.built = {}
-        self.failed = set()
-
-
-class CudnnAttentionOp(Op):
-    #: cuDNN 9.19's attention plans do not run from a captured CUDA graph (measured on an H200: a replay
-    #: leaves the output as it was), so this op runs between the captured parts of an engine.
-    capturable = False
-
-    def __init__(self, graph: CudnnAttentionGraph, plan):
-        self.graph, (self.index, name, self.workspace) = graph, plan
-        self.tactic = {"op": "cudnn_sdpa", "plan": name, "workspace": self.workspace}
-
-    def run(self, rc, ins, outs):
-        g = self.graph
-        pack = {g.Q: ins[0].data.ptr, g.K: ins[1].data.ptr, g.V: ins[2].data.ptr, g.Y: outs[0].data.ptr}
-        g.execute(self.index, pack, rc.workspace_ptr if self.workspace else None, rc.cudnn)
 
 
 class GemmAttentionOp(Op):
@@ -135,26 +84,6 @@ class GemmAttentionOp(Op):
                         stride_b=stride[2], stride_c=stride[3], allow_tf32=self.allow_tf32)
 
 
-def _cudnn_candidates(spec: Spec, geom: AttentionGeom) -> List[Op]:
-    prefer = spec.prefer or {}
-    if (spec.cdt != "float16" or _device.cudnn_module() is None or geom.d % 8 or geom.dv % 8
-            or prefer.get("op") not in (None, "cudnn_sdpa")):
-        return []
-    opts = spec.options
-    key = json.dumps(["sdpa", dataclasses.astuple(geom), opts.max_workspace, _device.device_name()])
-    try:
-        graph = cudnn_graph_cache(key, lambda: CudnnAttentionGraph(geom, opts.max_workspace, opts.tuner.cudnn))
-        plans = graph.plans(opts.cudnn_plans, prefer.get("plan"))
-    except Exception as exc:
-        logger.debug("cuDNN attention for %s not supported: %s", spec.layer.name, exc)
-        return []
-    return [CudnnAttentionOp(graph, plan) for plan in plans]
-
-
 @register("Attention")
 def attention_candidates(spec: Spec) -> List[Op]:
-    geom = AttentionGeom.of(spec)
-    cands = _cudnn_candidates(spec, geom)
-    if (spec.prefer or {}).get("op") in (None, "gemm_attention") or not cands:
-        cands.append(GemmAttentionOp(spec))
-    return cands
+    return [GemmAttentionOp(spec)]
