@@ -67,8 +67,9 @@ def _declare(lib) -> None:
     lib.cublasSetMathMode.argtypes = [vp, i]
     lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
                                                 i, i, i]
+    lib.cublasGemmBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i, i]
     for name in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
-                 "cublasSetMathMode", "cublasGemmStridedBatchedEx"):
+                 "cublasSetMathMode", "cublasGemmStridedBatchedEx", "cublasGemmBatchedEx"):
         getattr(lib, name).restype = ctypes.c_int
 
 
@@ -109,11 +110,7 @@ class Cublas:
         A is [m, k] (stored [k, m] when `trans_a`), B is [k, n] (stored [n, k] when `trans_b`).
         float16 operands accumulate in float32; float32 uses TF32 only when `allow_tf32`.
         """
-        if dtype == "int8":
-            compute, alpha, beta = _COMPUTE_32I, ctypes.c_int32(int(alpha)), ctypes.c_int32(0)
-        else:
-            compute = _COMPUTE_32F_FAST_TF32 if (allow_tf32 and dtype == "float32") else _COMPUTE_32F
-            alpha, beta = ctypes.c_float(alpha), ctypes.c_float(0.0)
+        compute, alpha, beta = _scalars(dtype, alpha, allow_tf32)
         t_in, t_out = _DTYPE[dtype], _DTYPE[out_dtype or dtype]
         # Row-major C = A B is column-major C^T = B^T A^T: swap the operands.
         status = self.lib.cublasGemmStridedBatchedEx(
@@ -122,3 +119,23 @@ class Cublas:
             ctypes.c_void_p(a), t_in, lda, stride_a,
             ctypes.byref(beta), ctypes.c_void_p(c), t_out, ldc, stride_c, batch, compute, _GEMM_DEFAULT)
         _check(status, f"gemm ({dtype}, m={m} n={n} k={k} batch={batch})")
+
+    def gemm_batched(self, dtype: str, m: int, n: int, k: int, a_ptrs: int, lda: int, trans_a: bool, b_ptrs: int,
+                     ldb: int, trans_b: bool, c_ptrs: int, ldc: int, batch: int, allow_tf32: bool = False,
+                     out_dtype: str = None, alpha: float = 1.0) -> None:
+        """As :meth:`gemm`, for `batch` matrices anywhere: `*_ptrs` are device arrays of their addresses."""
+        compute, alpha, beta = _scalars(dtype, alpha, allow_tf32)
+        t_in, t_out = _DTYPE[dtype], _DTYPE[out_dtype or dtype]
+        status = self.lib.cublasGemmBatchedEx(
+            self.handle, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k,
+            ctypes.byref(alpha), ctypes.c_void_p(b_ptrs), t_in, ldb, ctypes.c_void_p(a_ptrs), t_in, lda,
+            ctypes.byref(beta), ctypes.c_void_p(c_ptrs), t_out, ldc, batch, compute, _GEMM_DEFAULT)
+        _check(status, f"batched gemm ({dtype}, m={m} n={n} k={k} batch={batch})")
+
+
+def _scalars(dtype: str, alpha: float, allow_tf32: bool):
+    """(compute type, alpha, beta) of a GEMM on `dtype` operands."""
+    if dtype == "int8":
+        return _COMPUTE_32I, ctypes.c_int32(int(alpha)), ctypes.c_int32(0)
+    compute = _COMPUTE_32F_FAST_TF32 if (allow_tf32 and dtype == "float32") else _COMPUTE_32F
+    return compute, ctypes.c_float(alpha), ctypes.c_float(0.0)

@@ -1,6 +1,6 @@
-"""Attention: softmax(q k^T * scale) v as two cuBLAS GEMMs around the softmax kernel (scores in fp32 in the
-workspace; any float dtype), reading the packed layout (``heads`` H: q [B, S, H*D], head h in columns
-h*D..) in place through strides: no head transposes.
+"""Attention: softmax(q k^T * scale) v as two batched cuBLAS GEMMs around the softmax kernel (scores in fp32
+in the workspace; any float dtype), reading the packed layout (``heads`` H: q [B, S, H*D], head h in
+columns h*D..) in place through leading dimensions: no head transposes.
 
 cuDNN 9.19's flash-attention graphs (nvidia-cudnn-frontend 1.32 ``sdpa``) were tried on an H200 and left
 out: replayed from a CUDA graph they left their output unchanged, and run eagerly between captured
@@ -13,7 +13,7 @@ from typing import List
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import kernels
+from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.reduce import row_block, softmax_kernel
 
@@ -39,49 +39,60 @@ class AttentionGeom:
         return cls(batch, int(heads), q[-2], k[-2], q[-1] // heads, v[-1] // heads, float(spec.params["scale"]))
 
 
-class GemmAttentionOp(Op):
-    """Scores = scale q k^T (fp32, workspace), softmax into probabilities (compute dtype), out = p v.
+_POINTERS = r"""
+extern "C" __global__ void tt_pointers(const unsigned long long* __restrict__ offsets,
+                                       unsigned long long* __restrict__ out, int n, unsigned long long q,
+                                       unsigned long long k, unsigned long long s, unsigned long long p,
+                                       unsigned long long v, unsigned long long y) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 6 * n) return;
+  unsigned long long base[6] = {q, k, s, p, v, y};
+  out[i] = base[i / n] + offsets[i];
+}
+"""
 
-    Packed inputs are one strided-batched GEMM per batch row over the heads; plain ones one GEMM."""
+
+class GemmAttentionOp(Op):
+    """Scores = scale q k^T (fp32, workspace), softmax into probabilities (compute dtype), out = p v: two
+    pointer-array batched GEMMs over every (batch, head) matrix, whose addresses a small kernel writes
+    into the workspace (so a captured graph replays them for this context's buffers)."""
 
     def __init__(self, spec: Spec):
+        cupy = _device.require()
         self.g = g = AttentionGeom.of(spec)
         self.dtype, self.allow_tf32 = spec.cdt, spec.options.allow_tf32
-        self.itemsize = np.dtype(self.dtype).itemsize
-        count = g.batch * g.heads * g.sq
-        self.scores_bytes = align(count * g.sk * 4)
-        self.workspace = self.scores_bytes + align(count * g.sk * self.itemsize)
+        item = np.dtype(self.dtype).itemsize
+        self.n = n = g.batch * g.heads
+        i = np.arange(n, dtype=np.uint64)
+        b, h = np.divmod(i, np.uint64(g.heads))
+        hd, hdv, square = g.heads * g.d, g.heads * g.dv, g.sq * g.sk
+        offsets = np.stack([(b * (g.sq * hd) + h * g.d) * item, (b * (g.sk * hd) + h * g.d) * item,
+                            i * (square * 4), i * (square * item),
+                            (b * (g.sk * hdv) + h * g.dv) * item, (b * (g.sq * hdv) + h * g.dv) * item])
+        self.offsets = cupy.asarray(offsets.astype(np.uint64))  # q, k, scores, probs, v, out
+        self.device_bytes = int(self.offsets.nbytes)
+        self.probs_at = align(n * square * 4)
+        self.pointers_at = self.probs_at + align(n * square * item)
+        self.workspace = self.pointers_at + align(6 * n * 8)
+        self.pointers = kernels.raw_kernel(_POINTERS, "tt_pointers")
         self.softmax = softmax_kernel("float32", self.dtype)
         self.block = row_block(g.sk)
         self.tactic = {"op": "gemm_attention"}
 
-    def _gemms(self):
-        """(outer loop count, per-call batch, q/k/v/out element offsets per outer step, strides)."""
-        g = self.g
-        if g.heads == 1:
-            return 1, g.batch, (0, 0, 0, 0), (g.sq * g.d, g.sk * g.d, g.sk * g.dv, g.sq * g.dv)
-        return g.batch, g.heads, (g.sq * g.heads * g.d, g.sk * g.heads * g.d, g.sk * g.heads * g.dv,
-                                  g.sq * g.heads * g.dv), (g.d, g.d, g.dv, g.dv)
-
     def run(self, rc, ins, outs):
-        g, cublas, item = self.g, rc.cublas, self.itemsize
-        q, k, v, y = (a.data.ptr for a in (*ins, outs[0]))
-        scores, probs = rc.workspace_ptr, rc.workspace_ptr + self.scores_bytes
-        outer, batch, step, stride = self._gemms()
-        ld_q, ld_v = g.heads * g.d, g.heads * g.dv
-        per = g.heads * g.sq * g.sk if g.heads > 1 else 0
-        for i in range(outer):
-            cublas.gemm(self.dtype, g.sq, g.sk, g.d, q + i * step[0] * item, ld_q, False, k + i * step[1] * item,
-                        ld_q, True, scores + i * per * 4, g.sk, batch=batch, stride_a=stride[0],
-                        stride_b=stride[1], stride_c=g.sq * g.sk, allow_tf32=self.allow_tf32, out_dtype="float32",
-                        alpha=g.scale)
-        rows = g.batch * g.heads * g.sq
-        self.softmax((rows,), (self.block,), (rc.scratch(0, (1,), "float32"), rc.scratch(self.scores_bytes, (1,),
-                     self.dtype), kernels.i32(g.sk), kernels.i64(1)))
-        for i in range(outer):
-            cublas.gemm(self.dtype, g.sq, g.dv, g.sk, probs + i * per * item, g.sk, False, v + i * step[2] * item,
-                        ld_v, False, y + i * step[3] * item, ld_v, batch=batch, stride_a=g.sq * g.sk,
-                        stride_b=stride[2], stride_c=stride[3], allow_tf32=self.allow_tf32)
+        g, n, ws = self.g, self.n, rc.workspace_ptr
+        bases = [ins[0].data.ptr, ins[1].data.ptr, ws, ws + self.probs_at, ins[2].data.ptr, outs[0].data.ptr]
+        self.pointers((-(-6 * n // 256),), (256,), (self.offsets, rc.scratch(self.pointers_at, (6 * n,), "uint64"),
+                                                   kernels.i32(n), *map(np.uint64, bases)))
+        ptrs = [ws + self.pointers_at + j * n * 8 for j in range(6)]
+        hd, hdv = g.heads * g.d, g.heads * g.dv
+        rc.cublas.gemm_batched(self.dtype, g.sq, g.sk, g.d, ptrs[0], hd, False, ptrs[1], hd, True, ptrs[2], g.sk, n,
+                               self.allow_tf32, out_dtype="float32", alpha=g.scale)
+        self.softmax((n * g.sq,), (self.block,), (rc.scratch(0, (1,), "float32"),
+                                                  rc.scratch(self.probs_at, (1,), self.dtype), kernels.i32(g.sk),
+                                                  kernels.i64(1)))
+        rc.cublas.gemm_batched(self.dtype, g.sq, g.dv, g.sk, ptrs[3], g.sk, False, ptrs[4], hdv, False, ptrs[5], hdv,
+                               n, self.allow_tf32)
 
 
 @register("Attention")
