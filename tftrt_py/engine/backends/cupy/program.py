@@ -166,16 +166,14 @@ def keep_faster_int8(net, layers: Dict[str, List[Tuple[int, bool]]], tuner: Tune
     """The int8 convolutions worth running in int8 on this GPU, and the choice made for each.
 
     TensorRT's INT8 mode lets a layer run in fp16 when that kernel is faster, unless precisions are
-    strict: each int8 convolution here is timed both ways, in int8 with the outputs it would write
-    (int8 alone, or fp16 with an int8 copy beside it: see int8_tensors) and the quantize step its input
-    needs unless its producer writes int8. A convolution that is faster in fp16
+    strict: each int8 convolution here is timed both ways, its int8 time including the quantize step
+    its input needs when the producer does not write int8. A convolution that is faster in fp16
     becomes an FP16 layer (``layer.precision``, so the plan and the numpy backend say what runs). A
     tactic recorded on this GPU (``int8`` in it) decides without timing.
     """
     from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
 
     kept, chosen = {}, {}
-    direct, dual = int8_tensors(net, layers)
     for layer in net.layers:
         if layer.name not in layers:
             continue
@@ -190,15 +188,10 @@ def keep_faster_int8(net, layers: Dict[str, List[Tuple[int, bool]]], tuner: Tune
                         "float16", options)
             cp, scale = conv_channels(x.shape[-1]), tensor_scale(x.dynamic_range)
             qshape = quantized_shape(x.shape, cp)
-            y, quant = layer.outputs[0], {"in_scale": float(scale)}
-            outs, dtypes = (out, ["int8"]) if y.name in direct else (out, ["float16"])
-            if y.name in dual:
-                outs, dtypes = out * 2, ["float16", "int8"]
-                quant["dual_scale"] = float(tensor_scale(y.dynamic_range))
-            int8 = Spec(layer, [qshape] + [t.shape for t in rest], ["int8"] + ["float16"] * len(rest), outs, dtypes,
-                        "float16", options, quant=quant)
+            int8 = Spec(layer, [qshape] + [t.shape for t in rest], ["int8"] + ["float16"] * len(rest), out,
+                        ["float16"], "float16", options, quant={"in_scale": float(scale)})
             int8_ms = tuner.fastest_ms(int8, conv_candidates)
-            if x.producer is None or x.producer.name not in kept or x.name not in direct | dual:
+            if x.producer is None or x.producer.name not in kept:
                 int8_ms += tuner.op_ms(QuantizeOp(x.shape, "float16", scale, cp), [x.shape], ["float16"], [qshape],
                                        ["int8"])
             fp16_ms = tuner.fastest_ms(fp16, conv_candidates)
