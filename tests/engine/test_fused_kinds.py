@@ -60,6 +60,15 @@ def test_attention_matches_head_by_head_softmax(case):
     np.testing.assert_allclose(got, attention_reference(*arrays, 0.3, heads), rtol=1e-5, atol=1e-6)
 
 
+def test_attention_reads_column_windows_of_wider_inputs():
+    qkv = rand(2, 5, 3 * 16) * 3
+    columns = [[0, 16], [16, 16], [32, 16]]
+    got = run(single("Attention", [(2, 5, 48)] * 3, {"scale": 0.3, "heads": 2, "columns": columns}), [qkv] * 3)
+    want = attention_reference(qkv[..., :16], qkv[..., 16:32], qkv[..., 32:], 0.3, 2)
+    assert got.shape == (2, 5, 16)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_attention_softmax_is_stable():
     q, k, v = rand(1, 2, 4), rand(1, 3, 4), rand(1, 3, 2)
     got = run(single("Attention", [(1, 2, 4), (1, 3, 4), (1, 3, 2)], {"scale": 1e4, "heads": None}), [q, k, v])
@@ -99,6 +108,10 @@ def test_fp16_rounds_inputs_weights_and_outputs_and_computes_in_fp32(kind, shape
     ("Attention", [(2, 5, 8), (2, 7, 8), (2, 7, 8)], {"scale": 1.0, "heads": 3}, None, "heads"),
     ("Attention", [(2, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8)], {"scale": 1.0, "heads": 2}, None, "rank-3"),
     ("Attention", [(2, 5, 8), (2, 7, 8), (2, 7, 8)], {"scale": "1"}, None, "not a number"),
+    ("Attention", [(2, 5, 24)] * 3, {"scale": 1.0, "heads": 2, "columns": [[0, 8], [8, 8], [20, 8]]}, None,
+     "windows"),
+    ("Attention", [(2, 5, 24)] * 3, {"scale": 1.0, "heads": None, "columns": [[0, 8], [8, 8], [16, 8]]}, None,
+     "windows"),
     ("Normalization", [(2, 8), (1, 8)], {"epsilon": 1e-5}, {"scale": np.ones(8), "bias": np.ones(8)}, "residual"),
     ("Normalization", [(2, 8)], {"epsilon": 1e-5}, {"scale": np.ones(8), "bias": np.ones(2)}, "bias has shape"),
 ])

@@ -7,7 +7,7 @@ built for batch B can serve a smaller batch). Backends implement kinds, not TF o
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -358,22 +358,42 @@ def _softmax(layer):
     return _same_as_input(layer)
 
 
+class _Operand(NamedTuple):
+    shape: Tuple[int, ...]
+    dtype: str
+
+
+def attention_columns(layer) -> List[Tuple[int, int]]:
+    """(first column, width) of q, k and v in each input's last dim: ``columns`` of a packed Attention, else
+    the whole dim (a fused projection's output read in place instead of sliced)."""
+    cols = layer.params.get("columns")
+    return [tuple(c) for c in cols] if cols else [(0, t.shape[-1]) for t in layer.inputs]
+
+
 @register("Attention", rowwise=lambda layer, batched: all(batched))
 def _attention(layer):
     """softmax(q k^T * ``scale``, last axis) v, in fp32. ``heads`` None: q [*B, Sq, D], k [*B, Sk, D],
     v [*B, Sk, Dv] -> [*B, Sq, Dv]. ``heads`` H (packed, rank 3): q [B, Sq, H*D], k [B, Sk, H*D], v [B, Sk, H*Dv]
     -> [B, Sq, H*Dv]; head h reads columns h*D:(h+1)*D of q and k, h*Dv:(h+1)*Dv of v, and writes those of the
-    output (no transposes)."""
-    q, k, v = layer.inputs
+    output (no transposes). Packed, ``columns`` [[start, width]] x 3 reads q, k, v as those columns of wider
+    inputs (a fused QKV projection's output)."""
     heads, scale = layer.params.get("heads"), layer.params["scale"]
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise NetworkError(f"Attention scale {scale!r} is not a number")
-    if heads is not None and (type(heads) is not int or heads <= 0 or q.rank != 3 or q.shape[-1] % heads
+    cols = layer.params.get("columns")
+    if cols is not None and (heads is None or len(cols) != 3 or any(
+            len(c) != 2 or type(c[0]) is not int or type(c[1]) is not int or c[0] < 0 or c[1] <= 0
+            or c[0] + c[1] > t.shape[-1] for c, t in zip(cols, layer.inputs))):
+        raise NetworkError(f"Attention columns {cols!r} are not three [start, width] windows inside the inputs' "
+                           f"last dims of a packed Attention")
+    q, k, v = (_Operand(t.shape[:-1] + (w,), t.dtype) for t, (_, w) in zip(layer.inputs, attention_columns(layer)))
+    if heads is not None and (type(heads) is not int or heads <= 0 or len(q.shape) != 3 or q.shape[-1] % heads
                               or v.shape[-1] % heads):
         raise NetworkError(f"Attention with {heads!r} heads needs rank-3 q, k, v whose last dims they divide, "
                            f"got {q.shape}, {v.shape}")
-    if (q.rank < 3 or not q.rank == k.rank == v.rank or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
-            or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or not q.dtype == k.dtype == v.dtype):
+    if (len(q.shape) < 3 or not len(q.shape) == len(k.shape) == len(v.shape)
+            or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2] or q.shape[-1] != k.shape[-1]
+            or k.shape[-2] != v.shape[-2] or not q.dtype == k.dtype == v.dtype):
         raise NetworkError(f"Attention needs q [*B, Sq, D], k [*B, Sk, D], v [*B, Sk, Dv] of one dtype and rank >= 3, "
                            f"got {q.shape}, {k.shape}, {v.shape}")
     return [(q.dtype, (*q.shape[:-1], v.shape[-1]))]

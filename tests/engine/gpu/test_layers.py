@@ -288,6 +288,8 @@ ATTENTION_CASES = {  # q, k, v shapes and params; "packed": heads side by side i
     "packed": ([(2, 16, 4 * 32), (2, 24, 4 * 32), (2, 24, 4 * 32)], {"scale": 0.17, "heads": 4}),
     "packed_narrow_v": ([(3, 8, 2 * 64), (3, 8, 2 * 64), (3, 8, 2 * 16)], {"scale": 0.125, "heads": 2}),
     "odd_head_dim": ([(2, 5, 2 * 12), (2, 7, 2 * 12), (2, 7, 2 * 12)], {"scale": 0.3, "heads": 2}),
+    "column_windows": ([(2, 16, 3 * 4 * 32)] * 3, {"scale": 0.17, "heads": 4,
+                                                  "columns": [[0, 128], [128, 128], [256, 128]]}),
 }
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tftrt_py.engine.errors import BackendError
+from tftrt_py.engine.layers import attention_columns
 
 __all__ = ["NumpyBackend", "KERNELS", "conv_sums", "apply_activation"]
 
@@ -383,7 +384,7 @@ def _heads(a, heads):
 
 @kernel("Attention")
 def _attention(layer, inputs):
-    q, k, v = (a.astype(np.float32) for a in inputs)
+    q, k, v = (a[..., c:c + w].astype(np.float32) for a, (c, w) in zip(inputs, attention_columns(layer)))
     heads = layer.params.get("heads")
     if heads:
         q, k, v = (_heads(a, heads) for a in (q, k, v))

@@ -42,6 +42,7 @@ PIPELINE: List[Tuple[str, Callable]] = [
     ("layer normalization fusion", normalization.fuse_layer_norms),
     ("attention fusion", attention.fuse_attention),
     ("horizontal fusion", horizontal.fuse_horizontal),
+    ("attention column windows", attention.read_attention_windows),
 ]
 
 MAX_ROUNDS = 50

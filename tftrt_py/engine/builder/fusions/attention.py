@@ -3,8 +3,9 @@ scalings, a Softmax over the last axis and a MatrixMultiply with v -- as one Att
 
 When Shuffles split q, k and v into heads from packed [B, S, H*D] (or [B*S, H*D]) tensors ([B, S, H, D]
 transposed to [B, H, S, D]; k^T to [B, H, D, S]) and merge the context back the same way, the Attention reads and
-writes the packed tensors (``heads`` H, reshape views of 2-d ones): no head transposes. Split Shuffles that
-nothing else reads are left to dead-layer elimination.
+writes the packed tensors (``heads`` H, reshape views of 2-d ones): no head transposes. Packed q, k, v that
+Slices cut as column windows from a wider tensor (a fused QKV projection) are read there (``columns``): no
+copies. Split Shuffles and Slices that nothing else reads are left to dead-layer elimination.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tftrt_py.engine.backends.numpy_backend import KERNELS
 from tftrt_py.engine.builder.fusions.match import FLOATS, affine, produced_by, record
 from tftrt_py.engine.network import Layer, Tensor
 
-__all__ = ["fuse_attention", "MAX_SHUFFLES"]
+__all__ = ["fuse_attention", "read_attention_windows", "MAX_SHUFFLES"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,17 @@ def _merge(network, users, t: Tensor) -> Optional[Tuple[Tensor, List[Layer]]]:
     return None
 
 
+def _window(t: Tensor) -> Tuple[Tensor, int]:
+    """(wider tensor, first column) when a Slice cuts `t` from it as whole rows of consecutive columns of the
+    last dim (q, k or v sliced from a fused QKV projection), else (t, 0)."""
+    s = produced_by(t, "Slice")
+    if s is not None:
+        x, p = s.inputs[0], s.params
+        if set(p["stride"]) == {1} and not any(p["start"][:-1]) and tuple(p["size"][:-1]) == x.shape[:-1]:
+            return x, p["start"][-1]
+    return t, 0
+
+
 def _reshaped(network, t: Tensor, shape, name: str) -> Tensor:
     """`t` when it has `shape`, else a reshape view of it."""
     shape = tuple(shape)
@@ -170,4 +182,33 @@ def fuse_attention(network) -> bool:
             record(network, "attention")
             users = network.consumers()
             changed = True
+    return changed
+
+
+def _unviewed(t: Tensor) -> Tensor:
+    """The tensor `t` is a reshape view of (a Shuffle that only reshapes), else `t`."""
+    view = produced_by(t, "Shuffle")
+    only_reshape = view is not None and not any(view.params.get(k) for k in ("first_perm", "second_perm"))
+    return view.inputs[0] if only_reshape else t
+
+
+def read_attention_windows(network) -> bool:
+    """Let packed Attention layers read q, k and v where Slices cut them from one wider tensor (``columns``)."""
+    changed = False
+    for layer in [l for l in network.layers if l.kind == "Attention"]:
+        if not layer.params.get("heads") or layer.params.get("columns"):
+            continue
+        old = layer.inputs
+        windows = [_window(_unviewed(t)) for t in old]
+        if all(w is _unviewed(t) for (w, _), t in zip(windows, old)):
+            continue
+        views = {}
+        with network.inserting_before(layer):
+            for (w, _), t in zip(windows, old):
+                if w.name not in views:
+                    views[w.name] = _reshaped(network, w, (*t.shape[:-1], w.shape[-1]), f"{layer.name} ({w.name})")
+        layer.inputs = [views[w.name] for w, _ in windows]
+        layer.params = dict(layer.params, columns=[[c, t.shape[-1]] for (_, c), t in zip(windows, old)])
+        logger.info("attention %s reads its inputs in place: columns %s", layer.name, layer.params["columns"])
+        changed = True
     return changed
