@@ -178,8 +178,9 @@ class NormalizationOp(Op):
         value = "(ld(x[i]) + ld(r[i]))" if self.residual else "ld(x[i])"
         head = f"#define T {kernels.raw_type(spec.cdt)}\n#define VALUE(i) {value}\n"
         self.kernel = kernels.raw_kernel(head + _LAYER_NORM, "tt_layer_norm")
-        self.scale = cupy.asarray(spec.weights["scale"].astype(np.float32))
-        self.bias = cupy.asarray(spec.weights["bias"].astype(np.float32))
+        # weights rounded to the compute dtype, as the numpy backend's FP16 rounds them; applied in fp32
+        self.scale, self.bias = (cupy.asarray(spec.weights[k].astype(spec.cdt).astype(np.float32))
+                                 for k in ("scale", "bias"))
         self.eps = np.float32(spec.params["epsilon"])
         self.device_bytes = int(self.scale.nbytes + self.bias.nbytes)
         self.tactic = {"op": "layer_norm_kernel", "block": self.block}
