@@ -111,7 +111,8 @@ class CupyEvent:
 
 
 def profile(engine, ctx, x, precision, runs: int = 3) -> None:
-    """Per-layer GPU times (eager, events around each step): totals by layer kind and the top layers."""
+    """Per-layer GPU times (each step replayed alone from its own CUDA graph, between events): totals by layer
+    kind and the top layers."""
     from tftrt_py.engine import Profiler
 
     ctx.profiler = Profiler()
@@ -125,7 +126,7 @@ def profile(engine, ctx, x, precision, runs: int = 3) -> None:
         kind = kinds.get(name, name.split(" (")[-1].rstrip(")"))
         by_kind[kind] = by_kind.get(kind, 0.0) + ms
     total = sum(per_layer.values())
-    print(f"profile {precision} (eager, per step): total {total:.3f} ms; by kind: " +
+    print(f"profile {precision} (per step, each replayed alone): total {total:.3f} ms; by kind: " +
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
     for name, ms in sorted(per_layer.items(), key=lambda kv: -kv[1])[:12]:
         tactic = {k: v for k, v in engine.tactics.get(name, {}).items() if k in ("op", "plan", "pad_c", "ms")}
