@@ -218,20 +218,47 @@ class PointwiseOp(Op):
         self.kernel(*ins, *self.consts, outs[0])
 
 
-def epilogue_op_body(dtype: str, has_bias: bool, has_residual: bool, activation) -> Tuple[str, str, str]:
-    """ElementwiseKernel (in params, out params, body) of y = act(y + bias + residual), in place."""
-    params, e = [], "(float)y"
-    if has_bias:
-        params.append("float32 bias")
-        e = f"({e} + bias)"
-    if has_residual:
-        params.append(f"{dtype} res")
-        e = f"({e} + (float)res)"
-    body = f"y = ({C_TYPE[dtype]})({activation_expr(e, activation)});"
-    return ", ".join(params), f"{dtype} y", body
+_EPILOGUE = r"""
+extern "C" __global__ void tt_epilogue(const float* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
+                                       IDX total) {
+  for (IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x; i < total; i += (IDX)gridDim.x * blockDim.x) {
+    float v = ld(y[i]);
+    if (HAS_BIAS) v += bias[i % N];
+    if (HAS_RES) v += ld(res[i % RES_TOTAL]);
+    y[i] = st<T>(ACT);
+  }
+}
+"""
 
 
-def epilogue_op(dtype: str, has_bias: bool, has_residual: bool, activation):
-    """The cached in-place epilogue kernel; call as kernel(*[bias][, residual], y)."""
-    ins, outs, body = epilogue_op_body(dtype, has_bias, has_residual, activation)
-    return kernels.elementwise(ins, outs, body, "tt_epilogue", PREAMBLE)
+class Epilogue:
+    """y = act(y + bias + residual), in place, as one generated kernel: bias [N] along y's last dim; the residual
+    y's shape or a batch of 1 of it. Call as epilogue(*[bias][, residual], y). The kernel is specialised to
+    y's last dim and sizes (constant divisors, 32-bit indices where they fit)."""
+
+    def __init__(self, dtype: str, has_bias: bool, has_residual: bool, activation):
+        self.dtype, self.has_bias, self.has_residual = dtype, has_bias, has_residual
+        self.act = activation_expr("v", activation)
+        self._kernels: Dict[tuple, object] = {}
+
+    def _kernel(self, n: int, res_total: int, total: int):
+        key = (n, res_total, total < 2 ** 31)
+        if key not in self._kernels:
+            head = (f"#define T {kernels.raw_type(self.dtype)}\n#define IDX {'int' if key[2] else 'long long'}\n"
+                    f"#define N {n}\n#define RES_TOTAL {res_total}\n#define HAS_BIAS {int(self.has_bias)}\n"
+                    f"#define HAS_RES {int(self.has_residual)}\n#define ACT {self.act}\n")
+            self._kernels[key] = kernels.raw_kernel(PREAMBLE + head + _EPILOGUE, "tt_epilogue")
+        return self._kernels[key]
+
+    def __call__(self, *args) -> None:
+        y = args[-1]
+        bias = args[0] if self.has_bias else y
+        res = args[int(self.has_bias)] if self.has_residual else y
+        total = int(y.size)
+        index = kernels.i32 if total < 2 ** 31 else kernels.i64
+        kernels.launch(self._kernel(int(y.shape[-1]), int(res.size), total), total, (bias, res, y, index(total)))
+
+
+def epilogue_op(dtype: str, has_bias: bool, has_residual: bool, activation) -> Epilogue:
+    """The in-place epilogue y = act(y + bias + residual); call as epilogue(*[bias][, residual], y)."""
+    return Epilogue(dtype, has_bias, has_residual, activation)
