@@ -7,7 +7,7 @@ SavedModel; TrtGraphConverterV2 converts it in INT8, calibrating on random norma
 (``--calibrator``, default minmax); ``converter.build`` builds the engine for [batch, 224, 224, 3] (and
 runs it once); the converted SavedModel is saved and its engine exported with tftrt_py.tools.export to
 ``--out`` (plus the export's .json sidecar naming the bindings). The model must convert into one engine.
-The plan is about 102 MB: its weights stay float32.
+The plan is about 102 MB: its int8 convolutions keep float32 weights (quantized per channel when built).
 
 ``--check`` loads the plan on the numpy backend and compares a batch of 2 images with TensorFlow running
 the SavedModel: relative L2 error <= ``--tolerance`` (INT8 gives about 1.4e-2, most of it from the int8

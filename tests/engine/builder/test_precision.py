@@ -10,6 +10,7 @@ from tftrt_py.engine import Builder, BuilderConfig, Network, Runtime
 from tftrt_py.engine.backends import numpy_precision
 from tftrt_py.engine.builder import precision
 from tftrt_py.engine.errors import MissingDynamicRangeError
+from tftrt_py.engine.plan import read_header
 
 
 def build(net, mode):
@@ -154,6 +155,22 @@ def test_fp16_layers_round_inputs_and_weights_then_accumulate_in_fp32():
     f16 = lambda v: v.astype(np.float16).astype(np.float64)
     want = (f16(x) @ f16(w)).astype(np.float16).astype(np.float32)  # exact sums, one rounding at the end
     np.testing.assert_array_equal(got, want)
+
+
+def test_fp16_layers_store_their_weights_as_fp16_and_compute_the_same():
+    engine = build(classifier(), "FP16")
+    conv_layer = engine.network.layers[0]
+    assert conv_layer.precision == "FP16" and {w.dtype for w in conv_layer.weights.values()} == {np.dtype("float16")}
+    kept = build(classifier(), "FP32")
+    assert {w.dtype for w in kept.network.layers[0].weights.values()} == {np.dtype("float32")}
+    stored = read_header(engine.serialize())["layers"][0]["weights"]
+    assert {ref["dtype"] for ref in stored.values()} == {"float16"}
+    x = rand(4, 8, 8, 3)
+    got = engine.create_execution_context().execute_v2([x])
+    conv_layer.weights = dict(kept.network.layers[0].weights)  # float32 again: FP16 rounds them on read
+    again = Runtime().deserialize_cuda_engine(engine.serialize()).create_execution_context().execute_v2([x])
+    for g, a in zip(got, again):
+        np.testing.assert_array_equal(g, a)
 
 
 def test_fp16_overflow_gives_inf_as_on_the_gpu():

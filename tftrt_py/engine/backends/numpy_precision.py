@@ -69,7 +69,7 @@ def _cached(layer, make: Callable):
 
 # -- FP16 ----------------------------------------------------------------------------------------------------
 def _fp16_weights(layer) -> Dict[str, np.ndarray]:
-    return {k: round_fp16(v) for k, v in layer.weights.items()}
+    return {k: round_fp16(v) if v.dtype != np.float16 else v.astype(np.float32) for k, v in layer.weights.items()}
 
 
 def _run_fp16(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:

@@ -3,7 +3,7 @@
 Run once after the fusion passes have settled (a layer's kind and inputs decide its precision):
 
 * FP32: every layer in fp32.
-* FP16: float layers in fp16 (weights and activations rounded to fp16, fp32 accumulation), except those
+* FP16: float layers in fp16 (weights stored as fp16, activations rounded to fp16, fp32 accumulation), except those
   ``fp32_reason`` names: large or overflow-prone reductions, softmax sums, exp/log/pow, normalization
   statistics, casts. Attention and Normalization layers run in fp16: their kernels keep the softmax and the
   statistics in fp32.
@@ -22,6 +22,8 @@ import collections
 import logging
 import re
 from typing import Callable, Dict, List, Optional
+
+import numpy as np
 
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.network import Layer, Network, Tensor
@@ -145,6 +147,12 @@ def _check_ranges(network: Network, candidates: List[Layer]) -> bool:
     return True
 
 
+def _half(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """An FP16 layer's weights as it computes with them: float32 ones rounded to (and stored as) float16."""
+    with np.errstate(over="ignore"):
+        return {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()}
+
+
 def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
     """Set ``layer.precision`` of every layer (None for constants) for builder precision `precision`.
 
@@ -172,6 +180,8 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
             layer.precision = "FP32" if reason else "FP16"
             if reason:
                 reasons[reason] += 1
+            else:
+                layer.weights = _half(layer.weights)
         counts[layer.precision] += 1
         logger.debug("%s: layer %r (%s) runs in %s%s", network.name, layer.name, layer.kind, layer.precision,
                      f" ({reason})" if reason else "")
