@@ -1,6 +1,8 @@
 """Pointwise layers (ElementWise, Unary, Activation, Scale, Select, Identity casts) as generated
 cupy ElementwiseKernels. A chain of pointwise layers is fused into one kernel: each layer becomes
 a C expression over its inputs, computed in float (int/bool where the tensor is), stored once.
+GEMMs and convolutions apply bias, residual and activation with :class:`Epilogue`, a raw kernel of the same
+expressions.
 """
 from __future__ import annotations
 
