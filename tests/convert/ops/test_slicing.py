@@ -63,6 +63,10 @@ SUBSCRIPTS = {
     "implicit_trailing": lambda t: t[1:2],
     "out_of_range_clamps": lambda t: t[-10:10, 2:100, -100:],
     "empty_dim": lambda t: t[:, 3:1],
+    "new_axis": lambda t: t[:, tf.newaxis, 1:],
+    "new_axis_first_and_last": lambda t: t[tf.newaxis, ..., tf.newaxis],
+    "new_axis_with_shrink": lambda t: t[1, tf.newaxis, :, 2],
+    "new_axes_after_ellipsis": lambda t: t[..., tf.newaxis, 1:4, tf.newaxis],
 }
 
 
@@ -87,9 +91,11 @@ def test_strided_slice_keeps_batch_rows(batch):
     assert_converts(lambda t: tf.nn.relu(t[:, 1:, 0]), [random_array((batch, 5, 6))], expect_kinds=["Slice"])
 
 
-def test_strided_slice_new_axis_is_refused():
-    reason = check(lambda t: t[:, tf.newaxis, 1:], [tf.TensorSpec((3, 4))], "StridedSlice")
-    assert reason == "StridedSlice with new_axis_mask is not supported"
+def test_strided_slice_new_axis_and_shrink_bits_on_one_entry_add_the_axis():
+    """As TF: the new axis wins over a shrink bit on the same entry."""
+    fn = lambda t: tf.raw_ops.StridedSlice(input=t, begin=[0, 0], end=[1, 2], strides=[1, 1], new_axis_mask=0b1,
+                                           shrink_axis_mask=0b1)
+    assert_converts(fn, [random_array(SHAPE)])
 
 
 def test_strided_slice_runtime_end_is_refused():

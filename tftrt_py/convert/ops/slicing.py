@@ -1,4 +1,4 @@
-"""Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes).
+"""Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes and adds new ones).
 
 Begin/end/size/stride operands are known when building (constants, or computed from shapes:
 ``x[:, :tf.shape(y)[1]]``), split sizes and axes are constants, and shapes are concrete while
@@ -17,16 +17,17 @@ def _ints(value):
     return [int(v) for v in np.ravel(value)]
 
 
-def add_slice(ctx, node, x, start, size, stride=None, keep=None, suffix=""):
-    """x[start : start + size * stride : stride] as a Slice layer, then a Shuffle keeping only the axes
-    in `keep` (all when None). A slice that takes everything adds no layer."""
+def add_slice(ctx, node, x, start, size, stride=None, shape=None, suffix=""):
+    """x[start : start + size * stride : stride] as a Slice layer, then a Shuffle reshaping it to `shape`
+    (dropping shrunk axes, adding new ones) when that differs from `size`. A slice that takes everything
+    adds no layer."""
     stride = stride or [1] * len(start)
     if list(size) != list(x.shape) or any(start) or any(s != 1 for s in stride):
         params = {"start": list(start), "size": list(size), "stride": list(stride)}
         x = ctx.add_layer("Slice", [x], params, node=node, suffix=suffix)[0]
-    if keep is not None and len(keep) != len(size):
-        x = ctx.add_layer("Shuffle", [x], {"reshape": [int(size[a]) for a in keep]}, node=node,
-                          suffix=suffix + "/squeeze")[0]
+    if shape is not None and list(shape) != list(size):
+        x = ctx.add_layer("Shuffle", [x], {"reshape": [int(d) for d in shape]}, node=node,
+                          suffix=suffix + "/reshape")[0]
     return x
 
 
@@ -36,8 +37,8 @@ def split_along(ctx, node, x, axis, sizes, squeeze=False):
     for i, n in enumerate(sizes):
         start, size = [0] * len(x.shape), list(x.shape)
         start[axis], size[axis] = offset, n
-        keep = [a for a in range(len(size)) if a != axis] if squeeze else None
-        outs.append(add_slice(ctx, node, x, start, size, keep=keep, suffix=f"/{i}"))
+        shape = [d for a, d in enumerate(size) if a != axis] if squeeze else None
+        outs.append(add_slice(ctx, node, x, start, size, shape=shape, suffix=f"/{i}"))
         offset += n
     return outs
 
@@ -71,18 +72,30 @@ class SliceConverter(OpConverter):
 
 
 # -- StridedSlice -------------------------------------------------------------------------------
-def _dense_indices(rank, n, ellipsis_mask):
-    """For each input dim, the index of its begin/end/stride entry, or None where an ellipsis
-    (explicit, or implied after the last entry) takes the whole dim."""
-    entries = [i for i in range(n) if not ellipsis_mask >> i & 1]
-    if len(entries) < n - 1:
+def _entries(rank, n, ellipsis_mask, new_axis_mask):
+    """The output dims of a StridedSlice with `n` index entries, as TF expands them: per dim, (the input
+    axis or None for a new axis, the index of its begin/end/stride entry or None where an ellipsis --
+    explicit, or implied after the last entry -- takes the whole axis)."""
+    ellipsis_mask &= (1 << n) - 1
+    if bin(ellipsis_mask).count("1") > 1:
         raise ValueError("StridedSlice with more than one ellipsis is not supported")
-    if len(entries) > rank:
-        raise ValueError(f"StridedSlice has {len(entries)} indices for a rank-{rank} input")
-    dense = []
+    if not ellipsis_mask:
+        ellipsis_mask, n = 1 << n, n + 1
+    dims, axis = [], 0
     for i in range(n):
-        dense += [None] * (rank - len(entries)) if ellipsis_mask >> i & 1 else [i]
-    return dense + [None] * (rank - len(dense))
+        if ellipsis_mask >> i & 1:
+            later = [j for j in range(i + 1, n) if not new_axis_mask >> j & 1]
+            stop = rank - len(later)
+            dims += [(a, None) for a in range(axis, stop)]
+            axis = max(axis, stop)
+        elif new_axis_mask >> i & 1:
+            dims.append((None, i))
+        else:
+            dims.append((axis, i))
+            axis += 1
+    if axis > rank:
+        raise ValueError(f"StridedSlice has {axis} indices for a rank-{rank} input")
+    return dims
 
 
 def _resolve_dim(dim, begin, end, stride, begin_masked, end_masked, shrink):
@@ -97,38 +110,38 @@ def _resolve_dim(dim, begin, end, stride, begin_masked, end_masked, shrink):
 
 
 def resolve_strided_slice(node, shape, begin, end, strides):
-    """(start, size, stride, kept axes) of a StridedSlice of an input of `shape` (None dims skipped:
-    their entries are None); raises ValueError with the reason it cannot convert."""
+    """(start, size, stride, output shape) of a StridedSlice of an input of `shape`: shrunk axes dropped,
+    new axes (new_axis_mask) added as dims of 1 (None dims skipped: their entries are None); raises
+    ValueError with the reason it cannot convert."""
     if 0 in strides:
         raise ValueError("StridedSlice with a zero stride is not valid")
-    masks = {k: int(node.attr(k, 0)) for k in ("begin_mask", "end_mask", "ellipsis_mask", "shrink_axis_mask")}
-    starts, sizes, steps, keep = [], [], [], []
-    for axis, (dim, i) in enumerate(zip(shape, _dense_indices(len(shape), len(begin), masks["ellipsis_mask"]))):
-        if i is None:
-            resolved, shrink = (0, dim, 1), False
-        else:
-            shrink = bool(masks["shrink_axis_mask"] >> i & 1)
-            resolved = (None, None, None) if dim is None else _resolve_dim(
-                dim, begin[i], end[i], strides[i], masks["begin_mask"] >> i & 1, masks["end_mask"] >> i & 1, shrink)
-        starts.append(resolved[0])
-        sizes.append(resolved[1])
-        steps.append(resolved[2])
+    masks = {k: int(node.attr(k, 0)) for k in ("begin_mask", "end_mask", "ellipsis_mask", "shrink_axis_mask",
+                                               "new_axis_mask")}
+    starts, sizes, steps = [0] * len(shape), list(shape), [1] * len(shape)
+    out = []
+    for axis, i in _entries(len(shape), len(begin), masks["ellipsis_mask"], masks["new_axis_mask"]):
+        if axis is None:
+            out.append(1)
+            continue
+        shrink = i is not None and bool(masks["shrink_axis_mask"] >> i & 1)
+        if i is not None:
+            starts[axis], sizes[axis], steps[axis] = (None, None, None) if shape[axis] is None else _resolve_dim(
+                shape[axis], begin[i], end[i], strides[i], masks["begin_mask"] >> i & 1, masks["end_mask"] >> i & 1,
+                shrink)
         if not shrink:
-            keep.append(axis)
-    return starts, sizes, steps, keep
+            out.append(sizes[axis])
+    return starts, sizes, steps, out
 
 
 @register("StridedSlice")
 class StridedSliceConverter(OpConverter):
-    """begin/end/strides known when building; begin, end, ellipsis and shrink masks (not new_axis_mask)."""
+    """begin/end/strides known when building; begin, end, ellipsis, shrink and new-axis masks."""
 
     allowed_dtypes = FLOAT_INT_BOOL
     precisions = NO_PRECISION
     input_spec = (ANY, STATIC)
 
     def validate(self, node, ctx):
-        if node.attr("new_axis_mask", 0):
-            return "StridedSlice with new_axis_mask is not supported"
         x, *consts = ctx.input_infos(node)
         if x.rank is None:
             return "StridedSlice needs an input of known rank"
@@ -142,8 +155,8 @@ class StridedSliceConverter(OpConverter):
 
     def convert(self, node, ctx):
         x, *consts = ctx.inputs(node)
-        start, size, stride, keep = resolve_strided_slice(node, x.shape, *(_ints(c.value) for c in consts))
-        ctx.set_outputs(node, [add_slice(ctx, node, x, start, size, stride, keep)])
+        start, size, stride, shape = resolve_strided_slice(node, x.shape, *(_ints(c.value) for c in consts))
+        ctx.set_outputs(node, [add_slice(ctx, node, x, start, size, stride, shape)])
 
 
 # -- Split, SplitV, Unpack ----------------------------------------------------------------------
