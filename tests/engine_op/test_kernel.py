@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import threading
 import time
 
@@ -341,6 +342,20 @@ def test_missing_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(library.OpLibraryError, match=r"\$CXX .*no-such-g\+\+.* not found.*(g\+\+|CXX)"):
         library.build()
+
+
+def test_a_compile_says_so_at_warning(monkeypatch, tmp_path, caplog):
+    cxx = tmp_path / "fake-cxx"  # "compiles" by writing the file named after -o
+    cxx.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\necho lib > "$2"\n')
+    cxx.chmod(0o755)
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(cxx))
+    with caplog.at_level(logging.WARNING, logger=library.__name__):
+        path = library.build()
+    assert path.read_text() == "lib\n"
+    [record] = [r for r in caplog.records if r.name == library.__name__]
+    assert record.levelno == logging.WARNING and "Compiling the TRTEngineOp op library" in record.getMessage()
+    assert "15-30 s" in record.getMessage() and str(path) in record.getMessage()
 
 
 def test_compile_failure_shows_the_compiler_output(monkeypatch, tmp_path):

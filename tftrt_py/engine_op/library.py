@@ -79,7 +79,9 @@ def _compile(path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY_NAME}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     cmd = [*_compiler(), *compile_flags, str(SOURCE), "-o", tmp, *link_flags]
-    logger.info("Compiling the TRTEngineOp op library into %s", path)
+    # A first import waits 15-30 s here: say so, not only at INFO.
+    logger.warning("Compiling the TRTEngineOp op library for TensorFlow %s (once per TensorFlow version; "
+                   "15-30 s) into %s", tf.__version__, path)
     start = time.perf_counter()
     try:
         try:
