@@ -42,6 +42,13 @@ def test_entropy_clips_heavy_tails():
     assert entropy_amax(cauchy) < 0.2 * cauchy.amax
 
 
+def test_entropy_keeps_a_tensor_far_from_zero_whole():
+    # Every threshold past the data's lowest bin quantizes it without loss (KL = 0): the largest wins,
+    # not the one at the tensor's minimum that would clip almost everything.
+    h = histogram(RNG.uniform(5.0, 6.0, 50_000))
+    assert entropy_amax(h) == pytest.approx(h.amax, rel=1e-6)
+
+
 def test_minmax_and_percentile():
     data = np.concatenate([RNG.uniform(-1, 1, 100_000), [-7.0]])
     h = histogram(data)

@@ -5,7 +5,8 @@ range (TensorRT's calibrators).
   one whose 128-level quantization loses the least information: the reference distribution P is the
   histogram clipped at the threshold with the outliers folded into its last bin; the candidate Q is the
   clipped histogram quantized to 128 levels (each level's count spread evenly over its non-empty bins);
-  the smallest KL(P || Q) wins.
+  the smallest KL(P || Q) wins (the largest threshold among equals); thresholds that fold every value
+  into one bin are not candidates.
 * ``minmax``: the largest absolute value seen.
 * ``percentile``: the 99.99th percentile of the absolute values.
 """
@@ -91,11 +92,23 @@ def entropy_amax(hist: Histogram, levels: int = NUM_QUANTIZED_BINS, start: int =
     n = len(counts)
     start = min(start, n)
     outliers = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # outliers[i] = counts[i:].sum()
-    # A threshold in an empty bin with mass beyond it folds outliers where Q has none: infinitely far.
-    divergences = [_kl_divergence(counts[:i], outliers[i], levels) if counts[i - 1] or not outliers[i]
+    below = np.concatenate([[0.0], np.cumsum(counts)])  # below[i] = counts[:i].sum()
+    divergences = [_kl_divergence(counts[:i], outliers[i], levels) if _comparable(i, counts, below, outliers)
                    else float("inf") for i in range(start, n + 1)]
-    best = start + int(np.argmin(divergences))
+    best = start + len(divergences) - 1 - int(np.argmin(divergences[::-1]))  # ties: the largest threshold
     return float(hist.edges[best])
+
+
+def _comparable(i: int, counts: np.ndarray, below: np.ndarray, outliers: np.ndarray) -> bool:
+    """Whether clipping at bin i gives a distribution KL can judge.
+
+    Not when outliers are folded into an empty last bin (Q has no mass there: infinitely far), nor when
+    every kept value sits in the last bin with the outliers (P and Q are one spike, KL = 0: a tensor far
+    from 0 would be clipped at its minimum).
+    """
+    if not outliers[i]:
+        return True
+    return bool(counts[i - 1]) and below[i - 1] > 0
 
 
 def minmax_amax(hist: Histogram) -> float:
