@@ -89,6 +89,9 @@ def test_strategies_make_the_documented_profiles():
         OptimizationProfile([(1,) + s], [(b,) + s], [(b,) + s])
         for b, s in ((1, (8, 8, 1)), (2, (12, 12, 1)), (4, (16, 16, 1)))]
     assert make_profiles("range", collected) == [rng] and make_profiles("Range", []) == []
+    # TF-TRT's ImplicitBatchModeCompatible takes inputs of other leading dims, and scalars, as they come
+    assert make_profiles("ImplicitBatchModeCompatible", [((4, 3), (2,), ()), ((1, 3), (1,), ())]) == [
+        OptimizationProfile([(1, 3), (1,), ()], [(4, 3), (2,), ()], [(4, 3), (2,), ()])]
     with pytest.raises(ValueError, match="profile_strategy 'Widest' is not supported"):
         make_profiles("Widest", collected)
 

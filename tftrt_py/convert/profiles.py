@@ -5,12 +5,12 @@ Each collected item is the tuple of an engine op's input shapes for one call. St
 - ``Range``: one profile, min and max the per-dim min and max of every collected shape, opt = max.
 - ``Optimal``: one profile per distinct collected shape, min = opt = max = that shape.
 - ``Range+Optimal``: the Optimal profiles, then the Range one (the tightest profile serves first).
-- ``ImplicitBatchModeCompatible``: one profile per distinct non-batch shape, batch 1 to the largest
-  batch collected with it, opt = max (what TF 1.x's implicit-batch engines served).
+- ``ImplicitBatchModeCompatible``: per collected call, batch 1 (each non-scalar input's first dim) up to
+  its shapes, opt = max (what TF 1.x's implicit-batch engines served); profiles inside another one dropped.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from tftrt_py.engine.runtime import OptimizationProfile
 
@@ -53,18 +53,12 @@ def _optimal(collected: Sequence[Shapes]) -> List[OptimizationProfile]:
 
 
 def _implicit_batch(collected: Sequence[Shapes]) -> List[OptimizationProfile]:
-    batches: Dict[Shapes, int] = {}
-    for shapes in collected:
-        if any(not s for s in shapes) or len({s[0] for s in shapes}) != 1:
-            raise ValueError(f"ImplicitBatchModeCompatible needs every input to share its first (batch) "
-                             f"dimension; got input shapes {[list(s) for s in shapes]}")
-        rest = tuple(s[1:] for s in shapes)
-        batches[rest] = max(batches.get(rest, 0), shapes[0][0])
-    profiles = []
-    for rest, batch in batches.items():
-        high = tuple((batch,) + r for r in rest)
-        profiles.append(OptimizationProfile(tuple((1,) + r for r in rest), high, high))
-    return profiles
+    """TF-TRT's: per collected call, min = its shapes with each non-scalar input's first dim set to 1,
+    opt = max = its shapes; a profile that another one contains is left out."""
+    profiles = [OptimizationProfile(tuple((1,) + s[1:] if s else s for s in shapes), shapes, shapes)
+                for shapes in collected]
+    return [p for p in profiles if not any(q is not p and q.contains(p.min) and q.contains(p.max)
+                                           for q in profiles)]
 
 
 _STRATEGIES = {
