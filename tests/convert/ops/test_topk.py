@@ -1,4 +1,5 @@
 """TopKV2 becomes one TopK layer (values and int32 indices) and matches TensorFlow."""
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -54,3 +55,15 @@ def test_nonconstant_k_is_refused():
 def test_int64_indices_are_refused():
     fn = lambda t: tuple(tf.raw_ops.TopKV2(input=t, k=2, index_type=tf.int64))
     assert "index_type=int64" in check(fn, [tf.TensorSpec((2, 5))])
+
+
+@pytest.mark.parametrize("precision", ["FP16", "INT8"])
+def test_reduced_precision_keeps_the_indices_of_near_ties(precision):
+    """Values 1e-4 apart are equal in fp16: TopK reads its fp32 input unrounded, so indices match TF."""
+    x = (1.0 + 1e-4 * tf.random.shuffle(tf.range(64, dtype=tf.float32))).numpy().reshape(4, 16)
+    fn = lambda t: tuple(tf.raw_ops.TopKV2(input=t, k=5))
+    engine, (values, idx) = run_engine(fn, [x], precision=precision)
+    want_values, want_idx = fn(tf.constant(x))
+    np.testing.assert_array_equal(idx, want_idx.numpy())
+    np.testing.assert_array_equal(values, want_values.numpy())
+    assert {l.precision for l in engine.network.layers if l.kind == "TopK"} == {"FP32"}

@@ -82,6 +82,9 @@ FP32_RULES: Dict[str, Callable[[Layer], Optional[str]]] = {
     "Scale": _scale_reason,
     "Identity": _cast_reason,
     "NMS": lambda layer: "score and overlap comparisons",
+    # fp16 rounding makes near-ties equal, and their indices differ from TF's (TensorRT keeps these fp32 too)
+    "TopK": lambda layer: "indices of near-ties",
+    "ArgReduce": lambda layer: "indices of near-ties",
 }
 
 
