@@ -264,3 +264,58 @@ def test_summary_lists_engines_and_native_reasons(saved_model):
     assert "Placeholder" in text and "graph input" in text
     with pytest.raises(ValueError, match="Minimum: 160"):
         converter.summary(line_length=100)
+
+
+def failing_build(monkeypatch):
+    """Every engine build fails the way a shape our converters cannot handle does (validate passed)."""
+    import tftrt_py.convert.build as build_lib
+    from tftrt_py.convert.errors import InvalidNodeError
+
+    def broken(*args, **kwargs):
+        raise InvalidNodeError("input 1 of Reshape must be known when building")
+
+    monkeypatch.setattr(build_lib, "build_engine", broken)
+
+
+def test_build_warns_about_each_engine_op_left_native(saved_model, monkeypatch, caplog):
+    failing_build(monkeypatch)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    converter.convert()
+    converter.build(input_fn=lambda: iter([(random_array((4, 16)),)]))
+    name = only_engine(converter)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "no engine" in r.getMessage()]
+    assert len(warnings) == 1
+    assert name in warnings[0] and "[[4, 16]]" in warnings[0] and "must be known when building" in warnings[0]
+    [(shapes, why)] = converter.native_engine_ops()[name].items()
+    assert shapes == ((4, 16),) and "InvalidNodeError" in why
+
+
+def test_summary_after_build_lists_engine_ops_running_natively(saved_model, monkeypatch):
+    failing_build(monkeypatch)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    converter.convert()
+    converter.build(input_fn=lambda: iter([(random_array((4, 16)),)]))
+    lines = []
+    converter.summary(print_fn=lines.append)
+    text = "\n".join(lines)
+    inside, total = conversion_ratio(converter._converted_graph_def)
+    assert f"[*] % of OPs Converted: {100.0 * inside / total:.2f}% [{inside}/{total}]" in text  # TF-TRT's number
+    assert f"[*] % of OPs running in engines for the shapes built: 0.00% [0/{total}]" in text
+    assert f"[!] 1 engine op(s) ({inside} ops) run their native segment for shapes built:" in text
+    assert f"{only_engine(converter)} ({inside} ops), input shapes [[4, 16]]: the engine build for [(4, 16)] " \
+           "failed: InvalidNodeError: input 1 of Reshape must be known when building" in text
+
+
+def test_summary_after_a_good_build_counts_every_converted_op_as_running(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    converter.convert()
+    lines = []
+    converter.summary(print_fn=lines.append)
+    assert not any("running in engines" in line for line in lines)  # no build(): nothing to say yet
+    converter.build(input_fn=lambda: iter([(random_array((4, 16)),)]))
+    lines = []
+    converter.summary(print_fn=lines.append)
+    inside, total = conversion_ratio(converter._converted_graph_def)
+    assert f"[*] % of OPs running in engines for the shapes built: {100.0 * inside / total:.2f}% [{inside}/{total}]" \
+        in lines
+    assert not any(line.startswith("\n[!]") for line in lines) and converter.native_engine_ops() == {}

@@ -102,3 +102,35 @@ def test_console_scripts_are_registered():
         module, func = target.split(":")
         __import__(module)
         assert callable(getattr(sys.modules[module], func))
+
+
+FAILING_BUILD = """
+import sys
+import tftrt_py.convert.build as build_lib
+from tftrt_py.convert.errors import InvalidNodeError
+from tftrt_py.tools import cli_convert
+
+def broken(*args, **kwargs):
+    raise InvalidNodeError("input 1 of Reshape must be known when building")
+
+build_lib.build_engine = broken
+sys.exit(cli_convert.main(sys.argv[1:]))
+"""
+
+
+def test_an_engine_left_unbuilt_exits_1_unless_allowed(saved_model, run_cli, tmp_path):
+    np.save(tmp_path / "b4.npy", np.random.default_rng(2).standard_normal((4, 32, 32, 3)).astype("float32"))
+    args = ["--input-dir", saved_model("small_cnn"), "--build-data", str(tmp_path / "b4.npy")]
+    proc = run_cli(None, *args, "--output-dir", str(tmp_path / "strict"), code=FAILING_BUILD)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("tftrt-convert: error: 1 engine op(s) got no engine for the --build-data shapes")
+    assert "TRTEngineOp_000_000, input shapes [[4, 32, 32, 3]]" in error and "must be known when building" in error
+    assert "--allow-native-segments" in error
+    assert "[!] 1 engine op(s)" in proc.stdout  # the summary says it too
+    assert not os.path.exists(tmp_path / "strict" / "saved_model.pb")
+    proc = run_cli(None, *args, "--output-dir", str(tmp_path / "allowed"), "--allow-native-segments",
+                   code=FAILING_BUILD)
+    assert proc.returncode == 0, proc.stderr
+    assert "TRTEngineOp_000_000: 0 engine(s) saved" in proc.stdout
+    assert os.path.isfile(tmp_path / "allowed" / "saved_model.pb")

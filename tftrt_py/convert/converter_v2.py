@@ -99,7 +99,8 @@ class TrtGraphConverterV2:
         frozen = graph_io.freeze(self._func)
         self._input_names = [t.name for t in frozen.inputs]
         output_names = [t.name for t in frozen.outputs]
-        graph_def = graph_io.optimize(frozen.graph.as_graph_def(), frozen.graph, self._input_names + output_names)
+        graph_def = graph_io.inline_calls(frozen.graph.as_graph_def(), keep={t.op.name for t in frozen.outputs})
+        graph_def = graph_io.optimize(graph_def, frozen.graph, self._input_names + output_names)
         view = GraphView(graph_def)
         params = self._conversion_params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names,
@@ -166,6 +167,16 @@ class TrtGraphConverterV2:
         self._build_called_once = True
         if self._int8_without_calibration:
             self._check_quantization_ranges()
+        for line in summary_lib.describe_native_runs(self.native_engine_ops(),
+                                                     summary_lib.engine_op_counts(self._converted_graph_def)):
+            logger.warning("no engine, the native segment runs instead: %s", line)
+
+    def native_engine_ops(self):
+        """Engine op name -> {input shapes: why} for each input shape of build() (and INT8 calibration) that
+        no engine serves: those inputs run the op's native segment. Our addition to TF-TRT's API."""
+        if not self._converted:
+            raise RuntimeError("Need to call convert() before native_engine_ops()")
+        return summary_lib.native_runs(self._converted_graph_def)
 
     def _check_quantization_ranges(self):
         """INT8 without calibration: engines that lacked quantization ranges are an error of build() naming the
@@ -252,11 +263,12 @@ class TrtGraphConverterV2:
 
     # -- summary --------------------------------------------------------------
     def summary(self, line_length=160, detailed=True, print_fn=None):
-        """Print each engine (device, node count, I/O dtypes and shapes, op histogram), totals and the
-        non-conversion report."""
+        """Print each engine (device, node count, I/O dtypes and shapes, op histogram), totals, after build()
+        the engine ops that run natively for the shapes built (and why), and the non-conversion report."""
         if not self._converted:
             raise RuntimeError(f"Impossible to call `{type(self).__name__}.summary()` before calling "
                                f"{type(self).__name__}.convert()`.")
         if line_length < 160:
             raise ValueError(f"Invalid `line_length` value has been received: {line_length}. Minimum: 160.")
-        summary_lib.print_summary(self._converted_graph_def, self._report, line_length, detailed, print_fn or print)
+        summary_lib.print_summary(self._converted_graph_def, self._report, line_length, detailed, print_fn or print,
+                                  built=self._build_called_once or self._calibrated)

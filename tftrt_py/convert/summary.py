@@ -1,4 +1,5 @@
-"""The conversion summary: one row per engine op, op histograms, totals, the non-conversion report."""
+"""The conversion summary: one row per engine op, op histograms, totals, the engine ops running natively for
+the shapes built, the non-conversion report."""
 from __future__ import annotations
 
 import collections
@@ -8,8 +9,10 @@ import tensorflow as tf
 
 from tftrt_py.convert.build import OUTPUT_PREFIX
 from tftrt_py.convert.rewrite import ENGINE_OP
+from tftrt_py.engine_op import dispatcher
 
-__all__ = ["print_summary", "engine_op_counts", "conversion_ratio"]
+__all__ = ["print_summary", "engine_op_counts", "conversion_ratio", "native_runs", "engine_ratio",
+           "describe_native_runs"]
 
 COLUMNS = [("TRTEngineOP Name", .20), ("Device", .09), ("# Nodes", .05), ("# Inputs", .09), ("# Outputs", .09),
            ("Input DTypes", .12), ("Output Dtypes", .12), ("Input Shapes", .12), ("Output Shapes", .12)]
@@ -43,6 +46,38 @@ def conversion_ratio(graph_def):
     return inside, inside + outside
 
 
+def native_runs(graph_def):
+    """Engine op name -> {input shapes: why} for the inputs its engines did not serve in this process (so far:
+    those of build() and calibration), which ran its native segment (see EngineOp.native)."""
+    runs = {}
+    for node in graph_def.node:
+        op = dispatcher.find(node.attr["segment_key"].s.decode()) if node.op == ENGINE_OP else None
+        if op is not None and op.native:
+            runs[node.name] = dict(op.native)
+    return runs
+
+
+def engine_ratio(graph_def):
+    """(ops of the engine ops that have engines and ran no input natively, all ops): the share of the
+    graph's ops that run in engines for the shapes seen so far."""
+    native = native_runs(graph_def)
+    nodes = {n.name: n for n in graph_def.node}
+    inside = 0
+    for name, counts in engine_op_counts(graph_def).items():
+        op = dispatcher.find(nodes[name].attr["segment_key"].s.decode())
+        if op is not None and op.engines() and name not in native:
+            inside += sum(counts.values())
+    return inside, conversion_ratio(graph_def)[1]
+
+
+def describe_native_runs(native, op_counts=None):
+    """One line per engine op and input shapes of `native` (see native_runs): the op (with its op count from
+    `op_counts`, a name -> Counter of engine_op_counts, when given), the shapes and why."""
+    return [f"{name}{f' ({sum(op_counts[name].values())} ops)' if op_counts else ''}, input shapes "
+            f"{[list(s) for s in shapes]}: {why}"
+            for name, runs in sorted(native.items()) for shapes, why in runs.items()]
+
+
 def _shapes(node, key):
     return [tf.TensorShape(s).as_list() if not s.unknown_rank else None for s in node.attr[key].list.shape]
 
@@ -51,7 +86,8 @@ def _dtypes(node, key):
     return [tf.as_dtype(t).name for t in node.attr[key].list.type]
 
 
-def print_summary(graph_def, report, line_length, detailed, print_fn):
+def print_summary(graph_def, report, line_length, detailed, print_fn, built=False):
+    """`built`: build() ran, so the engines of the shapes built exist (or failed) and are reported."""
     positions = np.cumsum([int(line_length * p) for _, p in COLUMNS]).tolist()
     _row([h for h, _ in COLUMNS], positions, print_fn)
     print_fn("=" * line_length)
@@ -72,7 +108,23 @@ def print_summary(graph_def, report, line_length, detailed, print_fn):
     inside, total = conversion_ratio(graph_def)
     print_fn(f"\n{'=' * line_length}")
     print_fn(f"[*] Total number of TensorRT engines: {len(counts)}")
-    print_fn(f"[*] % of OPs Converted: {100.0 * inside / max(total, 1):.2f}% [{inside}/{total}]\n")
+    print_fn(f"[*] % of OPs Converted: {100.0 * inside / max(total, 1):.2f}% [{inside}/{total}]")
+    if built:
+        _print_native_runs(graph_def, print_fn)
+    print_fn("")
     if report is not None:
         for line in report.format().splitlines():
             print_fn(line)
+
+
+def _print_native_runs(graph_def, print_fn):
+    running, total = engine_ratio(graph_def)
+    print_fn(f"[*] % of OPs running in engines for the shapes built: {100.0 * running / max(total, 1):.2f}% "
+             f"[{running}/{total}]")
+    native = native_runs(graph_def)
+    if native:
+        counts = engine_op_counts(graph_def)
+        ops = sum(sum(counts.get(name, {}).values()) for name in native)
+        print_fn(f"\n[!] {len(native)} engine op(s) ({ops} ops) run their native segment for shapes built:")
+        for line in describe_native_runs(native, counts):
+            print_fn(f"\t- {line}")

@@ -114,6 +114,7 @@ class EngineOp:
         self._lock = threading.RLock()
         self._loaded_assets: set = set()
         self._logged: set = set()
+        self.native: Dict[tuple, str] = {}  # input shapes that ran the native segment -> why (the latest reason)
         # INT8: the calibration table, or the collector filling it (see engine_op.calibration)
         int8 = self.precision == "INT8"
         self.calibration = OpCalibration(self.name, int8 and bool(node.attr("use_calibration")),
@@ -235,7 +236,9 @@ class EngineOp:
 
     def add_profiles(self, profiles, shapes=()) -> None:
         """One profile engine per profile (specialised for its opt shapes); then each of `shapes` is made
-        ready in the engine that will serve it, so those shapes need no work when served."""
+        ready in the engine that will serve it, so those shapes need no work when served. Shapes left
+        without an engine are remembered in ``native`` with the failure."""
+        failed = {}
         with self._lock:
             for profile in profiles:
                 if profile.key in self.cache.keys():
@@ -245,17 +248,22 @@ class EngineOp:
                     entry.context_for(profile.opt)
                 except EngineError as exc:
                     self.stats.build_failures += 1
-                    logger.warning("%s: no engine for profile %s: %s", self.name, profile, exc)
+                    failed[profile] = f"the engine for profile {profile} failed to build: {exc}"
+                    logger.warning("%s: %s", self.name, failed[profile])
                     continue
                 self.stats.builds += 1
                 self._insert(profile.key, entry)
             for s in dict.fromkeys(tuple(tuple(d) for d in s) for s in shapes):
                 key = self.cache.lookup(s)
                 entry = None if key is None else self.cache.get(key)
-                if isinstance(entry, ProfileEngine):
+                if entry is None:
+                    self.native[s] = next((why for p, why in failed.items() if p.contains(s)),
+                                          f"no engine serves input shapes {list(s)}")
+                elif isinstance(entry, ProfileEngine):
                     try:
                         entry.context_for(s)
                     except EngineError as exc:
+                        self.native[s] = str(exc)
                         logger.warning("%s: %s", self.name, exc)
 
     def set_profiler(self, profiler) -> None:
@@ -286,25 +294,26 @@ class EngineOp:
                 self.stats.hits += 1
             elif shapes in self.cache.failed:
                 return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
-                                                     f"{self.cache.failed[shapes]}")
+                                                     f"{self.cache.failed[shapes]}", shapes)
             elif not allow_build:
                 return self.fallback("no_engine", f"no engine serves input shapes {list(shapes)} and "
-                                                  f"allow_build_at_runtime is False")
+                                                  f"allow_build_at_runtime is False", shapes)
             else:
                 key = self.build(shapes)
                 if key is None:
                     return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
-                                                         f"{self.cache.failed[shapes]}")
+                                                         f"{self.cache.failed[shapes]}", shapes)
             context = self._contexts[key]
             if isinstance(context, ProfileEngine):
                 try:
                     context = context.context_for(shapes)
                 except EngineError as exc:
-                    return self.fallback("build_failed", str(exc))
+                    return self.fallback("build_failed", str(exc), shapes)
         try:
             outs = context.execute_v2(arrays)
         except Exception as exc:
-            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}")
+            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
+                                 shapes)
         self.stats.engine_runs += 1
         return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
 
@@ -316,7 +325,8 @@ class EngineOp:
             outs = self.calibration.run(
                 lambda shapes: calibration_engine(self.segment_graph(), list(shapes), name=self.name), arrays)
         except Exception as exc:
-            return self.fallback("calibration_failed", f"INT8 calibration failed: {type(exc).__name__}: {exc}")
+            return self.fallback("calibration_failed", f"INT8 calibration failed: {type(exc).__name__}: {exc}",
+                                 tuple(tuple(a.shape) for a in arrays))
         return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
 
     def calibration_table(self) -> bytes:
@@ -333,9 +343,11 @@ class EngineOp:
                                    self.cache.failed[s])
         return self.calibration.table
 
-    def fallback(self, reason: str, detail: str) -> None:
-        """Count and log (once per reason) a native-segment run; raise when fallback is forbidden."""
+    def fallback(self, reason: str, detail: str, shapes: tuple) -> None:
+        """Count, remember (by input `shapes`) and log (once per reason) a native-segment run; raise when
+        fallback is forbidden."""
         self.stats.fallbacks[reason] += 1
+        self.native[shapes] = detail
         if not native_fallback_allowed():
             raise NativeFallbackForbidden(f"TRTEngineOp {self.name}: {detail}; running the native segment is "
                                           f"forbidden by {FALLBACK_ENV}=0")

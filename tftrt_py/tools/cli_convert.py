@@ -4,7 +4,8 @@
 
 Each --build-data file (.npy: the one input; .npz: one array per input, keyed by input name or
 saved positionally) is one input of ``converter.build()``, so engines are built for its shapes
-and saved with the model. Each --calibration-data file is one batch of
+and saved with the model; an engine op left without an engine for them fails the command (exit 1,
+nothing saved) unless --allow-native-segments is given. Each --calibration-data file is one batch of
 ``convert(calibration_input_fn=...)`` (INT8). Prints the conversion summary.
 """
 from __future__ import annotations
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="INT8: calibrate with --calibration-data (default: yes)")
     p.add_argument("--build-data", action="append", default=[], metavar="FILE",
                    help=".npy/.npz inputs to build engines for (repeatable: one build() input per file)")
+    p.add_argument("--allow-native-segments", action="store_true",
+                   help="save even when an engine op got no engine for the --build-data shapes (it then runs its "
+                        "native segment); by default that is an error")
     p.add_argument("--calibration-data", action="append", default=[], metavar="FILE",
                    help=".npy/.npz calibration batch for INT8 (repeatable: one batch per file)")
     p.add_argument("--calibration-algorithm", type=str.lower, choices=CALIBRATION_ALGORITHMS, default="entropy",
@@ -108,6 +112,7 @@ def _run(args) -> int:
     calibration_items = _items(args.calibration_data)
 
     from tftrt_py import trt_convert as trt
+    from tftrt_py.convert.summary import describe_native_runs
     from tftrt_py.engine_op import dispatcher
 
     converter = trt.TrtGraphConverterV2(**converter_kwargs(args))
@@ -117,6 +122,13 @@ def _run(args) -> int:
         converter.convert()
     if build_items:
         converter.build(input_fn=lambda: iter(build_items))
+    native = converter.native_engine_ops()
+    if native and not args.allow_native_segments:
+        if args.summary:
+            converter.summary()
+        raise ToolError(f"{len(native)} engine op(s) got no engine for the --build-data shapes and would run their "
+                        f"native segment: {'; '.join(describe_native_runs(native))}. "
+                        f"Nothing was saved; pass --allow-native-segments to save anyway")
     converter.save(args.output_dir)
     if args.summary:
         converter.summary()
@@ -124,9 +136,6 @@ def _run(args) -> int:
     for op in sorted(dispatcher.engine_ops().values(), key=lambda op: op.name):
         shapes = ["(" + ", ".join(shape_str(t.shape) for t in engine.inputs) + ")" for engine in op.engines()]
         print(f"{op.name}: {len(shapes)} engine(s) saved {' '.join(shapes)}".rstrip())
-        for key, reason in op.cache.failed.items():
-            print(f"{op.name}: the build for ({', '.join(shape_str(s) for s in key)}) failed, that input runs the "
-                  f"native segment: {reason}")
     print(f"Converted SavedModel written to {args.output_dir}"
           + ("" if build_items else " (no --build-data: engines get built at run time)"))
     return 0
