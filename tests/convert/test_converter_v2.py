@@ -319,3 +319,74 @@ def test_summary_after_a_good_build_counts_every_converted_op_as_running(saved_m
     assert f"[*] % of OPs running in engines for the shapes built: {100.0 * inside / total:.2f}% [{inside}/{total}]" \
         in lines
     assert not any(line.startswith("\n[!]") for line in lines) and converter.native_engine_ops() == {}
+
+
+SEQ, HIDDEN, HEADS = 6, 16, 4
+
+
+class HandWrittenAttention(tf.Module):
+    """Self-attention as transformers write it: Dense layers as einsums, heads split by tf.shape-based
+    reshapes; `mix_rows` subtracts the mean over the flattened batch [B*S, H] (rows then depend on each other)."""
+
+    def __init__(self, mix_rows=False):
+        rng = np.random.default_rng(7)
+        self.w = [tf.Variable(rng.standard_normal((HIDDEN, HIDDEN)).astype("float32") * 0.3) for _ in range(3)]
+        self.mix_rows = mix_rows
+
+    @tf.function(input_signature=[tf.TensorSpec([None, SEQ, HIDDEN], tf.float32)])
+    def __call__(self, x):
+        batch, depth = tf.shape(x)[0], HIDDEN // HEADS
+        q, k, v = (tf.transpose(tf.reshape(tf.einsum("bsh,hk->bsk", x, w), [batch, SEQ, HEADS, depth]), [0, 2, 1, 3])
+                   for w in self.w)
+        attention = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) / np.sqrt(depth))
+        out = tf.reshape(tf.transpose(tf.matmul(attention, v), [0, 2, 1, 3]), [batch * SEQ, HIDDEN])
+        if self.mix_rows:
+            out -= tf.reduce_mean(out, axis=0, keepdims=True)
+        return tf.reshape(out, [batch, SEQ, HIDDEN]) + x
+
+
+def keras_attention():
+    import keras
+
+    keras.utils.set_random_seed(8)
+    x = keras.Input((SEQ, HIDDEN))
+    y = keras.layers.MultiHeadAttention(HEADS, HIDDEN // HEADS)(x, x)
+    return keras.Model(x, keras.layers.LayerNormalization()(y + x))
+
+
+def converted_for_batch_8(model, tmp_path):
+    if isinstance(model, tf.Module):
+        tf.saved_model.save(model, str(tmp_path / "model"), signatures=model.__call__)
+    else:
+        model.export(str(tmp_path / "model"), verbose=False)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "model"))
+    func = converter.convert()
+    converter.build(input_fn=lambda: iter([(random_array((8, SEQ, HIDDEN)),)]))
+    original = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
+    return converter, func, original
+
+
+def serve_and_compare(func, original, batch):
+    x = tf.constant(random_array((batch, SEQ, HIDDEN)))
+    (got,), (want,) = func(x).values(), original(x).values()
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", [HandWrittenAttention, keras_attention], ids=["hand_written", "keras_mha"])
+def test_attention_engines_serve_smaller_batches_row_wise(model, tmp_path):
+    converter, func, original = converted_for_batch_8(model(), tmp_path)
+    before = only_stats(converter)
+    assert before["builds"] == 1 and before["engine_runs"] == 1
+    for batch in (8, 3, 1):
+        serve_and_compare(func, original, batch)
+    stats = only_stats(converter)
+    assert stats["builds"] == 1 and stats["engine_runs"] - before["engine_runs"] == 3
+    assert stats["fallback_total"] == 0 and stats["evictions"] == 0
+
+
+def test_an_engine_mixing_rows_of_the_flattened_batch_serves_only_its_batch(tmp_path):
+    converter, func, original = converted_for_batch_8(HandWrittenAttention(mix_rows=True), tmp_path)
+    for batch in (8, 3):
+        serve_and_compare(func, original, batch)
+    stats = only_stats(converter)
+    assert stats["builds"] == 2 and stats["fallback_total"] == 0  # batch 3 got its own engine

@@ -73,3 +73,55 @@ def test_networks_mixing_rows_or_fixing_the_batch_do_not_rebatch():
     fixed.mark_output(fixed.add_layer("Shuffle", [x], {"reshape": [4, 3, 1]}).outputs[0])
     with pytest.raises(NetworkError, match="fix the batch"):
         rebatched(fixed, 2)
+
+
+
+def _flattened_dense(mix_rows: bool) -> Network:
+    """x [4, 3, 5] -> reshape [12, 5] -> matmul [5, 2] (-> minus its mean over axis 0) -> reshape [4, 3, 2]."""
+    net = Network()
+    x = net.add_input("x", "float32", (4, 3, 5))
+    flat = net.add_layer("Shuffle", [x], {"reshape": [12, 5]}).outputs[0]
+    w = net.add_constant(np.random.default_rng(5).standard_normal((5, 2)).astype("float32"))
+    y = net.add_layer("MatrixMultiply", [flat, w]).outputs[0]
+    if mix_rows:
+        mean = net.add_layer("Reduce", [y], {"op": "mean", "axes": [0], "keep_dims": True}).outputs[0]
+        y = net.add_layer("ElementWise", [y, mean], {"op": "sub"}).outputs[0]
+    net.mark_output(net.add_layer("Shuffle", [y], {"reshape": [4, 3, 2]}).outputs[0])
+    return net
+
+
+def test_a_batch_flattened_into_dim_0_and_back_stays_row_wise():
+    engine = Builder().build_engine(_flattened_dense(mix_rows=False))
+    assert engine.rowwise and engine.can_serve([(1, 3, 5)])
+    x = np.random.default_rng(6).standard_normal((4, 3, 5)).astype("float32")
+    full = engine.create_execution_context().execute_v2([x])[0]
+    part = engine.create_execution_context().execute_v2([x[:3]])[0]
+    np.testing.assert_allclose(part, full[:3], rtol=1e-6)
+
+
+def test_rows_mixed_after_flattening_the_batch_are_not_row_wise():
+    engine = Builder().build_engine(_flattened_dense(mix_rows=True))
+    assert not engine.rowwise and not engine.can_serve([(3, 3, 5)])
+
+
+@pytest.mark.parametrize("reshape, rowwise", [
+    ([20, 3], True),      # five rows of dim 0 per batch row: rows stay apart
+    ([3, 20], False),     # 3 is no multiple of the batch (4): rows would share a row of dim 0
+    ([60], True),         # flat: each batch row is 15 consecutive entries
+    ([5, 12], False),
+])
+def test_a_reshape_is_row_wise_when_dim_0_stays_a_multiple_of_the_batch(reshape, rowwise):
+    net = Network()
+    x = net.add_input("x", "float32", (4, 3, 5))
+    y = net.add_layer("Shuffle", [x], {"reshape": reshape}).outputs[0]
+    y = net.add_layer("Unary", [y], {"op": "abs"}).outputs[0]  # keeps the two reshapes apart
+    net.mark_output(net.add_layer("Shuffle", [y], {"reshape": [4, 15]}).outputs[0])
+    assert Builder().build_engine(net).rowwise is rowwise
+
+
+def test_a_batched_operand_broadcast_into_other_axes_is_not_row_wise():
+    net = Network()
+    x = net.add_input("x", "float32", (4, 3))
+    y = net.add_layer("Shuffle", [x], {"reshape": [4, 1, 3]}).outputs[0]
+    net.mark_output(net.add_layer("ElementWise", [y, x], {"op": "sum"}).outputs[0])  # [4, 4, 3]: y[i] + x[j]
+    assert not Builder().build_engine(net).rowwise

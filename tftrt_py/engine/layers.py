@@ -72,9 +72,12 @@ def _same_as_input(layer) -> List[Info]:
 
 
 def _rowwise_default(layer, batched: Sequence[bool]) -> bool:
-    """Shape-preserving kinds are row-wise when every unbatched operand broadcasts over axis 0."""
+    """Shape-preserving kinds are row-wise when every batched operand has the output's rank (a lower one
+    would broadcast its rows into other axes) and every unbatched operand broadcasts over axis 0."""
     out_rank = layer.outputs[0].rank
     for t, b in zip(layer.inputs, batched):
+        if b and t.rank != out_rank:
+            return False
         if not b and t.rank == out_rank and out_rank and t.shape[0] != 1:
             return False
     return True
@@ -156,6 +159,8 @@ def _deconvolution(layer):
 def _matmul_rowwise(layer, batched):
     a, b = layer.inputs[:2]
     ba, bb = batched[:2]
+    if any(t.rank != layer.outputs[0].rank for t, f in zip((a, b), (ba, bb)) if f):
+        return False  # a batched operand broadcast over the other's leading axes
     if bb:
         # Both batched: row-wise only as a batched matmul over a leading batch axis.
         return ba and a.rank >= 3 and b.rank >= 3
@@ -299,16 +304,11 @@ def shuffle_shapes(shape: Sequence[int], params) -> Tuple[int, ...]:
 
 
 def _shuffle_rowwise(layer, batched):
-    p, x = layer.params, layer.inputs[0]
-    first = p.get("first_perm")
-    if first is not None and first[0] != 0:
-        return False
-    if p.get("reshape") is not None:
-        mid = shuffle_shapes(x.shape, {"first_perm": first})
-        if not mid or not p["reshape"] or p["reshape"][0] != mid[0]:  # a 0-d input has no batch axis
-            return False
-    second = p.get("second_perm")
-    return second is None or second[0] == 0
+    """Transposes that keep axis 0 first; a reshape in between keeps each row's entries together (dim 0 in
+    row-major order), so the output's rows stay apart when its dim 0 is a multiple of the batch (which
+    ``runtime.rowwise`` checks for every batched tensor)."""
+    p = layer.params
+    return all(p.get(key) is None or p[key][0] == 0 for key in ("first_perm", "second_perm"))
 
 
 @register("Shuffle", rowwise=_shuffle_rowwise)

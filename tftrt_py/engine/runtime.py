@@ -16,17 +16,29 @@ __all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationPro
 
 
 def rowwise(network: Network) -> bool:
-    """True when output row i depends only on input row i (so a smaller batch can be served)."""
-    batched = {t.name: True for t in network.inputs}
+    """True when output row i depends only on input row i (so a smaller batch can be served, padded to the
+    engine's batch B).
+
+    Inside, a batched tensor's dim 0 holds the rows of the batch in order, each as one block of dim0 / B
+    entries: a reshape [B, S, H] -> [B*S, H] keeps rows apart, as does the reshape back; the outputs' dim 0
+    is the batch again.
+    """
+    dims = {t.shape[0] if t.rank else None for t in network.inputs}
+    if len(dims) != 1 or None in dims:
+        return False
+    (batch,) = dims
+    batched = {t.name for t in network.inputs}
     for layer in network.layers:
-        flags = [batched.get(t.name, False) for t in layer.inputs]
+        flags = [t.name in batched for t in layer.inputs]
         if not any(flags):
             continue
         if not layer_kinds.get(layer.kind).rowwise(layer, flags):
             return False
         for t in layer.outputs:
-            batched[t.name] = True
-    return all(batched.get(t.name, False) for t in network.outputs)
+            if not t.rank or t.shape[0] % batch:
+                return False
+            batched.add(t.name)
+    return all(t.name in batched and t.shape[0] == batch for t in network.outputs)
 
 
 def rebatched(network: Network, batch: int) -> Network:
