@@ -125,3 +125,16 @@ def test_a_batched_operand_broadcast_into_other_axes_is_not_row_wise():
     y = net.add_layer("Shuffle", [x], {"reshape": [4, 1, 3]}).outputs[0]
     net.mark_output(net.add_layer("ElementWise", [y, x], {"op": "sum"}).outputs[0])  # [4, 4, 3]: y[i] + x[j]
     assert not Builder().build_engine(net).rowwise
+
+
+
+def test_an_embedding_lookup_of_batched_ids_is_row_wise():
+    rng = np.random.default_rng(9)
+    table = rng.standard_normal((10, 5)).astype("float32")
+    net = Network()
+    ids = net.add_input("ids", "int32", (4, 3))
+    net.mark_output(net.add_layer("Gather", [net.add_constant(table), ids], {"axis": 0}).outputs[0])
+    engine = Builder().build_engine(net)
+    few = rng.integers(0, 10, (2, 3)).astype("int32")
+    assert engine.rowwise and engine.can_serve([(2, 3)])
+    np.testing.assert_array_equal(engine.create_execution_context().execute_v2([few])[0], table[few])

@@ -416,8 +416,16 @@ def _normalization(layer):
     return _same_as_input(layer)
 
 
-@register("Gather", rowwise=lambda layer, batched: batched[0] and not batched[1]
-          and layer.params["axis"] % layer.inputs[0].rank != 0)
+def _gather_rowwise(layer, batched):
+    """Batched data gathered along another axis, or constant data looked up by batched indices along
+    axis 0 (an embedding lookup of token ids)."""
+    axis = layer.params["axis"] % layer.inputs[0].rank
+    if batched[0]:
+        return not batched[1] and axis != 0
+    return axis == 0 and layer.inputs[1].rank > 0
+
+
+@register("Gather", rowwise=_gather_rowwise)
 def _gather(layer):
     x, idx = layer.inputs
     axis = layer.params["axis"] % x.rank
