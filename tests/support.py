@@ -75,10 +75,13 @@ def run_engine(fn, inputs, precision="FP32"):
     return engine, outs
 
 
-def assert_converts(fn, inputs, rtol=1e-5, atol=1e-5, expect_kinds=()):
-    """`fn` built into an engine gives what TensorFlow gives, within rtol/atol; returns the engine."""
+def assert_converts(fn, inputs, rtol=1e-5, atol=1e-5, expect_kinds=(), expected=None):
+    """`fn` built into an engine gives what TensorFlow gives, within rtol/atol; returns the engine.
+
+    `expected`: the reference outputs, computed another way, where TF cannot run `fn` itself on every host."""
     engine, outs = run_engine(fn, inputs)
-    expected = fn(*[tf.constant(x) for x in inputs])
+    if expected is None:
+        expected = fn(*[tf.constant(x) for x in inputs])
     expected = [np.asarray(e) for e in tf.nest.flatten(expected)]
     assert len(outs) == len(expected)
     for got, want in zip(outs, expected):
@@ -105,3 +108,54 @@ def run_json_process(code, payload, **env):
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), capture_output=True, text=True,
                           env=subprocess_env(**env), check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- references every host computes ------------------------------------------------------------------
+# TF's default CPU kernels (oneDNN off: AMD hosts, TF_ENABLE_ONEDNN_OPTS=0) reject depthwise convolutions with
+# unequal strides or any dilation, dilated Conv3D and dilated backprop-input convolutions. These references
+# use only undilated kernels (and stride 1 for the forward ones), so every host computes them the same way.
+def dilate_filter(w, dilations):
+    """`w` ([*spatial, in, out]) with dilation - 1 zeros between taps: the undilated equivalent filter."""
+    w = np.asarray(w)
+    k = w.shape[:len(dilations)]
+    out = np.zeros(tuple(d * (n - 1) + 1 for n, d in zip(k, dilations)) + w.shape[len(dilations):], w.dtype)
+    out[tuple(slice(None, None, d) for d in dilations)] = w
+    return out
+
+
+def conv_pads(spatial, kernel, strides, padding, explicit_paddings=()):
+    """(before, after) per spatial dim of a channels-last convolution; `kernel` already dilated."""
+    if padding == "EXPLICIT":
+        return [tuple(explicit_paddings[2 * i:2 * i + 2]) for i in range(1, len(spatial) + 1)]
+    if padding == "VALID":
+        return [(0, 0)] * len(spatial)
+    pads = []
+    for n, k, s in zip(spatial, kernel, strides):
+        total = max((-(-n // s) - 1) * s + k - n, 0)
+        pads.append((total // 2, total - total // 2))
+    return pads
+
+
+def reference_conv(x, w, strides, dilations, padding, explicit_paddings=(), depthwise=False):
+    """Channels-last Conv2D, Conv3D or (`depthwise`) DepthwiseConv2dNative with per-spatial-dim `strides` and
+    `dilations`, as TF defines it: a stride-1 undilated VALID convolution of the padded input with the dilated
+    filter, then every stride-th output."""
+    x, w = np.asarray(x), dilate_filter(w, dilations)
+    rank = len(strides)
+    pads = conv_pads(x.shape[1:-1], w.shape[:rank], strides, padding, explicit_paddings)
+    x = np.pad(x, [(0, 0), *pads, (0, 0)])
+    op = tf.raw_ops.DepthwiseConv2dNative if depthwise else {2: tf.raw_ops.Conv2D, 3: tf.raw_ops.Conv3D}[rank]
+    y = op(input=x, filter=w, strides=[1] * (rank + 2), padding="VALID").numpy()
+    return y[(slice(None), *(slice(None, None, s) for s in strides))]
+
+
+def reference_conv_transpose(dy, input_sizes, w, strides, dilations, padding, explicit_paddings=()):
+    """Channels-last Conv2DBackpropInput or Conv3DBackpropInputV2 (by the rank of `w`) with per-spatial-dim
+    `strides` and `dilations`, computed undilated on the dilated filter."""
+    w = dilate_filter(w, dilations)
+    rank = len(strides)
+    attrs = dict(input_sizes=list(input_sizes), filter=w, out_backprop=tf.constant(dy), strides=[1, *strides, 1],
+                 padding=padding)
+    if rank == 2:
+        return tf.raw_ops.Conv2DBackpropInput(explicit_paddings=list(explicit_paddings), **attrs).numpy()
+    return tf.raw_ops.Conv3DBackpropInputV2(**attrs).numpy()

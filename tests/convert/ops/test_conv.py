@@ -1,15 +1,16 @@
 """Conv2D, DepthwiseConv2dNative, Conv3D and FusedConv2DBiasActivation become one Convolution layer and
 match TensorFlow.
 
-NCHW graphs are traced with tf.raw_ops and compared with the NHWC op on transposed data
-(TF's CPU kernels are NHWC).
+The reference is support.reference_conv (TF's default CPU kernels reject unequal depthwise strides, depthwise
+and Conv3D dilations); NCHW graphs are traced with tf.raw_ops and compared with it on transposed data (TF's CPU
+kernels are NHWC).
 """
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from support import assert_converts, frozen_graph_def, random_array, run_engine
+from support import assert_converts, frozen_graph_def, random_array, reference_conv, run_engine
 from tftrt_py.convert.build import INPUT_PREFIX, OUTPUT_PREFIX, build_engine
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.errors import ConversionError
@@ -37,10 +38,10 @@ def nchw_attrs(attrs):
                 explicit_paddings=pads and pads[:2] + pads[6:] + pads[2:6])
 
 
-def assert_nchw_converts(op, x, attrs):
-    """`op` traced for NCHW converts to what the NHWC op gives on transposed data."""
+def assert_nchw_converts(op, x, attrs, want):
+    """`op` traced for NCHW converts to `want` (the NHWC result on `x`) transposed."""
     _, (got,) = run_engine(lambda t: op(t, **nchw_attrs(attrs)), [x.transpose(0, 3, 1, 2)])
-    want = np.transpose(op(tf.constant(x), **attrs), (0, 3, 1, 2))
+    want = np.transpose(want, (0, 3, 1, 2))
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -62,10 +63,12 @@ def test_conv_matches_tf(op, fmt, padding, strides, dilations, batch):
     w = random_array(FILTERS[op])
     conv = lambda t, **a: getattr(tf.raw_ops, op)(input=t, filter=w, **a)
     x, attrs = random_array((batch, 9, 8, 3)), nhwc_attrs(strides, dilations, padding)
+    want = reference_conv(x, w, strides, dilations, padding, attrs["explicit_paddings"],
+                          depthwise=op == "DepthwiseConv2dNative")
     if fmt == "NHWC":
-        assert_converts(lambda t: conv(t, **attrs), [x], expect_kinds=["Convolution"])
+        assert_converts(lambda t: conv(t, **attrs), [x], expected=[want], expect_kinds=["Convolution"])
     else:
-        assert_nchw_converts(conv, x, attrs)
+        assert_nchw_converts(conv, x, attrs, want)
 
 
 def test_grouped_conv2d():
@@ -113,17 +116,18 @@ def ndhwc_attrs(strides, dilations, padding):
 @pytest.mark.parametrize("strides,dilations", STEPS_3D)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_conv3d_matches_tf(fmt, padding, strides, dilations, batch):
-    """Conv3D in both layouts (NCDHW compared with the NDHWC op on transposed data)."""
+    """Conv3D in both layouts (NCDHW compared with the NDHWC reference on transposed data)."""
     w = random_array((3, 2, 3, 3, 4))
     x, attrs = random_array((batch, 6, 7, 8, 3)), ndhwc_attrs(strides, dilations, padding)
     conv = lambda t, **a: tf.raw_ops.Conv3D(input=t, filter=w, **a)
+    want = reference_conv(x, w, strides, dilations, padding)
     if fmt == "NDHWC":
-        assert_converts(lambda t: conv(t, **attrs), [x], expect_kinds=["Convolution"])
+        assert_converts(lambda t: conv(t, **attrs), [x], expected=[want], expect_kinds=["Convolution"])
         return
     perm = lambda v: [v[0], v[4], *v[1:4]]
     ncdhw = dict(attrs, strides=perm(attrs["strides"]), dilations=perm(attrs["dilations"]), data_format="NCDHW")
     _, (got,) = run_engine(lambda t: conv(t, **ncdhw), [x.transpose(0, 4, 1, 2, 3)])
-    want = np.transpose(conv(tf.constant(x), **attrs), (0, 4, 1, 2, 3))
+    want = np.transpose(want, (0, 4, 1, 2, 3))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -1,13 +1,15 @@
 """Conv2DBackpropInput and Conv3DBackpropInputV2 become one Deconvolution layer and match TensorFlow.
 
-Channels-first graphs are traced with tf.raw_ops and compared with the channels-last op on
-transposed data (TF's CPU kernels are channels-last).
+The reference is support.reference_conv_transpose (TF's default CPU kernels reject dilations: it computes them
+undilated on a filter with zeros between taps); channels-first graphs are traced with tf.raw_ops and compared
+with it on transposed data (TF's CPU kernels are channels-last).
 """
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import assert_converts, frozen_graph_def, random_array, run_engine
+from support import (assert_converts, frozen_graph_def, random_array, reference_conv, reference_conv_transpose,
+                     run_engine)
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.ops import get_converter
@@ -33,24 +35,10 @@ def deconv2d(sizes, w, strides, dilations, padding, fmt="NHWC"):
         explicit_paddings=pads, dilations=perm([1, *dilations, 1]), data_format=fmt)
 
 
-def expected_deconv2d(dy, sizes, w, strides, dilations, padding):
-    """TF's NHWC result; TF's CPU kernel has no dilations with EXPLICIT padding, so those use the
-    equivalent undilated op on a kernel with zeros between taps."""
-    if padding == "EXPLICIT" and dilations != (1, 1):
-        (kh, kw, cin, cout), (dh, dw) = w.shape, dilations
-        dilated = np.zeros((dh * (kh - 1) + 1, dw * (kw - 1) + 1, cin, cout), w.dtype)
-        dilated[::dh, ::dw] = w
-        w, dilations = dilated, (1, 1)
-    return deconv2d(sizes, w, strides, dilations, padding)(tf.constant(dy)).numpy()
-
-
 def out_backprop_shape(sizes, w, strides, dilations, padding):
-    """The forward convolution's output shape for NHWC input `sizes`."""
-    pads = "EXPLICIT" if padding == "EXPLICIT" else padding
-    extra = dict(explicit_paddings=EXPLICIT) if padding == "EXPLICIT" else {}
-    x = tf.zeros(sizes)
-    return tf.raw_ops.Conv2D(input=x, filter=w, strides=[1, *strides, 1], padding=pads,
-                             dilations=[1, *dilations, 1], **extra).shape
+    """The forward convolution's output shape for channels-last input `sizes`."""
+    pads = EXPLICIT if padding == "EXPLICIT" else ()
+    return reference_conv(np.ones(sizes, "float32"), w, strides, dilations, padding, pads).shape
 
 
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
@@ -61,7 +49,8 @@ def test_conv2d_backprop_input(fmt, padding, size, strides, dilations, batch):
     w = random_array((3, 2, 4, 5))  # [kh, kw, forward in-channels (output), forward out-channels (input)]
     sizes = [batch, *size, 4]
     dy = random_array(out_backprop_shape(sizes, w, strides, dilations, padding))
-    want = expected_deconv2d(dy, sizes, w, strides, dilations, padding)
+    want = reference_conv_transpose(dy, sizes, w, strides, dilations, padding,
+                                    EXPLICIT if padding == "EXPLICIT" else ())
     if fmt == "NHWC":
         engine, (got,) = run_engine(deconv2d(sizes, w, strides, dilations, padding), [dy])
     else:
@@ -88,15 +77,16 @@ def test_conv3d_backprop_input_v2(fmt, padding, size, strides, dilations, batch)
     w = random_array((2, 3, 2, 3, 4))
     sizes = [batch, *size, 3]
     attrs = dict(strides=[1, *strides, 1], dilations=[1, *dilations, 1], padding=padding)
-    dy = random_array(tf.raw_ops.Conv3D(input=tf.zeros(sizes), filter=w, **attrs).shape)
+    dy = random_array(out_backprop_shape(sizes, w, strides, dilations, padding))
+    want = reference_conv_transpose(dy, sizes, w, strides, dilations, padding)
     op = lambda t, sizes, **a: tf.raw_ops.Conv3DBackpropInputV2(input_sizes=sizes, filter=w, out_backprop=t, **a)
     if fmt == "NDHWC":
-        assert_converts(lambda t: op(t, sizes, **attrs), [dy], expect_kinds=["Deconvolution"])
+        assert_converts(lambda t: op(t, sizes, **attrs), [dy], expected=[want], expect_kinds=["Deconvolution"])
         return
     perm = lambda v: [v[0], v[4], *v[1:4]]
     ncdhw = dict(attrs, strides=perm(attrs["strides"]), dilations=perm(attrs["dilations"]), data_format="NCDHW")
     _, (got,) = run_engine(lambda t: op(t, perm(sizes), **ncdhw), [dy.transpose(0, 4, 1, 2, 3)])
-    want = np.transpose(op(tf.constant(dy), sizes, **attrs), (0, 4, 1, 2, 3))
+    want = np.transpose(want, (0, 4, 1, 2, 3))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
