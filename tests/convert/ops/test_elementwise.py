@@ -7,6 +7,7 @@ from support import assert_converts, frozen_graph_def, random_array
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.ops import get_converter
+from tftrt_py.convert.ops.elementwise import INT_EXACT
 
 OPS = {"Add": tf.raw_ops.Add, "AddV2": tf.raw_ops.AddV2, "Sub": tf.raw_ops.Sub, "Mul": tf.raw_ops.Mul,
        "RealDiv": tf.raw_ops.RealDiv, "Div": tf.raw_ops.Div, "Maximum": tf.raw_ops.Maximum,
@@ -86,6 +87,25 @@ def test_clip_by_value_tensor_bounds():
 def test_clip_by_value_int32_and_crossed_bounds(lo, hi):
     fn = lambda t: tf.raw_ops.ClipByValue(t=t, clip_value_min=lo, clip_value_max=hi)
     assert_converts(fn, [random_array((3, 4), "int32")], expect_kinds=["ElementWise"])
+
+
+INT_OPS = {op: getattr(tf.raw_ops, op) for op in INT_EXACT}
+
+
+@pytest.mark.parametrize("op", sorted(INT_OPS))
+@pytest.mark.parametrize("other_shape", [(2, 3, 4), (3, 1)])
+def test_int32_ops_match_tf_bit_for_bit(op, other_shape):
+    """Operands of both signs (Div truncates towards zero, FloorDiv and FloorMod round towards -inf)."""
+    fn = lambda a, b: INT_OPS[op](x=a, y=b)
+    assert_converts(fn, [signed_ints((2, 3, 4)), signed_ints(other_shape)], rtol=0, atol=0,
+                    expect_kinds=["ElementWise"])
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "SquaredDifference"])
+def test_int32_overflow_wraps_as_in_tf(op):
+    big = np.array([2 ** 31 - 1, -2 ** 31, 2 ** 30 + 7, -(2 ** 30) - 3, 123456789, -987654321], np.int32)
+    fn = lambda a, b: INT_OPS[op](x=a, y=b)
+    assert_converts(fn, [big, big[::-1].copy()], rtol=0, atol=0, expect_kinds=["ElementWise"])
 
 
 def test_int32_real_div_is_refused():

@@ -1,4 +1,5 @@
-"""Fill (dims known when building, constant or tensor value) and Range (all operands known) match TF."""
+"""Fill (dims known when building, constant or tensor value), Range (all operands known), ZerosLike and OnesLike
+match TF."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -56,3 +57,29 @@ def test_range_values():
     _, (got,) = run_engine(lambda x: tf.range(tf.shape(x)[0], 3 * tf.shape(x)[0] + 1, 2), [random_array((4, 2))])
     np.testing.assert_array_equal(got, np.arange(4, 13, 2, dtype=np.int32))
 
+
+
+@pytest.mark.parametrize("op", ["ZerosLike", "OnesLike"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "bool"])
+def test_zeros_and_ones_like(op, dtype):
+    """As an engine output and feeding a layer with the input."""
+    like = lambda x: getattr(tf.raw_ops, op)(x=x)
+    combine = tf.logical_or if dtype == "bool" else tf.add
+    assert_converts(lambda x: (like(x), combine(like(x), x)), [random_array((2, 3), dtype)], rtol=0, atol=0)
+
+
+def test_ones_like_pins_the_engine_to_its_batch():
+    """The constant has the input's batch: an engine built for 3 rows serves only 3."""
+    engine = assert_converts(lambda x: tf.raw_ops.OnesLike(x=x) * 2.0 + x, [random_array((3, 4))])
+    assert not engine.can_serve([(2, 4)])
+
+
+def test_zeros_like_of_a_shape_is_known_when_building():
+    """ZerosLike(tf.shape(x)) + shape arithmetic feeding a Reshape stays inside the engine."""
+    fn = lambda x: tf.reshape(x, tf.raw_ops.ZerosLike(x=tf.shape(x)) + tf.shape(x))
+    assert native_ops(fn, [tf.TensorSpec((None, 3))]) == {}
+    assert_converts(fn, [random_array((2, 3))])
+
+
+def test_zeros_like_of_float64_is_refused():
+    assert "float64" in check(lambda x: tf.raw_ops.ZerosLike(x=x), [tf.TensorSpec((2,), tf.float64)], "ZerosLike")

@@ -1,4 +1,6 @@
-"""Unary math ops become one Unary layer and match TensorFlow on their domains."""
+"""Unary math ops become one Unary layer and match TensorFlow on their domains; Abs, Neg, Sign and Square
+also on int32."""
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -6,7 +8,7 @@ from support import assert_converts, frozen_graph_def, random_array
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.ops import get_converter
-from tftrt_py.convert.ops.unary import UNARY
+from tftrt_py.convert.ops.unary import INT_EXACT, UNARY
 
 #: op -> input values inside its domain
 DOMAINS = {
@@ -25,7 +27,17 @@ def test_unary_matches_tf(op, shape):
     assert_converts(lambda t: getattr(tf.raw_ops, op)(x=t), [x], expect_kinds=["Unary"])
 
 
-def test_int32_is_refused():
-    view = GraphView(frozen_graph_def(lambda t: tf.abs(t), [tf.TensorSpec((2, 3), tf.int32)])[0])
-    node = next(n for n in view.nodes.values() if n.op == "Abs")
-    assert "int32" in get_converter("Abs").check(node, ValidationContext(view))
+#: int32 values of both signs, with the extremes where Abs and Neg wrap and Square overflows
+INT32_EDGES = np.array([-2 ** 31, 2 ** 31 - 1, 70000, -46341, -7, 3], np.int32)
+
+
+@pytest.mark.parametrize("op", INT_EXACT)
+def test_int32_matches_tf_bit_for_bit(op):
+    x = np.concatenate([INT32_EDGES, random_array((6,), "int32") * -1, random_array((6,), "int32")]).reshape(3, 6)
+    assert_converts(lambda t: getattr(tf.raw_ops, op)(x=t), [x], rtol=0, atol=0, expect_kinds=["Unary"])
+
+
+def test_other_unary_ops_refuse_int32():
+    view = GraphView(frozen_graph_def(lambda t: tf.math.reciprocal(t), [tf.TensorSpec((2, 3), tf.int32)])[0])
+    node = next(n for n in view.nodes.values() if n.op == "Reciprocal")
+    assert "int32" in get_converter("Reciprocal").check(node, ValidationContext(view))

@@ -24,7 +24,8 @@ ELEMENTWISE = {
 }
 
 #: ops of ELEMENTWISE that also convert for int32 (their integer results match TF's; the rest are float-only)
-INT_EXACT = ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "FloorDiv", "FloorMod")
+#: (Div truncates towards zero, FloorDiv and FloorMod round towards -inf; sums and products wrap on overflow)
+INT_EXACT = ("Add", "AddV2", "Sub", "Mul", "Div", "Maximum", "Minimum", "FloorDiv", "FloorMod", "SquaredDifference")
 
 
 @register(*(op for op in ELEMENTWISE if op not in INT_EXACT))

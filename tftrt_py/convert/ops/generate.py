@@ -1,7 +1,8 @@
-"""Ops that make tensors from a shape: Fill (dims known when building) and Range (all operands known).
+"""Ops that make tensors from a shape: Fill (dims known when building), Range (all operands known),
+ZerosLike and OnesLike (the input's shape).
 
-Fill of a constant value and Range are Weights (no layer); Fill of a tensor value broadcasts it
-with one ElementWise product against ones, which is exact.
+Fill of a constant value, Range, ZerosLike and OnesLike are Weights (no layer); Fill of a tensor value
+broadcasts it with one ElementWise product against ones, which is exact.
 """
 import numpy as np
 
@@ -9,8 +10,12 @@ from tftrt_py.convert.context import Weights
 from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.engine.network import Tensor
 
-__all__ = ["FillConverter", "RangeConverter"]
+__all__ = ["FillConverter", "RangeConverter", "LikeConverter", "LIKE"]
+
+#: TF op -> the value filling a tensor shaped like its input
+LIKE = {"ZerosLike": 0, "OnesLike": 1}
 
 
 @register("Fill")
@@ -67,3 +72,18 @@ def _range_reason(start, limit, delta):
     if delta == 0 or (limit - start) * np.sign(delta) < 0:
         return f"Range({start}, {limit}, {delta}) is invalid: delta must be non-zero and step towards limit"
     return None
+
+
+@register(*LIKE)
+class LikeConverter(OpConverter):
+    """A constant shaped like the input (known when building, as every shape is then)."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+    static_outputs = True
+    precisions = NO_PRECISION
+
+    def convert(self, node, ctx):
+        x = ctx.inputs(node)[0]
+        source = x if isinstance(x, Tensor) else x.batch_source  # the batch it is measured on, as Shape's
+        ctx.set_outputs(node, [Weights(np.full(x.shape, LIKE[node.op], dtype=x.dtype),
+                                       batch_source=source if source is not None and source.rank else None)])

@@ -1,10 +1,16 @@
-"""Tile with multiples known when building: per tiled axis, one Concatenation of copies (exact)."""
+"""Tile and BroadcastTo with multiples or shape known when building; both exact.
+
+Tile: per tiled axis, one Concatenation of copies. BroadcastTo: one Select whose constant all-true
+condition spans the broadcast dims only (size 1 elsewhere), so the layer reads x and broadcasts it.
+"""
 import numpy as np
 
+from tftrt_py.convert.context import Weights
+from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
 
-__all__ = ["TileConverter"]
+__all__ = ["TileConverter", "BroadcastToConverter"]
 
 
 @register("Tile")
@@ -32,3 +38,42 @@ class TileConverter(OpConverter):
             if m > 1:
                 x = ctx.add_layer("Concatenation", [x] * m, {"axis": axis}, node=node, suffix=f"/axis{axis}")[0]
         ctx.set_outputs(node, [x])
+
+
+@register("BroadcastTo")
+class BroadcastToConverter(OpConverter):
+    """shape known when building (a constant or computed from shapes); each input dim 1 or the shape's."""
+
+    allowed_dtypes = FLOAT_INT_BOOL
+    input_spec = (ANY, STATIC)
+    precisions = NO_PRECISION
+
+    def validate(self, node, ctx):
+        x, shape = ctx.input_infos(node)
+        if shape.value is None or x.shape is None:
+            return None
+        return _broadcast_reason(x.shape, [int(d) for d in np.ravel(shape.value)])
+
+    def convert(self, node, ctx):
+        x, shape = ctx.inputs(node)
+        target = [int(d) for d in np.ravel(shape.value)]
+        reason = _broadcast_reason(x.shape, target)  # a shape computed from shapes is known only now
+        if reason is not None:
+            raise InvalidNodeError(reason, node)
+        if list(x.shape) == target:
+            ctx.set_outputs(node, [x])
+            return
+        dims = [1] * (len(target) - len(x.shape)) + list(x.shape)
+        span = [t if d == 1 else 1 for d, t in zip(dims, target)]
+        # a shape measured from a tensor fixes the result's batch only where the condition spans axis 0
+        true = Weights(np.ones(span, np.bool_), shape.batch_source if span and span[0] > 1 else None)
+        ctx.set_outputs(node, ctx.add_layer("Select", [true, x, x], node=node))
+
+
+def _broadcast_reason(shape, target):
+    """Why `shape` (None for unknown dims) does not broadcast to `target` as BroadcastTo needs, or None."""
+    if len(shape) > len(target) or any(d not in (None, 1, t) for d, t in zip(shape[::-1], target[::-1])):
+        return f"BroadcastTo cannot broadcast shape {list(shape)} to {target}"
+    if any(t < 1 for t in target):
+        return f"BroadcastTo to {target} is not supported (empty results)"
+    return None

@@ -1,8 +1,8 @@
 """Unary math ops: one Unary layer each."""
-from tftrt_py.convert.ops.base import OpConverter
+from tftrt_py.convert.ops.base import FLOAT_INT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
-__all__ = ["UnaryConverter", "UNARY"]
+__all__ = ["UnaryConverter", "IntUnaryConverter", "UNARY", "INT_EXACT"]
 
 #: TF op -> Unary op
 UNARY = {
@@ -13,8 +13,18 @@ UNARY = {
     "Square": "square",
 }
 
+#: ops of UNARY that also convert for int32 (exact, wrapping on overflow as TF does; the rest are float-only)
+INT_EXACT = ("Abs", "Neg", "Sign", "Square")
 
-@register(*UNARY)
+
+@register(*(op for op in UNARY if op not in INT_EXACT))
 class UnaryConverter(OpConverter):
     def convert(self, node, ctx):
         ctx.set_outputs(node, ctx.add_layer("Unary", ctx.inputs(node)[:1], {"op": UNARY[node.op]}, node=node))
+
+
+@register(*INT_EXACT)
+class IntUnaryConverter(UnaryConverter):
+    """One Unary layer; int32 too, wrapping as TF does (Abs and Neg of -2**31 give -2**31)."""
+
+    allowed_dtypes = FLOAT_INT
