@@ -181,6 +181,29 @@ def test_fp16_overflow_gives_inf_as_on_the_gpu():
     assert np.isinf(got[0]) and got[1] == 3.0
 
 
+def test_fp16_saturates_weights_and_constants_beyond_its_range():
+    """An additive attention mask (1 - mask) * -1e9: in fp16 -1e9 saturates to -65504 (as TensorRT clamps
+    weights), so unmasked positions get 0 x -65504 = 0, not 0 x -inf = NaN."""
+    net = Network("n")
+    keep = net.add_input("keep", "float32", (2, 4))
+    scores = net.add_input("scores", "float32", (2, 4))
+    masked = add(net, "ElementWise", [add(net, "ElementWise", [const(net, [1.0], "one"), keep], "sub", op="sub"),
+                                      const(net, [-1e9], "big")], "mask", op="prod")
+    net.mark_output(add(net, "ElementWise", [scores, masked], "add", op="sum"), "y")
+    engine = build(net, "FP16")
+    keep_v, scores_v = (np.array([[1, 1, 0, 1], [0, 1, 1, 1]], "float32"), rand(2, 4))
+    got = engine.create_execution_context().execute_v2([keep_v, scores_v])[0]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got[keep_v == 1], scores_v[keep_v == 1], atol=2e-3)
+    assert (got[keep_v == 0] < -6e4).all()
+    scale = Network("s")
+    x = scale.add_input("x", "float32", (3,))
+    scale.mark_output(add(scale, "Scale", [x], "scale", {"scale": np.array([1e6], "float32"),
+                                                          "shift": np.array([np.inf], "float32")}), "y")
+    (layer,) = build(scale, "FP16").network.layers
+    assert layer.weights["scale"][0] == np.float16(65504) and np.isposinf(layer.weights["shift"][0])
+
+
 def test_int8_convolution_quantizes_as_tensorrt():
     net = Network("n")
     x = net.add_input("x", "float32", (1, 4, 4, 2))

@@ -3,7 +3,8 @@
 Run once after the fusion passes have settled (a layer's kind and inputs decide its precision):
 
 * FP32: every layer in fp32.
-* FP16: float layers in fp16 (weights stored as fp16, activations rounded to fp16, fp32 accumulation), except those
+* FP16: float layers in fp16 (weights saturated to the fp16 range and stored as fp16, as are constants only
+  fp16 layers read; activations rounded to fp16, fp32 accumulation), except those
   ``fp32_reason`` names: large or overflow-prone reductions, softmax sums, exp/log/pow, normalization
   statistics, casts. Attention and Normalization layers run in fp16: their kernels keep the softmax and the
   statistics in fp32.
@@ -150,10 +151,31 @@ def _check_ranges(network: Network, candidates: List[Layer]) -> bool:
     return True
 
 
+#: The largest finite fp16 value: weights beyond it saturate there, as TensorRT clamps them.
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def _saturate(value: np.ndarray) -> np.ndarray:
+    """Finite float32 values clamped to the fp16 range (an additive -1e9 mask stays finite, so 0 x mask is
+    0, not NaN); infinities and NaN stay as they are."""
+    return np.where(np.isfinite(value), np.clip(value, -FP16_MAX, FP16_MAX), value).astype(value.dtype)
+
+
 def _half(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """An FP16 layer's weights as it computes with them: float32 ones rounded to (and stored as) float16."""
-    with np.errstate(over="ignore"):
-        return {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()}
+    """An FP16 layer's weights as it computes with them: float32 ones saturated, then rounded to (and stored
+    as) float16."""
+    return {k: _saturate(v).astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()}
+
+
+def _saturate_fp16_constants(network: Network) -> None:
+    """Constants read only by reduced-precision layers hold values inside the fp16 range."""
+    users = network.consumers()
+    for layer in network.layers:
+        value = layer.weights.get("value") if layer.kind == "Constant" else None
+        readers = users.get(layer.outputs[0].name, []) if value is not None else []
+        if (value is not None and value.dtype == np.float32 and readers and not network.is_output(layer.outputs[0])
+                and all(r.precision in ("FP16", "INT8") for r in readers)):
+            layer.weights["value"] = _saturate(value)
 
 
 def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
@@ -189,6 +211,7 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
         logger.debug("%s: layer %r (%s) runs in %s%s", network.name, layer.name, layer.kind, layer.precision,
                      f" ({reason})" if reason else "")
     if precision != "FP32":
+        _saturate_fp16_constants(network)
         logger.info("precision of %s (%s): %s%s", network.name, precision,
                     ", ".join(f"{n} {p}" for p, n in sorted(counts.items())),
                     "; fp32 for " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())) if reasons else "")
