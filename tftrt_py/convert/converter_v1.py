@@ -109,6 +109,7 @@ class TrtGraphConverter:
             frozen, protected = self._input_graph_def, self._nodes_denylist
         else:
             frozen, protected = self._freeze_saved_model()
+        frozen = graph_io.inline_calls(frozen, keep={_node_name(n) for n in protected})
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(frozen, name="")

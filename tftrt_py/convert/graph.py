@@ -17,6 +17,10 @@ __all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
+#: A lowered tf.while_loop closes through NextIteration -> Merge (Ref* in TF1 graphs with ref variables).
+MERGE_OPS = ("Merge", "RefMerge")
+NEXT_ITERATION_OPS = ("NextIteration", "RefNextIteration")
+
 
 def split_ref(ref: str) -> Tuple[str, int]:
     """'node:1' -> ('node', 1); 'node' -> ('node', 0)."""
@@ -142,11 +146,23 @@ class GraphView:
                 users[name].append(node.name)
         return users
 
+    def dependencies(self, node: NodeView) -> List[str]:
+        """Names of the nodes `node` reads (data or control), each once, but the NextIteration feeding
+        a Merge: that back edge closes a lowered tf.while_loop and is no dependency."""
+        names = dict.fromkeys([split_ref(r)[0] for r in node.inputs] + node.control_inputs)
+        if node.op in MERGE_OPS:
+            return [n for n in names if n not in self.nodes or self.nodes[n].op not in NEXT_ITERATION_OPS]
+        return list(names)
+
     def topological_order(self) -> List[NodeView]:
-        """Nodes in a deterministic topological order (graph order breaks ties)."""
+        """Nodes in a deterministic topological order (graph order breaks ties); loops' back edges are
+        left out."""
         index = {name: i for i, name in enumerate(self.nodes)}
-        pending = {name: len(set(split_ref(r)[0] for r in n.inputs) | set(n.control_inputs))
-                   for name, n in self.nodes.items()}
+        pending = {name: len(self.dependencies(n)) for name, n in self.nodes.items()}
+        users = {name: [] for name in self.nodes}
+        for name, node in self.nodes.items():
+            for producer in self.dependencies(node):
+                users.setdefault(producer, []).append(name)
 
         ready = [index[name] for name, k in pending.items() if k == 0]
         heapq.heapify(ready)
@@ -155,7 +171,7 @@ class GraphView:
         while ready:
             name = names[heapq.heappop(ready)]
             order.append(self.nodes[name])
-            for user in dict.fromkeys(self.consumers[name]):
+            for user in users[name]:
                 pending[user] -= 1
                 if pending[user] == 0:
                     heapq.heappush(ready, index[user])

@@ -1,24 +1,33 @@
-"""Graph I/O: load a SavedModel signature, freeze it, run grappler, rebuild a function from a GraphDef."""
+"""Graph I/O: load a SavedModel signature, freeze it, inline its function calls, run grappler, rebuild a
+function from a GraphDef."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from typing import Sequence
+from typing import AbstractSet, Dict, Iterator, List, Sequence
 
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 from tensorflow.python.eager import context, wrap_function
-from tensorflow.python.framework import convert_to_constants
+from tensorflow.python.framework import convert_to_constants, function_def_to_graph
 from tensorflow.python.grappler import tf_optimizer
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
-__all__ = ["load_signature", "freeze", "optimize", "function_from_graph_def", "SavedModelError"]
+__all__ = ["load_signature", "freeze", "inline_calls", "optimize", "function_from_graph_def", "SavedModelError"]
 
 logger = logging.getLogger(__name__)
 
 #: Grappler passes run before segmentation (no layout or remapper: they create ops engines don't know).
 GRAPPLER_OPTIMIZERS = ("pruning", "debug_stripper", "constfold", "dependency", "common_subgraph_elimination")
+
+#: Ops calling the library function named in their "f" attr.
+CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+
+#: Deeper nesting than this is taken for a recursive function.
+MAX_CALL_DEPTH = 64
 
 
 class SavedModelError(ValueError):
@@ -45,8 +54,129 @@ def load_signature(saved_model_dir: str, tags: Sequence[str], signature_key: str
 
 
 def freeze(func):
-    """The function with its variables turned into constants."""
-    return convert_to_constants.convert_variables_to_constants_v2(func)
+    """The function with its variables turned into constants.
+
+    Control flow is not lowered: a tf.while_loop stays one While node (a tf.cond one If node) whose
+    body functions stay in the library, so the loop stays native as one node while the ops around
+    it convert (lowered Enter/Merge/Switch/NextIteration frames would put a cycle in the graph).
+    """
+    return convert_to_constants.convert_variables_to_constants_v2(func, lower_control_flow=False)
+
+
+def inline_calls(graph_def, keep: AbstractSet[str] = frozenset()):
+    """`graph_def` with every function call (but the nodes named in `keep`) replaced by the function's body.
+
+    Grappler's "function" optimizer (and the freezing's own inlining) leave calls marked ``_noinline``
+    or ``_XlaMustCompile`` alone, as Keras 3's grouped convolutions are; each such call would split the
+    graph into more engines, so the calls are inlined here, nested ones too. Body nodes are named
+    ``<call>/<node>``, args become Identity nodes fed by the call's inputs (and its control inputs),
+    readers of ``<call>:i`` read the function's i-th result, and ``^<call>`` waits for the results'
+    producers and the function's control outputs. Library functions nothing calls any more are dropped.
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    if not any(_callee(n, library) and n.name not in keep for n in graph_def.node):
+        return graph_def
+    results: Dict[str, str] = {}  # "<call>:i" -> the tensor it now is
+    waits: Dict[str, List[str]] = {}  # call name -> the nodes "^<call>" now waits for
+    taken = {n.name for n in graph_def.node}
+    functions = tf.Graph()  # function_def_to_graph_def looks called functions up in the default graph
+    with functions.as_default():
+        tf.graph_util.import_graph_def(graph_pb2.GraphDef(library=graph_def.library), name="")
+        nodes = list(_inline(graph_def.node, library, keep, (results, waits, taken), depth=0))
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    for node in nodes:
+        inputs = [r for ref in node.input for r in _resolve(ref, results, waits)]
+        del node.input[:]
+        node.input.extend([r for r in inputs if not r.startswith("^")]
+                          + list(dict.fromkeys(r for r in inputs if r.startswith("^"))))
+        out.node.add().CopyFrom(node)
+    used = _called_functions(out.node, library)
+    out.library.function.extend(f for name, f in library.items() if name in used)
+    out.library.gradient.extend(g for g in graph_def.library.gradient if g.function_name in used)
+    if waits:
+        logger.info("inlined %d function call(s); %d library function(s) left", len(waits), len(used))
+    return out
+
+
+def _callee(node, library) -> str:
+    """The name of the library function `node` calls, or ''."""
+    if node.op in CALL_OPS:
+        return node.attr["f"].func.name
+    return node.op if node.op in library else ""
+
+
+def _inline(nodes, library, keep, state, depth) -> Iterator[node_def_pb2.NodeDef]:
+    """`nodes` (copies) with every call expanded into its body, recursively; `state` is (results, waits,
+    node names taken)."""
+    for node in nodes:
+        name = _callee(node, library)
+        if not name or node.name in keep:
+            yield node_def_pb2.NodeDef.FromString(node.SerializeToString())
+            continue
+        if depth >= MAX_CALL_DEPTH:
+            raise ValueError(f"function calls nested deeper than {MAX_CALL_DEPTH} at {node.name} (calling "
+                             f"{name}): a recursive function cannot be inlined")
+        yield from _inline(_body(node, library[name], *state), library, keep, state, depth + 1)
+
+
+def _body(call, fdef, results, waits, taken) -> List[node_def_pb2.NodeDef]:
+    """The nodes of `fdef` in place of `call` (not yet expanded), named `<call>/<node>` (another free
+    prefix if a graph node has such a name); records where its results and control output now are."""
+    body, flat = function_def_to_graph.function_def_to_graph_def(fdef)
+    prefix = next(p for p in (f"{call.name}{suffix}/" for suffix in
+                              itertools.chain([""], (f"_inlined_{i}" for i in itertools.count())))
+                  if not any(p + n.name in taken for n in body.node))
+    taken.update(prefix + n.name for n in body.node)
+    data = [ref for ref in call.input if not ref.startswith("^")]
+    controls = [ref for ref in call.input if ref.startswith("^")]
+    args = {arg.name: ref for arg, ref in zip(fdef.signature.input_arg, data, strict=True)}
+    nodes = []
+    for node in body.node:
+        new = node_def_pb2.NodeDef(name=prefix + node.name, op=node.op)
+        if node.name in args:  # an arg: an Identity of the call's input
+            new.op = "Identity"
+            new.input.extend([args[node.name]] + controls)
+            new.attr["T"].type = node.attr["dtype"].type
+        else:
+            new.input.extend(("^" + prefix + ref[1:]) if ref.startswith("^") else prefix + ref
+                             for ref in node.input)
+            new.input.extend(controls if not node.input else ())
+            for key, value in node.attr.items():
+                new.attr[key].CopyFrom(value)
+        nodes.append(new)
+    rets = [prefix + flat[fdef.ret[arg.name]] for arg in fdef.signature.output_arg]
+    for i, ref in enumerate(rets):
+        results[f"{call.name}:{i}"] = ref
+    done = [ref.split(":")[0] for ref in rets] + [prefix + n for n in fdef.control_ret.values()]
+    waits[call.name] = list(dict.fromkeys(done)) or [prefix + name for name in args] or [c[1:] for c in controls]
+    return nodes
+
+
+def _resolve(ref: str, results, waits) -> List[str]:
+    """An input ref of a node after inlining (a control ref may become several)."""
+    if ref.startswith("^"):
+        name = ref[1:]
+        if name not in waits:
+            return [ref]
+        return [r for n in waits[name] for r in _resolve("^" + n, results, waits)]
+    name, _, port = ref.partition(":")
+    key = f"{name}:{port or 0}"
+    return _resolve(results[key], results, waits) if key in results else [ref]
+
+
+def _called_functions(nodes, library) -> set:
+    """Names of the library functions `nodes` call (by op type or a func attr), transitively."""
+    used, queue = set(), list(nodes)
+    while queue:
+        node = queue.pop()
+        names = [node.op] + [f.name for v in node.attr.values() for f in
+                             ([v.func] if v.HasField("func") else v.list.func if v.HasField("list") else [])]
+        for name in names:
+            if name in library and name not in used:
+                used.add(name)
+                queue.extend(library[name].node_def)
+    return used
 
 
 def optimize(graph_def, graph, fetch_names: Sequence[str]):

@@ -8,6 +8,7 @@ from typing import AbstractSet, Dict, FrozenSet, List, Optional
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView, NodeView, tensor_ref
 from tftrt_py.convert.ops import find_converter
+from tftrt_py.segmenter.control_flow import control_flow_reasons
 
 __all__ = ["OP_DENYLIST_ENV", "UNSUPPORTED_DTYPES", "op_denylist", "classify"]
 
@@ -27,7 +28,8 @@ def op_denylist() -> FrozenSet[str]:
 
 def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet[str],
              precision: str = "FP32") -> Dict[str, Optional[str]]:
-    """Every node but Consts -> None when it is a candidate, else the reason it stays native.
+    """Every node but Consts -> None when it is a candidate, else the reason it stays native (control flow
+    first: tf.while_loop and tf.cond nodes, segmenter/control_flow.py).
 
     Nodes are judged in topological order, and the context learns which producers stay native,
     so a value computed from a native node is not taken as known when building. `precision` is the
@@ -35,12 +37,13 @@ def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet
     """
     native: set = set()
     ctx, denied_ops = ValidationContext(view, native, precision), op_denylist()
+    control_flow = control_flow_reasons(view, order)
     reasons: Dict[str, Optional[str]] = {}
     for node in order:
         if node.op == "Const":
             continue
         try:
-            reasons[node.name] = _reason(node, view, ctx, nodes_denylist, denied_ops)
+            reasons[node.name] = control_flow.get(node.name) or _reason(node, view, ctx, nodes_denylist, denied_ops)
         except Exception as exc:  # a converter (or an odd node) that cannot be judged keeps the node native
             logger.debug("judging %s (%s) raised", node.name, node.op, exc_info=True)
             reasons[node.name] = f"check raised {type(exc).__name__}: {exc}"
