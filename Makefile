@@ -3,12 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# keras-hub's requirements pull the full `tensorflow` (through tensorflow-text): installed without them, the ones
+# it needs are in pyproject.toml's test extra.
+KERAS_HUB := keras-hub==0.32.0
 
 .PHONY: demo test clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[cpu,test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "$(KERAS_HUB)"
 	touch $(STAMP)
 
 demo: $(STAMP)

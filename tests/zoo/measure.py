@@ -1,0 +1,349 @@
+"""Where a zoo model stands: convert (FP32, FP16), build for its shapes, save, serve from a fresh process, compare.
+
+Used by tests/zoo/test_zoo.py and benchmarks/zoo_report.py. Each model runs in three processes: a fresh one
+exports it and computes native TF's outputs (Keras keeps global state that a failed build can poison), this one
+converts, builds and saves, and a fresh one loads the converted SavedModels and serves fresh inputs.
+
+What is counted (``compute ops``): graph nodes other than the bookkeeping ops of BOOKKEEPING (placeholders,
+constants, identities, no-ops). Inside engines: the compute ops of the native segments of engine ops that ran an
+engine when serving, and never their native segment. Outside: the compute ops of the converted graph outside engine
+ops, plus those of the functions they call (loop bodies and conditions, branches).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+__all__ = ["BOOKKEEPING", "PRECISIONS", "TARGETS", "PrecisionResult", "ModelResult", "measure", "format_table"]
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PRECISIONS = ("FP32", "FP16")
+#: Ops that move or name values without computing: not counted on either side.
+BOOKKEEPING = frozenset({"Placeholder", "Const", "NoOp", "Identity", "IdentityN", "Snapshot", "StopGradient",
+                         "_Arg", "_Retval"})
+#: The issue's targets: FP32 max abs error, FP16 max abs error over the output's max magnitude, share of compute
+#: ops serving in engines.
+TARGETS = {"FP32": 1e-4, "FP16": 1e-2, "in_engines": 0.99}
+ENGINE_OP = "TRTEngineOp"
+
+
+@dataclasses.dataclass
+class PrecisionResult:
+    precision: str
+    convert_error: Optional[str] = None
+    engines: int = 0  # engine ops in the converted graph
+    serving_engines: int = 0  # engine ops that ran an engine (and never their native segment) when serving
+    ops_in_engines: int = 0  # compute ops of the serving engine ops
+    ops_total: int = 0  # compute ops of the whole graph (see the module docstring)
+    fallbacks: int = 0  # native segment runs while serving (dispatcher stats, fresh process)
+    build_failures: int = 0  # failed builds while serving (fresh process)
+    max_abs_error: Optional[float] = None  # over every output
+    rel_error: Optional[float] = None  # max over outputs of max|got - want| / max|want|
+    #: op type -> {reason: count} of the nodes left native (the non-conversion report), bookkeeping left out
+    native_ops: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: why engine ops ran their native segment: after build() (the converter's process) and when serving
+    native_runs: List[str] = dataclasses.field(default_factory=list)
+    warnings: List[str] = dataclasses.field(default_factory=list)  # tftrt_py warnings during convert/build/save
+    serve_error: Optional[str] = None
+
+    @property
+    def in_engines(self) -> float:
+        return self.ops_in_engines / self.ops_total if self.ops_total else 0.0
+
+    @property
+    def error(self) -> Optional[float]:
+        """The error the target applies to: absolute for FP32, relative to the output scale otherwise."""
+        return self.max_abs_error if self.precision == "FP32" else self.rel_error
+
+    def failures(self) -> List[str]:
+        """The issue's targets this precision misses, one line each."""
+        out = []
+        if self.convert_error or self.serve_error:
+            return [f"{self.precision}: {self.convert_error or self.serve_error}"]
+        if self.error is None or not self.error <= TARGETS[self.precision]:
+            out.append(f"{self.precision}: error {self.error:.3g} > {TARGETS[self.precision]:g}")
+        if self.in_engines < TARGETS["in_engines"]:
+            out.append(f"{self.precision}: {100 * self.in_engines:.1f}% of compute ops serve in engines "
+                       f"[{self.ops_in_engines}/{self.ops_total}] < {100 * TARGETS['in_engines']:g}%")
+        if self.fallbacks:
+            out.append(f"{self.precision}: {self.fallbacks} native fallback(s) serving the shapes built")
+        return out
+
+
+@dataclasses.dataclass
+class ModelResult:
+    name: str
+    export_error: Optional[str] = None
+    results: Dict[str, PrecisionResult] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+    def top_native(self, n=4) -> List[str]:
+        """The op types most often left native (FP32), with their most frequent reason."""
+        result = self.results.get("FP32")
+        if result is None:
+            return []
+        table = sorted(result.native_ops.items(), key=lambda kv: -sum(kv[1].values()))
+        return [f"{op} x{sum(reasons.values())}: {max(reasons, key=reasons.get)}" for op, reasons in table[:n]]
+
+
+# -- fresh processes ---------------------------------------------------------------------------------------------
+_EXPORT = """
+import json, sys, numpy as np, tensorflow as tf
+from zoo.models import ZOO, export, make_feed
+job = json.loads(sys.stdin.read())
+model = ZOO[job["name"]]
+export(model, job["native"])
+fn = tf.saved_model.load(job["native"]).signatures["serving_default"]
+specs = fn.structured_input_signature[1]
+arrays = {}
+for kind, seed in (("build", 1), ("serve", 2)):
+    for k, v in make_feed(model, specs, seed).items():
+        arrays[f"{kind}/{k}"] = v
+out = fn(**{k.split("/", 1)[1]: tf.constant(v) for k, v in arrays.items() if k.startswith("serve/")})
+arrays.update({f"native/{k}": v.numpy() for k, v in out.items()})
+np.savez(job["arrays"], **arrays)
+print(json.dumps({}))
+"""
+
+_SERVE = """
+import json, sys, numpy as np, tensorflow as tf
+from tftrt_py import trt_convert  # loads the TRTEngineOp library before the SavedModels
+from tftrt_py.engine_op import dispatcher
+job = json.loads(sys.stdin.read())
+arrays = np.load(job["arrays"])
+feed = {k.split("/", 1)[1]: tf.constant(arrays[k]) for k in arrays.files if k.startswith("serve/")}
+result = {}
+for precision, directory in job["converted"].items():
+    before = set(dispatcher.engine_ops())
+    try:
+        out = tf.saved_model.load(directory).signatures["serving_default"](**feed)
+    except Exception as exc:
+        result[precision] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        continue
+    np.savez(job["outputs"][precision], **{k: v.numpy() for k, v in out.items()})
+    ops = {key: op for key, op in dispatcher.engine_ops().items() if key not in before}
+    result[precision] = {"ops": {key: {"stats": op.stats.as_dict(),
+                                       "native": [f"{op.name}, input shapes {[list(s) for s in shapes]}: {why}"
+                                                  for shapes, why in op.native.items()]}
+                                 for key, op in ops.items()}}
+print(json.dumps(result))
+"""
+
+
+def _run_fresh(code, job, timeout=900):
+    """Run `code` in a fresh Python with `job` as JSON on stdin; (its last line's JSON, None) or (None, error)."""
+    path = os.pathsep.join(p for p in (REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(job), capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    if proc.returncode:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return None, (lines[-1] if lines else f"exit status {proc.returncode}")[:500]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+
+# -- counting ----------------------------------------------------------------------------------------------------
+def _compute(ops) -> int:
+    return sum(1 for op in ops if op not in BOOKKEEPING)
+
+
+def _called_functions(node):
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func.name
+        for func in value.list.func:
+            yield func.name
+
+
+def _native_compute(graph_def) -> int:
+    """Compute ops outside engine ops: top-level nodes and, recursively, the functions they call."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    seen, count = set(), 0
+    stack = [n for n in graph_def.node if n.op != ENGINE_OP]
+    while stack:
+        node = stack.pop()
+        count += node.op not in BOOKKEEPING
+        for name in _called_functions(node):
+            if name in functions and name not in seen:
+                seen.add(name)
+                stack.extend(functions[name].node_def)
+    return count
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: List[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage()[:400])
+
+
+def _errors(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray]):
+    abs_err, rel_err = 0.0, 0.0
+    for key, w in want.items():
+        g = np.asarray(got[key], np.float64)
+        w = np.asarray(w, np.float64)
+        if g.shape != w.shape:
+            return float("inf"), float("inf")
+        err = float(np.max(np.abs(g - w))) if w.size else 0.0
+        scale = float(np.max(np.abs(w))) if w.size else 0.0
+        abs_err = max(abs_err, err)
+        rel_err = max(rel_err, err / scale if scale else (0.0 if err == 0 else float("inf")))
+    return abs_err, rel_err
+
+
+# -- one model ---------------------------------------------------------------------------------------------------
+def _convert(native_dir, precision, arrays, out_dir, result: PrecisionResult):
+    """Convert, build for the build inputs, save; fills `result`'s conversion fields; the converted graph or None."""
+    import tensorflow as tf
+    from tftrt_py import trt_convert as trt
+    from tftrt_py.convert import summary as summary_lib
+
+    handler = _Warnings()
+    log = logging.getLogger("tftrt_py")
+    log.addHandler(handler)
+    try:
+        converter = trt.TrtGraphConverterV2(input_saved_model_dir=native_dir, precision_mode=precision)
+        converter.convert()
+        report = converter._report
+        result.native_ops = {op: dict(reasons) for op, reasons in report.by_op_type().items()
+                             if op not in BOOKKEEPING}
+        feed = {k.split("/", 1)[1]: tf.constant(arrays[k]) for k in arrays.files if k.startswith("build/")}
+        converter.build(input_fn=lambda: iter([feed]))
+        counts = summary_lib.engine_op_counts(converter._converted_graph_def)
+        result.native_runs += summary_lib.describe_native_runs(converter.native_engine_ops(), counts)
+        converter.save(out_dir)
+        return converter._converted_graph_def
+    except Exception as exc:  # a measurement: the error is the result
+        result.convert_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        return None
+    finally:
+        log.removeHandler(handler)
+        result.warnings = handler.lines
+
+
+def measure(name: str, workdir: str, precisions=PRECISIONS) -> ModelResult:
+    """Measure zoo model `name` (see zoo.models.ZOO), working in `workdir`."""
+    start = time.time()
+    model = ModelResult(name)
+    native_dir = os.path.join(workdir, "native")
+    arrays_path = os.path.join(workdir, "arrays.npz")
+    _, error = _run_fresh(_EXPORT, {"name": name, "native": native_dir, "arrays": arrays_path})
+    if error:
+        model.export_error = error
+        model.seconds = time.time() - start
+        return model
+    arrays = np.load(arrays_path)
+    want = {k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("native/")}
+    graphs, converted, outputs = {}, {}, {}
+    for precision in precisions:
+        result = model.results[precision] = PrecisionResult(precision)
+        converted[precision] = os.path.join(workdir, precision.lower())
+        outputs[precision] = os.path.join(workdir, f"outputs_{precision.lower()}.npz")
+        graphs[precision] = _convert(native_dir, precision, arrays, converted[precision], result)
+    serving = {p: d for p, d in converted.items() if graphs[p] is not None}
+    served, error = (_run_fresh(_SERVE, {"arrays": arrays_path, "converted": serving, "outputs": outputs})
+                     if serving else ({}, None))
+    for precision, graph_def in graphs.items():
+        if graph_def is not None:
+            _score(model.results[precision], graph_def, (served or {}).get(precision), error, outputs[precision],
+                   want)
+    model.seconds = time.time() - start
+    return model
+
+
+def _score(result: PrecisionResult, graph_def, served, error, outputs_path, want):
+    from tftrt_py.convert.summary import engine_op_counts
+
+    counts = engine_op_counts(graph_def)
+    keys = {n.name: n.attr["segment_key"].s.decode() for n in graph_def.node if n.op == ENGINE_OP}
+    result.engines = len(counts)
+    outside = _native_compute(graph_def)
+    result.ops_total = outside + sum(_compute(c.elements()) for c in counts.values())
+    if served is None or "error" in served:
+        result.serve_error = (served or {}).get("error") or error or "no result from the serving process"
+        return
+    ops = served["ops"]
+    for name, counter in counts.items():
+        op = ops.get(keys[name])
+        if op is None:
+            result.native_runs.append(f"{name}: did not run when serving")
+            continue
+        stats = op["stats"]
+        result.fallbacks += stats["fallback_total"]
+        result.build_failures += stats["build_failures"]
+        result.native_runs += [f"serving: {line}" for line in op["native"]]
+        if stats["engine_runs"] > 0 and stats["fallback_total"] == 0:
+            result.serving_engines += 1
+            result.ops_in_engines += _compute(counter.elements())
+    got = dict(np.load(outputs_path))
+    result.max_abs_error, result.rel_error = _errors(got, want)
+
+
+# -- the table ---------------------------------------------------------------------------------------------------
+def _cell(result: Optional[PrecisionResult], what: str) -> str:
+    if result is None:
+        return "-"
+    if result.convert_error:
+        return "convert error"
+    if result.serve_error:
+        return "serve error"
+    if what == "in":
+        return f"{100 * result.in_engines:.1f}% [{result.ops_in_engines}/{result.ops_total}]"
+    return "-" if result.error is None else f"{result.error:.1e}"
+
+
+def format_table(models: List[ModelResult]) -> str:
+    """One row per model (FP32 / FP16 side by side), then each model's reasons for not being whole."""
+    out = io.StringIO()
+    header = ("model", "FP32 ops in engines", "FP16 ops in eng.", "engines", "fallbacks", "FP32 abs err",
+              "FP16 rel err", "time", "status")
+    widths = (18, 22, 22, 8, 9, 12, 12, 6, 6)
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    print(line(header), file=out)
+    for m in models:
+        fp32, fp16 = m.results.get("FP32"), m.results.get("FP16")
+        if m.export_error:
+            print(line((m.name, "export error", "", "", "", "", "", f"{m.seconds:.0f}s", "FAIL")), file=out)
+            continue
+        both = [r for r in (fp32, fp16) if r is not None]
+        engines = "/".join(str(r.engines) for r in both)
+        fallbacks = "/".join(str(r.fallbacks) for r in both)
+        status = "ok" if not any(r.failures() for r in both) else "FAIL"
+        print(line((m.name, _cell(fp32, "in"), _cell(fp16, "in"), engines, fallbacks, _cell(fp32, "err"),
+                    _cell(fp16, "err"), f"{m.seconds:.0f}s", status)), file=out)
+    print(file=out)
+    for m in models:
+        lines = details(m)
+        if lines:
+            print(f"{m.name}:", file=out)
+            for ln in lines:
+                print(f"  - {ln}", file=out)
+    return out.getvalue()
+
+
+def details(m: ModelResult, max_lines=8) -> List[str]:
+    """Why `m` is not whole: export/convert/serve errors, target misses, op types left native (with reasons),
+    native runs after build and at serving (build failure messages)."""
+    if m.export_error:
+        return [f"export: {m.export_error}"]
+    lines = []
+    for r in m.results.values():
+        lines += r.failures()
+    lines += [f"native: {ln}" for ln in m.top_native()]
+    runs = []
+    for r in m.results.values():
+        runs += [f"{r.precision} {ln}" for ln in r.native_runs]
+    lines += [ln[:300] for ln in list(collections.OrderedDict.fromkeys(runs))[:max_lines]]
+    return lines

@@ -1,0 +1,230 @@
+"""The model zoo: small keras-hub and Keras models with seeded random weights, exported as SavedModels.
+
+Nothing is downloaded: every model is built from constructor arguments (never ``from_preset``). Each entry says
+how to build the model, how to export it (``model.export`` gives a ``serving_default`` signature with the model's
+real inputs), and the input shapes to build engines for and serve.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["ZooModel", "ZOO", "REQUIRED", "OPTIONAL", "export", "make_feed"]
+
+BATCH, SEQ, VOCAB = 2, 16, 100
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooModel:
+    name: str
+    build: Callable[[], object]  # -> a Keras model (weights from the seed set before the call)
+    #: input name -> shape to build engines for and serve (the signature's None dims filled in)
+    shapes: Dict[str, Tuple[int, ...]]
+    #: exports the built model into a directory; None: ``model.export(dir)``
+    exporter: Optional[Callable[[object, str], None]] = None
+    vocabulary: int = VOCAB
+
+
+def _text(token_prefix=""):
+    return {f"{token_prefix}token_ids": (BATCH, SEQ), f"{token_prefix}padding_mask": (BATCH, SEQ)}
+
+
+# -- keras-hub text models ---------------------------------------------------------------------------------------
+def _bert():
+    import keras_hub
+    return keras_hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64,
+                                         intermediate_dim=128, dropout=0.0, max_sequence_length=SEQ)
+
+
+def _gpt2():
+    import keras_hub
+    return keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64,
+                                         intermediate_dim=128, dropout=0.0, max_sequence_length=SEQ)
+
+
+def _llama():
+    import keras_hub
+    return keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=4,
+                                          num_key_value_heads=2, hidden_dim=64, intermediate_dim=128)
+
+
+def _distilbert():
+    import keras_hub
+    return keras_hub.models.DistilBertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64,
+                                               intermediate_dim=128, dropout=0.0, max_sequence_length=SEQ)
+
+
+def _roberta():
+    import keras_hub
+    return keras_hub.models.RobertaBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64,
+                                            intermediate_dim=128, dropout=0.0, max_sequence_length=SEQ)
+
+
+def _gemma():
+    import keras_hub
+    return keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=4,
+                                          num_key_value_heads=1, hidden_dim=64, intermediate_dim=128, head_dim=16)
+
+
+def _t5():
+    import keras_hub
+    return keras_hub.models.T5Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64,
+                                       intermediate_dim=128, dropout=0.0)
+
+
+def _whisper():
+    import keras_hub
+    return keras_hub.models.WhisperBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64,
+                                            intermediate_dim=128, num_mels=16, max_encoder_sequence_length=32,
+                                            max_decoder_sequence_length=SEQ)
+
+
+# -- keras-hub vision models -------------------------------------------------------------------------------------
+def _vit():
+    import keras_hub
+    return keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2,
+                                        hidden_dim=32, mlp_dim=64)
+
+
+def _tiny_resnet(image_shape=(None, None, 3)):
+    import keras_hub
+    return keras_hub.models.ResNetBackbone(input_conv_filters=[64], input_conv_kernel_sizes=[3],
+                                           stackwise_num_filters=[64, 32, 32, 32], stackwise_num_blocks=[1, 1, 1, 1],
+                                           stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block",
+                                           image_shape=image_shape)
+
+
+def _resnet():
+    return _tiny_resnet((32, 32, 3))
+
+
+def _cspdarknet():
+    import keras_hub
+    # CSPDarkNet-53's configuration (keras_hub/src/utils/timm/convert_cspnet.py), fewer and narrower stages
+    return keras_hub.models.CSPNetBackbone(stem_filters=8, stem_kernel_size=3, stem_strides=1,
+                                           stackwise_depth=[1, 2, 1], stackwise_strides=[2, 2, 2],
+                                           stackwise_num_filters=[16, 32, 64], block_type="dark_block",
+                                           stage_type="csp", bottle_ratio=(0.5, 1.0), block_ratio=(1.0, 0.5),
+                                           expand_ratio=(2.0, 1.0), stem_padding="same", down_growth=True,
+                                           image_shape=(32, 32, 3))
+
+
+RETINANET_IMAGE = (64, 64, 3)
+
+
+def _retinanet():
+    import keras_hub
+    backbone = keras_hub.models.RetinaNetBackbone(image_encoder=_tiny_resnet(RETINANET_IMAGE), min_level=3,
+                                                  max_level=5, use_p5=False, image_shape=RETINANET_IMAGE)
+    decoder = keras_hub.layers.NonMaxSuppression(bounding_box_format="yxyx", from_logits=True,
+                                                 confidence_threshold=0.0, max_detections=8)
+    return keras_hub.models.RetinaNetObjectDetector(backbone=backbone, num_classes=3, pre_logits_num_conv_layers=1,
+                                                    prediction_decoder=decoder)
+
+
+def _export_detector(model, directory):
+    """A serving signature of the heads and the decoded detections (box decoding + NMS, its tf.while_loops);
+    keras-hub's NMS needs a static batch size."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.model = model
+
+    @tf.function(input_signature=[tf.TensorSpec((BATCH,) + RETINANET_IMAGE, tf.float32, name="images")])
+    def serve(images):
+        heads = model(images, training=False)
+        detections = model.decode_predictions(heads, images)
+        return dict(heads, **detections)
+
+    tf.saved_model.save(module, directory, signatures={"serving_default": serve})
+
+
+# -- keras.applications and plain Keras --------------------------------------------------------------------------
+def _application(name, size=32):
+    def build():
+        import keras
+        return getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3))
+    return build
+
+
+def _lstm():
+    import keras
+    inputs = keras.Input((SEQ, 8), name="sequence")
+    hidden = keras.layers.LSTM(32)(inputs)
+    return keras.Model(inputs, keras.layers.Dense(10)(hidden))
+
+
+def _image(size=32):
+    return {"images": (BATCH, size, size, 3)}
+
+
+def _entries(*models):
+    return {m.name: m for m in models}
+
+
+#: Models the zoo tests hold to the issue's targets.
+REQUIRED = _entries(
+    ZooModel("bert", _bert, dict(_text(), segment_ids=(BATCH, SEQ))),
+    ZooModel("gpt2", _gpt2, _text()),
+    ZooModel("llama", _llama, _text()),
+    ZooModel("vit", _vit, _image()),
+    ZooModel("resnet", _resnet, _image()),
+    ZooModel("cspdarknet", _cspdarknet, _image()),
+    ZooModel("retinanet", _retinanet, {"images": (BATCH,) + RETINANET_IMAGE}, exporter=_export_detector),
+    ZooModel("convnext_tiny", _application("ConvNeXtTiny"), {"input_layer": (BATCH, 32, 32, 3)}),
+    ZooModel("efficientnetv2_b0", _application("EfficientNetV2B0"), {"input_layer": (BATCH, 32, 32, 3)}),
+    ZooModel("mobilenetv3_small", _application("MobileNetV3Small"), {"input_layer": (BATCH, 32, 32, 3)}),
+    ZooModel("lstm", _lstm, {"sequence": (BATCH, SEQ, 8)}),
+)
+
+#: More keras-hub models, measured by benchmarks/zoo_report.py only.
+OPTIONAL = _entries(
+    ZooModel("distilbert", _distilbert, _text()),
+    ZooModel("roberta", _roberta, _text()),
+    ZooModel("gemma", _gemma, _text()),
+    ZooModel("t5", _t5, dict(_text("encoder_"), **_text("decoder_"))),
+    ZooModel("whisper", _whisper, dict(encoder_features=(BATCH, 32, 16), **_text("decoder_"))),
+)
+
+ZOO = dict(REQUIRED, **OPTIONAL)
+
+
+def export(model: ZooModel, directory: str, seed: int = 0) -> str:
+    """Build `model` with weights drawn from `seed` and export it as a SavedModel in `directory`."""
+    import keras
+
+    keras.backend.clear_session()  # else a Keras application built after another model fails to export
+    keras.utils.set_random_seed(seed)
+    built = model.build()
+    if model.exporter is not None:
+        model.exporter(built, directory)
+    else:
+        built.export(directory, verbose=False)
+    return directory
+
+
+def make_feed(model: ZooModel, specs, seed: int) -> Dict[str, np.ndarray]:
+    """Random inputs for the signature `specs` (name -> tf.TensorSpec) at `model.shapes`: token ids in
+    [1, vocabulary), padding masks of ones then zeros (each row at least half real tokens), segment ids 0/1,
+    other values in +-[0.1, 2]."""
+    rng = np.random.default_rng(seed)
+    shapes = dict(model.shapes)
+    if len(specs) == len(shapes) == 1:  # Keras names a lone input after its tensor ("keras_tensor_<n>")
+        shapes = {next(iter(specs)): next(iter(shapes.values()))}
+    feed = {}
+    for name, spec in sorted(specs.items()):
+        shape = shapes[name]
+        dtype = spec.dtype.as_numpy_dtype
+        if name.endswith("padding_mask"):
+            lengths = rng.integers(shape[-1] // 2, shape[-1] + 1, size=shape[:-1])
+            value = np.arange(shape[-1]) < lengths[..., None]
+        elif name.endswith("token_ids"):
+            value = rng.integers(1, model.vocabulary, size=shape)
+        elif name.endswith("segment_ids"):
+            value = rng.integers(0, 2, size=shape)
+        else:
+            value = rng.uniform(0.1, 2.0, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+        feed[name] = np.asarray(value).astype(dtype)
+    return feed

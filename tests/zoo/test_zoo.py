@@ -1,0 +1,61 @@
+"""Model zoo (issue 12 item 8): small keras-hub and Keras models with random weights, converted in FP32 and FP16,
+built for their shapes, saved, reloaded in a fresh process and served fresh inputs. Each must match native TF
+(FP32 max abs error <= 1e-4, FP16 <= 1e-2 of the output's scale), serve >= 99% of its compute ops in engines,
+fall back to native segments never for the shapes built, and be one engine where nothing is left native.
+
+`python benchmarks/zoo_report.py` prints the same measurements as a table, with the reasons.
+"""
+import pytest
+
+from zoo.measure import PRECISIONS, TARGETS, details
+from zoo.models import REQUIRED
+
+pytestmark = [pytest.mark.slow, pytest.mark.zoo]
+MODELS = pytest.mark.parametrize("name", list(REQUIRED))
+
+
+def _converted(zoo_result, name, precision):
+    model = zoo_result(name)
+    assert model.export_error is None, f"{name} did not export: {model.export_error}"
+    result = model.results[precision]
+    why = "\n".join(details(model))
+    assert result.convert_error is None, f"{name} {precision} did not convert: {result.convert_error}\n{why}"
+    assert result.serve_error is None, f"{name} {precision} did not serve after reload: {result.serve_error}"
+    return model, result, why
+
+
+@MODELS
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_matches_native_after_reload(zoo_result, name, precision):
+    _, result, why = _converted(zoo_result, name, precision)
+    assert result.error <= TARGETS[precision], (
+        f"{name} {precision}: error {result.error:.3g} > {TARGETS[precision]:g} (max abs error "
+        f"{result.max_abs_error:.3g}, relative to the output scale {result.rel_error:.3g})\n{why}")
+
+
+@MODELS
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_compute_ops_serve_in_engines(zoo_result, name, precision):
+    _, result, why = _converted(zoo_result, name, precision)
+    assert result.in_engines >= TARGETS["in_engines"], (
+        f"{name} {precision}: {100 * result.in_engines:.1f}% of compute ops serve in engines "
+        f"[{result.ops_in_engines}/{result.ops_total}], {result.engines} engine op(s)\n{why}")
+
+
+@MODELS
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_no_native_fallbacks_for_shapes_built(zoo_result, name, precision):
+    _, result, why = _converted(zoo_result, name, precision)
+    assert result.fallbacks == 0 and result.build_failures == 0, (
+        f"{name} {precision}: {result.fallbacks} native fallback(s), {result.build_failures} failed build(s) "
+        f"serving the shapes built\n{why}")
+
+
+@MODELS
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_one_engine_when_nothing_is_left_native(zoo_result, name, precision):
+    _, result, why = _converted(zoo_result, name, precision)
+    if result.native_ops:
+        pytest.skip(f"{name} keeps native ops ({', '.join(result.native_ops)}): see "
+                    f"test_compute_ops_serve_in_engines")
+    assert result.engines == 1, f"{name} {precision}: {result.engines} engine ops, all ops supported\n{why}"
