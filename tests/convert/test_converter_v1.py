@@ -148,7 +148,7 @@ def test_static_op_serves_up_to_max_batch_size_and_falls_back_above(frozen_graph
     (node,) = engine_nodes(trt_graph)
     assert node.attr["static_engine"].b and node.attr["max_batch_size"].i == 1
     assert node.attr["serialized_segment"].s.startswith(b"TFTRTPLN")  # the plan, built by convert()
-    assert not node.attr["allow_build_at_runtime"].b
+    assert not node.attr["_allow_build_at_runtime"].b
     for batch in (1, 2):
         x = random_array((batch, 16))
         assert_right(run_graph(trt_graph, x), x)
@@ -165,6 +165,33 @@ def test_static_row_wise_engine_serves_smaller_batches(frozen_graph):
     assert stats["builds"] == 0 and stats["hits"] == 3 and stats["fallback_total"] == 0
 
 
+def annotated(graph_def, caps):
+    """A copy of `graph_def` with TF-TRT's _tftrt_op_max_batch_size int attr on the nodes of `caps`."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.name in caps:
+            node.attr["_tftrt_op_max_batch_size"].i = caps[node.name]
+    return out
+
+
+def test_max_batch_size_annotations_cap_the_static_engine(frozen_graph):
+    (matmul, relu) = [n.name for n in frozen_graph.node if n.op in ("MatMul", "Relu")][:2]
+    trt_graph = convert(annotated(frozen_graph, {matmul: 3, relu: 2}), max_batch_size=8)
+    (node,) = engine_nodes(trt_graph)
+    assert node.attr["max_batch_size"].i == 2  # the smallest annotation, not the converter's 8
+    for batch in (2, 3):
+        x = random_array((batch, 16))
+        assert_right(run_graph(trt_graph, x), x)
+    stats = op_stats(trt_graph)
+    assert stats["hits"] == 1 and stats["fallbacks"] == {"no_engine": 1}  # batch 3 is above the engine's 2
+
+
+def test_dynamic_ops_carry_the_converters_max_batch_size(frozen_graph):
+    (node,) = engine_nodes(convert(frozen_graph, is_dynamic_op=True, max_batch_size=16))
+    assert node.attr["max_batch_size"].i == 16
+
+
 def test_static_mode_with_unknown_dims_warns_and_goes_dynamic(caplog):
     graph = tf.Graph()
     with graph.as_default():
@@ -174,7 +201,7 @@ def test_static_mode_with_unknown_dims_warns_and_goes_dynamic(caplog):
         trt_graph = trt.TrtGraphConverter(input_graph_def=graph.as_graph_def(), nodes_denylist=["out"]).convert()
     assert "Input shapes must be fully defined when in static mode. Please try is_dynamic_op=True." in caplog.text
     (node,) = engine_nodes(trt_graph)
-    assert not node.attr["static_engine"].b and node.attr["allow_build_at_runtime"].b
+    assert not node.attr["static_engine"].b and node.attr["_allow_build_at_runtime"].b
     x = random_array((2, 5))
     (got,) = run_graph(trt_graph, x, fetches=["out:0"])
     np.testing.assert_allclose(got, np.tanh(np.maximum(x * 2 + 1, 0) - 0.5), rtol=1e-5, atol=1e-6)
@@ -231,7 +258,7 @@ def test_forbidden_native_fallback_is_an_error(frozen_graph, monkeypatch):
     monkeypatch.setenv(dispatcher.FALLBACK_ENV, "0")
     x = random_array((1, 16))
     assert_right(run_graph(trt_graph, x), x)
-    with pytest.raises(tf.errors.OpError, match="native segment is forbidden"):
+    with pytest.raises(tf.errors.AbortedError, match="User disallowed engine native segment execution"):
         run_graph(trt_graph, random_array((2, 16)))
 
 

@@ -130,7 +130,7 @@ def test_saved_engines_serve_the_first_request_after_load(saved_model, tmp_path)
     converter.build(input_fn=lambda: iter([random_array((4, 32, 32, 3))]))
     converter.save(str(tmp_path / "converted"))
     name = only_engine(converter)
-    assert os.listdir(tmp_path / "converted" / "assets") == [f"{name}.engines"]
+    assert os.listdir(tmp_path / "converted" / "assets") == [f"trt-serialized-engine.{name}"]
     x = random_array((4, 32, 32, 3))
     (outputs,), stats = run_loaded(str(tmp_path / "converted"), [{"image": x}])
     assert stats[name]["builds"] == 0
@@ -221,7 +221,7 @@ def test_forbidden_fallback_is_an_error(saved_model, monkeypatch):
     monkeypatch.setenv(dispatcher.FALLBACK_ENV, "0")
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
     func = converter.convert()
-    with pytest.raises(tf.errors.OpError, match="native segment is forbidden"):
+    with pytest.raises(tf.errors.AbortedError, match="User disallowed engine native segment execution"):
         func(features=tf.constant(random_array((2, 16))))
 
 

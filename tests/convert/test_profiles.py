@@ -129,7 +129,7 @@ def test_profile_engines_are_saved_with_their_profiles(spatial_model, tmp_path):
     converter, _ = converted(model_dir, "Range")
     converter.save(str(tmp_path / "out"))
     name, _ = engine_op(converter)
-    with open(tmp_path / "out" / "assets" / f"{name}.engines", "rb") as f:
+    with open(tmp_path / "out" / "assets" / f"trt-serialized-engine.{name}", "rb") as f:
         engines = [Runtime().deserialize_cuda_engine(p) for p in unpack_plans(f.read())]
     assert len(engines) == AFTER_BUILD["Range"][1]
     assert {e.profile for e in engines} == set(make_profiles("Range", [(s,) for s in COLLECTED]))
@@ -205,7 +205,7 @@ def test_forbidden_fallback_is_an_error(spatial_model, tmp_path):
     shapes = [IN_PROFILE, (2, 9, 11, 1), OUTSIDE]  # two inside the profile (one new to it), one outside
     stats, errors = run_loaded({str(tmp_path / "out"): shapes}, env={dispatcher.FALLBACK_ENV: "0"})
     (error,) = errors[str(tmp_path / "out")]
-    assert "native segment is forbidden" in error
+    assert "User disallowed engine native segment execution" in error
     stats = stats[engine_op(converter)[0]]
     assert stats["hits"] == 2 and stats["specialisations"] == 1 and stats["fallbacks"] == {"no_engine": 1}
 

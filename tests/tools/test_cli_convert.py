@@ -18,7 +18,7 @@ def test_convert_prints_the_summary_and_saves_engines(cnn_trt):
     assert "TRTEngineOp_000_000: 1 engine(s) saved (4x32x32x3)" in out
     assert f"Converted SavedModel written to {cnn_trt.dir}" in out
     assert "Traceback" not in cnn_trt.proc.stderr
-    assert os.path.isfile(os.path.join(cnn_trt.dir, "assets", "TRTEngineOp_000_000.engines"))
+    assert os.path.isfile(os.path.join(cnn_trt.dir, "assets", "trt-serialized-engine.TRTEngineOp_000_000"))
 
 
 def test_flags_reach_the_engine_ops(saved_model, run_cli, tmp_path):
@@ -38,7 +38,7 @@ def test_flags_reach_the_engine_ops(saved_model, run_cli, tmp_path):
     assert attrs["precision_mode"].s == b"FP16"
     assert attrs["max_cached_engines_count"].i == 2
     assert attrs["workspace_size_bytes"].i == 1000000
-    assert attrs["allow_build_at_runtime"].b is False
+    assert attrs["_allow_build_at_runtime"].b is False
     assert len(record.plans) == 2, proc.stdout
 
 

@@ -44,7 +44,7 @@ def test_saved_model_and_tensorboard(cnn_trt, run_cli, tmp_path):
     assert proc.returncode == 0, proc.stderr
     for text in ["== TRTEngineOp_000_000", "Precision mode: FP32", "static engine: False", "Calibration table: none",
                  "Native segment: TRTEngineOp_000_000_native_segment", "Engines: 1",
-                 "Engine TRTEngineOp_000_000 (from assets/TRTEngineOp_000_000.engines)",
+                 "Engine TRTEngineOp_000_000 (from assets/trt-serialized-engine.TRTEngineOp_000_000)",
                  "Exclude Node: Placeholder, image", f"tensorboard --logdir {logdir}"]:
         assert text in proc.stdout, text
     [event_file] = glob.glob(str(logdir / "events.out.tfevents.*"))

@@ -37,7 +37,7 @@ def test_export_writes_plans_and_sidecars(cnn_plans):
         info = json.load(f)
     assert info["inputs"] == [{"name": "TensorRTInputPH_0", "dtype": "float32", "shape": [4, 32, 32, 3]}]
     assert info["outputs"] == [{"name": "TensorRTOutputPH_0", "dtype": "float32", "shape": [4, 10]}]
-    assert info["source"] == "assets/TRTEngineOp_000_000.engines" and info["tf_inputs"] == ["image"]
+    assert info["source"] == "assets/trt-serialized-engine.TRTEngineOp_000_000" and info["tf_inputs"] == ["image"]
     assert info["tf_input_shapes"] == [[-1, 32, 32, 3]] and info["rowwise"] is True
 
 
@@ -121,7 +121,7 @@ def test_static_engine_through_the_user_guide_loop(cnn_trt, cnn_plans, tmp_path,
     assert cli_inspect.main([static, "--json"]) == 0
     [op] = json.loads(capsys.readouterr().out)["engine_ops"]
     assert op["attrs"]["static_engine"] is True and op["calibration_table"] == {"TensorRTInputPH_0": 2.5}
-    assert [e["source"] for e in op["engines"]] == ["serialized_segment", "assets/TRTEngineOp_000_000.engines"]
+    assert [e["source"] for e in op["engines"]] == ["serialized_segment", "assets/trt-serialized-engine.TRTEngineOp_000_000"]
 
 
 def test_tftrt_export_command(cnn_trt, tmp_path, capsys):

@@ -1,10 +1,11 @@
 """TrtGraphConverter: TF-TRT's TF1 API (a frozen GraphDef or a TF1 SavedModel, tf.compat.v1 graph mode).
 
 Static mode (``is_dynamic_op=False``, the TF1 default) builds each engine inside convert() for
-``max_batch_size`` and stores its plan in the node's ``serialized_segment``; a batch up to
-max_batch_size runs on it (row-wise engines serve smaller batches), a larger one runs the native
-segment — static ops never build at run time. Dynamic mode builds engines per input shape at run
-time, as TrtGraphConverterV2 does. INT8 with calibration always runs dynamic ops (user guide 2.6).
+``max_batch_size`` (or the smallest ``_tftrt_op_max_batch_size`` int attr on its segment's nodes) and
+stores its plan in the node's ``serialized_segment``; a batch up to that size runs on it (row-wise
+engines serve smaller batches), a larger one runs the native segment — static ops never build at run time.
+Dynamic mode builds engines per input shape at run time, as TrtGraphConverterV2 does. INT8 with
+calibration always runs dynamic ops (user guide 2.6).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      canonical_precision, check_conversion_params)
-from tftrt_py.convert.rewrite import ENGINE_OP, EngineOpAttrs, rewrite
+from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite, segment_max_batch_size
 from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.segmenter import segment_graph
@@ -75,6 +76,8 @@ class TrtGraphConverter:
                            "Disregarding is_dynamic_op parameter.")
             is_dynamic_op = True
         self._is_dynamic_op = is_dynamic_op
+        # the engine ops' max_batch_size attr (before _tftrt_op_max_batch_size annotations): the argument
+        self._max_batch_size_attr = max_batch_size if isinstance(max_batch_size, int) else 1
         if is_dynamic_op:
             self._max_batch_size = None
             if max_batch_size is not None:
@@ -126,7 +129,7 @@ class TrtGraphConverter:
                               max_cached_engines_count=params.maximum_cached_engines,
                               workspace_size_bytes=params.max_workspace_size_bytes,
                               use_calibration=params.use_calibration,
-                              max_batch_size=self._max_batch_size or 1,
+                              max_batch_size=self._max_batch_size_attr,
                               use_function_backup=self._use_function_backup)
         converted, _ = rewrite(graph_def, view, segments, attrs, fetches=fetches)
         engine_nodes = [n for n in converted.node if n.op == ENGINE_OP]  # in segment order
@@ -134,7 +137,7 @@ class TrtGraphConverter:
             if plan is not None:
                 node.attr["serialized_segment"].s = plan
                 node.attr["static_engine"].b = True
-                node.attr["allow_build_at_runtime"].b = False  # a static op never builds at run time
+                node.attr[ALLOW_BUILD_ATTR].b = False  # a static op never builds at run time
             elif not self._use_function_backup:  # dynamic builds need the segment (TF-TRT 1.x keeps it here)
                 node.attr["serialized_segment"].s = segment.graph_def(view).SerializeToString()
         self._converted_graph_def = converted
@@ -179,7 +182,8 @@ class TrtGraphConverter:
                 kept.append(segment)
                 plans.append(None)
                 continue
-            shapes = [(self._max_batch_size,) + tuple(s[1:]) if s else () for s in shapes]
+            batch = segment_max_batch_size(segment, view, self._max_batch_size)
+            shapes = [(batch,) + tuple(s[1:]) if s else () for s in shapes]
             try:
                 engine = build_engine(SegmentGraph.from_graph_def(segment.graph_def(view)), shapes,
                                       name=f"segment_{i}", config=config)

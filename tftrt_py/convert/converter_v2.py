@@ -18,9 +18,9 @@ from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      canonical_precision, check_conversion_params)
-from tftrt_py.convert.rewrite import ENGINE_OP, EngineOpAttrs, rewrite
+from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.engine_op import dispatcher, library
-from tftrt_py.engine_op.cache import pack_plans
+from tftrt_py.engine_op.cache import engine_asset_name, pack_plans
 from tftrt_py.segmenter import segment_graph
 
 __all__ = ["TrtGraphConverterV2"]
@@ -110,6 +110,8 @@ class TrtGraphConverterV2:
                               max_cached_engines_count=params.maximum_cached_engines,
                               workspace_size_bytes=params.max_workspace_size_bytes,
                               use_calibration=params.use_calibration)
+        if self._use_dynamic_shape:
+            attrs.profile_strategy = self._profile_strategy
         converted, fetch_map = rewrite(graph_def, view, result.segments, attrs, fetches=output_names)
         self._output_names = [fetch_map[n] for n in output_names]
         self._converted_graph_def = converted
@@ -228,7 +230,8 @@ class TrtGraphConverterV2:
         return [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
 
     def save(self, output_saved_model_dir, save_gpu_specific_engines=True, options=None):
-        """Save the converted signature as a SavedModel, with the engines built so far as assets."""
+        """Save the converted signature as a SavedModel, with the engines built so far as assets
+        (``assets/trt-serialized-engine.<engine op>``; an empty one without save_gpu_specific_engines)."""
         if not self._converted:
             raise RuntimeError("Need to call convert() before save()")
         graph_def = type(self._converted_graph_def)()
@@ -239,14 +242,14 @@ class TrtGraphConverterV2:
         for node in graph_def.node:
             if node.op != ENGINE_OP:
                 continue
-            node.attr["allow_build_at_runtime"].b = bool(self._conversion_params.allow_build_at_runtime)
+            node.attr[ALLOW_BUILD_ATTR].b = bool(self._conversion_params.allow_build_at_runtime)
             op = dispatcher.find(node.attr["segment_key"].s.decode())
-            plans = [e.serialize() for e in op.engines()] if (op and save_gpu_specific_engines) else []
-            if not plans:
+            plans = [e.serialize() for e in op.engines()] if op else []
+            if not plans:  # as TF-TRT: an op that built nothing gets no asset
                 continue
-            path = os.path.join(asset_dir, f"{node.name}.engines")
+            path = os.path.join(asset_dir, engine_asset_name(node.name))
             with open(path, "wb") as f:
-                f.write(pack_plans(plans))
+                f.write(pack_plans(plans) if save_gpu_specific_engines else b"")
             asset = tf.saved_model.Asset(path)
             assets.append(asset)
             placeholder = graph_def.node.add(name=f"{node.name}/engine_assets", op="Placeholder")
@@ -254,7 +257,7 @@ class TrtGraphConverterV2:
             node.input.insert(len(node.attr["InT"].list.type), f"{placeholder.name}:0")
             node.attr["Tassets"].list.type.append(tf.string.as_datatype_enum)
             captures[placeholder.name] = asset.asset_path
-            logger.info("saving %d engine(s) of %s", len(plans), node.name)
+            logger.info("saving %d engine(s) of %s", len(plans) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
                                                 captures)

@@ -13,9 +13,14 @@ from tensorflow.python.framework import graph_to_function_def
 from tftrt_py.convert.build import INPUT_PREFIX, OUTPUT_PREFIX
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 
-__all__ = ["ENGINE_OP", "EngineOpAttrs", "engine_name", "native_segment_name", "rewrite", "native_segment_function"]
+__all__ = ["ENGINE_OP", "ALLOW_BUILD_ATTR", "MAX_BATCH_SIZE_ANNOTATION", "EngineOpAttrs", "engine_name",
+           "native_segment_name", "rewrite", "native_segment_function", "segment_max_batch_size"]
 
 ENGINE_OP = "TRTEngineOp"
+#: TF-TRT's internal (unregistered) attr: whether the op may build an engine at run time (absent: True).
+ALLOW_BUILD_ATTR = "_allow_build_at_runtime"
+#: TF-TRT's node annotation (TF1): an int capping the max_batch_size of the engine its segment becomes.
+MAX_BATCH_SIZE_ANNOTATION = "_tftrt_op_max_batch_size"
 
 #: Graph indices count conversions in this process, so engine and native segment function
 #: names never collide in the eager context (the first conversion gets TRTEngineOp_000_*).
@@ -42,6 +47,16 @@ class EngineOpAttrs:
     static_engine: bool = False
     max_batch_size: int = 1
     use_function_backup: bool = True
+    #: TF-TRT's profile_strategy attr: the dynamic-shape strategy, else "ImplicitBatchModeCompatible"
+    #: (what engines built per input shape and serving smaller batches amount to).
+    profile_strategy: str = "ImplicitBatchModeCompatible"
+
+
+def segment_max_batch_size(segment, view: GraphView, default: int) -> int:
+    """The smallest MAX_BATCH_SIZE_ANNOTATION of the segment's nodes, else `default` (TF-TRT's rule)."""
+    caps = [view.nodes[n].def_.attr[MAX_BATCH_SIZE_ANNOTATION].i for n in segment.nodes
+            if MAX_BATCH_SIZE_ANNOTATION in view.nodes[n].def_.attr]
+    return min(caps, default=default)
 
 
 def native_segment_function(segment_graph_def, name: str):
@@ -85,10 +100,11 @@ def _engine_node(name: str, segment, view: GraphView, attrs: EngineOpAttrs, func
     a["precision_mode"].s = attrs.precision_mode.encode()
     a["max_cached_engines_count"].i = attrs.max_cached_engines_count
     a["workspace_size_bytes"].i = attrs.workspace_size_bytes
-    a["max_batch_size"].i = attrs.max_batch_size
+    a["max_batch_size"].i = segment_max_batch_size(segment, view, attrs.max_batch_size)
     a["use_calibration"].b = attrs.use_calibration
     a["static_engine"].b = attrs.static_engine
-    a["allow_build_at_runtime"].b = attrs.allow_build_at_runtime
+    a["profile_strategy"].s = attrs.profile_strategy.encode()
+    a[ALLOW_BUILD_ATTR].b = attrs.allow_build_at_runtime
     a["segment_key"].s = uuid.uuid4().hex.encode()
     return node
 
@@ -98,7 +114,8 @@ def rewrite(graph_def, view: GraphView, segments: Sequence, attrs: EngineOpAttrs
     """The GraphDef with every segment replaced by an engine op, and the renamed fetches.
 
     Consumers of a segment output read the engine op's output instead; control edges
-    into and out of members move to the engine op; Consts only the segments read go.
+    into and out of members move to the engine op; the copied nodes (Consts, shape computations) that
+    only segments read go.
     """
     graph_index = next(_GRAPH_COUNTER) if graph_index is None else graph_index
     refmap: Dict[str, str] = {}
@@ -141,13 +158,17 @@ def rewrite(graph_def, view: GraphView, segments: Sequence, attrs: EngineOpAttrs
         new = out.node.add()
         new.CopyFrom(node)
         copy_inputs(new, node.input, node.name)
-    _drop_unused_consts(out, {c for seg in segments for c in seg.const_nodes}, fetches)
+    _drop_unused_copies(out, {c for seg in segments for c in seg.copied_nodes}, fetches)
     return out, {f: remap(f) for f in fetches}
 
 
-def _drop_unused_consts(graph_def, candidates, fetches) -> None:
-    used = {split_ref(r.lstrip("^"))[0] for n in graph_def.node for r in n.input}
-    used |= {split_ref(f)[0] for f in fetches}
-    keep = [n for n in graph_def.node if n.name not in candidates or n.name in used]
-    del graph_def.node[:]
-    graph_def.node.extend(keep)
+def _drop_unused_copies(graph_def, copies, fetches) -> None:
+    """Remove the nodes of `copies` (Consts, shape computations) that nothing reads any more."""
+    while True:
+        used = {split_ref(r.lstrip("^"))[0] for n in graph_def.node for r in n.input}
+        used |= {split_ref(f)[0] for f in fetches}
+        keep = [n for n in graph_def.node if n.name not in copies or n.name in used]
+        if len(keep) == len(graph_def.node):
+            return
+        del graph_def.node[:]
+        graph_def.node.extend(keep)

@@ -1,6 +1,7 @@
 """The per-op engine cache: LRU over input shapes, failed builds remembered without a slot.
 
-Also the engine-cache file saved as a SavedModel asset: several plans in one file.
+Also the engine-cache file saved as a SavedModel asset (TF-TRT's name, :func:`engine_asset_name`): several
+plans in one file; an empty file holds none (TF-TRT's ``save(..., save_gpu_specific_engines=False)``).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from tftrt_py.engine.errors import PlanError
 
-__all__ = ["EngineCache", "pack_plans", "unpack_plans"]
+__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "unpack_plans"]
 
 Key = Tuple[Tuple[int, ...], ...]
 
@@ -77,6 +78,11 @@ _LEN = struct.Struct("<Q")
 _VERSION = 1
 
 
+def engine_asset_name(engine_op: str) -> str:
+    """The asset file (under ``assets/``) holding `engine_op`'s engines, named as TF-TRT names it."""
+    return f"trt-serialized-engine.{engine_op.split('/')[-1]}"
+
+
 def pack_plans(plans: Sequence[bytes]) -> bytes:
     """One file holding several plans (an engine op's cache)."""
     body = [_HEAD.pack(_MAGIC, _VERSION, len(plans))]
@@ -86,6 +92,8 @@ def pack_plans(plans: Sequence[bytes]) -> bytes:
 
 
 def unpack_plans(data: bytes) -> List[bytes]:
+    if not data:
+        return []
     if len(data) < _HEAD.size:
         raise PlanError("engine cache file is truncated")
     magic, version, count = _HEAD.unpack_from(data)

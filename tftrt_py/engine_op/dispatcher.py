@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.convert.errors import MissingQuantizationRangeError
+from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, unpack_plans
@@ -42,11 +43,22 @@ FALLBACK_ENV = "TF_TRT_ALLOW_ENGINE_NATIVE_SEGMENT_EXECUTION"
 
 
 class NativeFallbackForbidden(RuntimeError):
-    pass
+    """The op would run its native segment but FALLBACK_ENV forbids it: the kernel fails with
+    tf.errors.AbortedError (``error_code``), TF-TRT's "User disallowed engine native segment execution"."""
+
+    error_code = 10  # ABORTED, read by kernel.cc
 
 
 def native_fallback_allowed() -> bool:
-    return os.environ.get(FALLBACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """FALLBACK_ENV read as TF's ReadBoolFromEnvVar does: "0"/"false" (any case) forbid, "1"/"true" or unset
+    allow, anything else is logged and allows."""
+    value = os.environ.get(FALLBACK_ENV, "").strip().lower()
+    if value in ("0", "false"):
+        return False
+    if value not in ("", "1", "true"):
+        logger.error("%s=%r is not a boolean (0, 1, false or true); native segment execution stays allowed",
+                     FALLBACK_ENV, os.environ[FALLBACK_ENV])
+    return True
 
 
 #: Names the engine backend of engine ops ("numpy" or "cupy"); default: cupy when a GPU is usable.
@@ -349,8 +361,8 @@ class EngineOp:
         self.stats.fallbacks[reason] += 1
         self.native[shapes] = detail
         if not native_fallback_allowed():
-            raise NativeFallbackForbidden(f"TRTEngineOp {self.name}: {detail}; running the native segment is "
-                                          f"forbidden by {FALLBACK_ENV}=0")
+            raise NativeFallbackForbidden(f"User disallowed engine native segment execution ({FALLBACK_ENV}="
+                                          f"{os.environ[FALLBACK_ENV]}): {detail}")
         if reason not in self._logged:
             self._logged.add(reason)
             logger.warning("TRTEngineOp %s runs its native segment: %s", self.name, detail)
@@ -424,8 +436,7 @@ def create(node_def: bytes, function_def: bytes) -> int:
             op._function_def = function_def
             op.cache.failed.clear()  # builds that failed for want of the segment (e.g. TF constant folding)
         handle = next(_COUNTER)
-        _HANDLES[handle] = (op, node.attr["allow_build_at_runtime"].b if "allow_build_at_runtime" in node.attr
-                            else True)
+        _HANDLES[handle] = (op, node.attr[ALLOW_BUILD_ATTR].b if ALLOW_BUILD_ATTR in node.attr else True)
     return handle
 
 

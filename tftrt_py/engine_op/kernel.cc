@@ -1,6 +1,7 @@
 // TRTEngineOp for tftrt_py: a TensorFlow op whose kernel hands its inputs to
 // Python (tftrt_py.engine_op.dispatcher) and, when no engine serves them, runs
-// the native segment function instead.
+// the native segment function instead. Also TF-TRT's Grappler pass
+// "TensorRTOptimizer" (online conversion in TF1 sessions; see the end).
 //
 // Python protocol (functions looked up by name on every call):
 //   dispatcher.create(node_def: bytes, function_def: bytes) -> int
@@ -25,7 +26,11 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/grappler/grappler_item.h"
+#include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
+#include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
 #include "tensorflow/core/platform/mutex.h"
+#include "tensorflow/core/protobuf/rewriter_config.pb.h"
 
 namespace tftrt_py {
 namespace {
@@ -42,6 +47,7 @@ using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
 constexpr char kDispatcherModule[] = "tftrt_py.engine_op.dispatcher";
+constexpr char kOnlineModule[] = "tftrt_py.convert.online";
 
 bool PythonUsable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -87,8 +93,25 @@ std::string PyStr(PyObject* o) {
   return utf8;
 }
 
-// Turns the pending Python exception into a Status (clearing it):
-// ValueError/TypeError -> InvalidArgument, anything else -> Internal.
+// The TF status code an exception names in its int `error_code` attribute
+// (as tf.errors.OpError and dispatcher.NativeFallbackForbidden do), or OK.
+absl::StatusCode DeclaredCode(PyObject* value) {
+  PyRef code(PyObject_GetAttrString(value, "error_code"));
+  if (!code || !PyLong_Check(code.get())) {
+    PyErr_Clear();
+    return absl::StatusCode::kOk;
+  }
+  const long c = PyLong_AsLong(code.get());
+  if (c <= 0 || c > static_cast<long>(absl::StatusCode::kUnauthenticated)) {
+    PyErr_Clear();
+    return absl::StatusCode::kOk;
+  }
+  return static_cast<absl::StatusCode>(c);
+}
+
+// Turns the pending Python exception into a Status (clearing it): the code
+// the exception declares (error_code), else ValueError/TypeError ->
+// InvalidArgument, anything else -> Internal.
 absl::Status StatusFromPyErr(const std::string& prefix) {
   PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
   PyErr_Fetch(&type, &value, &tb);
@@ -97,6 +120,8 @@ absl::Status StatusFromPyErr(const std::string& prefix) {
   PyRef t(type), v(value), b(tb);
   std::string name = reinterpret_cast<PyTypeObject*>(type)->tp_name;
   std::string msg = absl::StrCat(prefix, name, ": ", PyStr(value));
+  const absl::StatusCode declared = DeclaredCode(value);
+  if (declared != absl::StatusCode::kOk) return absl::Status(declared, msg);
   if (PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
       PyErr_GivenExceptionMatches(type, PyExc_TypeError)) {
     return errors::InvalidArgument(msg);
@@ -104,16 +129,21 @@ absl::Status StatusFromPyErr(const std::string& prefix) {
   return errors::Internal(msg);
 }
 
-// dispatcher.<name>(args...), imported and looked up at each call so tests
+// <module>.<name>(args...), imported and looked up at each call so tests
 // (and a reloaded module) take effect. Returns a new reference or nullptr
 // with a Python exception set.
 template <typename... Args>
-PyObject* CallDispatcher(const char* name, Args... args) {
-  PyRef module(PyImport_ImportModule(kDispatcherModule));
+PyObject* CallPython(const char* module_name, const char* name, Args... args) {
+  PyRef module(PyImport_ImportModule(module_name));
   if (!module) return nullptr;
   PyRef fn(PyObject_GetAttrString(module.get(), name));
   if (!fn) return nullptr;
   return PyObject_CallFunctionObjArgs(fn.get(), args..., nullptr);
+}
+
+template <typename... Args>
+PyObject* CallDispatcher(const char* name, Args... args) {
+  return CallPython(kDispatcherModule, name, args...);
 }
 
 // A Python object that owns a reference to a Tensor's buffer and exports it
@@ -240,7 +270,6 @@ class TRTEngineOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_func", &func_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("InT", &in_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("OutT", &out_types_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
     OP_REQUIRES(ctx, PythonUsable(),
                 errors::FailedPrecondition(
                     Prefix(), "needs a Python interpreter (tftrt_py)"));
@@ -360,6 +389,8 @@ class TRTEngineOp : public AsyncOpKernel {
   }
 
   // Copies array `obj` (any C-contiguous buffer) into output i. GIL held.
+  // Its shape is not checked against output_shapes, as TF-TRT does not: an
+  // input outside the signature's static dims gives outputs outside them.
   absl::Status SetOutput(OpKernelContext* ctx, int i, PyObject* obj) {
     const DataType dt = out_types_[i];
     Py_buffer b;
@@ -383,14 +414,6 @@ class TRTEngineOp : public AsyncOpKernel {
     TensorShape shape;
     for (int d = 0; d < b.ndim; ++d) {
       TF_RETURN_IF_ERROR(shape.AddDimWithStatus(b.shape[d]));
-    }
-    if (i < static_cast<int>(output_shapes_.size()) &&
-        !PartialTensorShape(shape.dim_sizes())
-             .IsCompatibleWith(output_shapes_[i])) {
-      return errors::InvalidArgument(
-          Prefix(), "output ", i, " of dispatcher.run has shape ",
-          shape.DebugString(), ", not compatible with output_shapes[", i,
-          "] = ", output_shapes_[i].DebugString());
     }
     if (shape.num_elements() * b.itemsize != b.len) {
       return errors::InvalidArgument(Prefix(), "output ", i,
@@ -494,7 +517,6 @@ class TRTEngineOp : public AsyncOpKernel {
   tensorflow::NameAttrList func_;
   DataTypeVector in_types_;
   DataTypeVector out_types_;
-  std::vector<PartialTensorShape> output_shapes_;
   int64_t handle_ = 0;   // from dispatcher.create
   bool created_ = false;  // whether release() is owed
 
@@ -521,9 +543,14 @@ REGISTER_OP("TRTEngineOp")
     .Attr("precision_mode: {'FP32', 'FP16', 'INT8'} = 'FP32'")
     .Attr("calibration_data: string = ''")
     .Attr("use_calibration: bool = true")
-    .Attr("static_engine: bool = false")
-    .Attr("allow_build_at_runtime: bool = true")
+    .Attr("static_engine: bool = true")
+    .Attr("profile_strategy: string = ''")
     .Attr("segment_key: string = ''")
+    // TF-TRT's deprecated attrs, accepted so graphs written by TF-TRT load.
+    .Attr("segment_funcdef_name: string = ''")
+    .Attr("cached_engine_batches: list(int) >= 0 = []")
+    .Attr("fixed_input_size: bool = true")
+    .Attr("use_explicit_precision: bool = false")
     // Stateful: grappler must neither constant-fold an engine op (that would run it at
     // optimization time, without its native segment) nor merge two of them.
     .SetIsStateful()
@@ -547,5 +574,64 @@ REGISTER_OP("TRTEngineOp")
 
 REGISTER_KERNEL_BUILDER(Name("TRTEngineOp").Device(tensorflow::DEVICE_CPU),
                         TRTEngineOp);
+
+// ---------------------------------------------------------------------------
+// TF-TRT's online conversion: the Grappler custom optimizer a session names in
+// its rewrite options (trt_convert.get_tensorrt_rewriter_config). It hands the
+// graph to tftrt_py.convert.online.optimize(item_id: str, graph_def: bytes,
+// fetch: list[str], config: bytes) -> bytes | None (None: unchanged), config
+// being the serialized RewriterConfig.CustomGraphOptimizer (its parameter_map).
+class TensorRTOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
+ public:
+  std::string name() const override { return "TensorRTOptimizer"; }
+  bool UsesFunctionLibrary() const override { return true; }
+
+  absl::Status Init(
+      const tensorflow::RewriterConfig_CustomGraphOptimizer* config) override {
+    if (config != nullptr) config_ = config->SerializeAsString();
+    return absl::OkStatus();
+  }
+
+  absl::Status Optimize(tensorflow::grappler::Cluster* cluster,
+                        const tensorflow::grappler::GrapplerItem& item,
+                        tensorflow::GraphDef* optimized_graph) override {
+    *optimized_graph = item.graph;
+    if (!PythonUsable()) return absl::OkStatus();
+    const std::string graph = item.graph.SerializeAsString();
+    Gil gil;
+    PyRef id(PyUnicode_FromStringAndSize(item.id.data(), item.id.size()));
+    PyRef gd(PyBytes_FromStringAndSize(graph.data(), graph.size()));
+    PyRef cfg(PyBytes_FromStringAndSize(config_.data(), config_.size()));
+    PyRef fetch(PyList_New(0));
+    if (!id || !gd || !cfg || !fetch) return StatusFromPyErr(Prefix());
+    for (const std::string& f : item.fetch) {
+      PyRef name(PyUnicode_FromStringAndSize(f.data(), f.size()));
+      if (!name || PyList_Append(fetch.get(), name.get()) != 0) {
+        return StatusFromPyErr(Prefix());
+      }
+    }
+    PyRef result(CallPython(kOnlineModule, "optimize", id.get(), gd.get(),
+                            fetch.get(), cfg.get()));
+    if (!result) return StatusFromPyErr(Prefix());
+    if (result.get() == Py_None) return absl::OkStatus();
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_AsStringAndSize(result.get(), &data, &size) != 0) {
+      return StatusFromPyErr(Prefix() + "optimize must return bytes or None: ");
+    }
+    if (!optimized_graph->ParseFromArray(data, static_cast<int>(size))) {
+      *optimized_graph = item.graph;
+      return errors::Internal(Prefix(), "optimize returned no GraphDef");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::string Prefix() { return "TensorRTOptimizer: "; }
+
+  std::string config_;
+};
+
+REGISTER_GRAPH_OPTIMIZER_AS(TensorRTOptimizer, "TensorRTOptimizer");
 
 }  // namespace tftrt_py

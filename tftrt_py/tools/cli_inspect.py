@@ -137,7 +137,7 @@ def _attr_value(value):
 
 
 ATTRS = ("precision_mode", "static_engine", "max_cached_engines_count", "max_batch_size", "workspace_size_bytes",
-         "use_calibration", "allow_build_at_runtime", "input_shapes", "output_shapes", "InT", "OutT",
+         "use_calibration", "profile_strategy", "input_shapes", "output_shapes", "InT", "OutT",
          "segment_func")
 
 
@@ -156,6 +156,7 @@ def _calibration(data: bytes):
 
 
 def _inspect_saved_model(args) -> dict:
+    from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
     from tftrt_py.engine import Runtime
     from tftrt_py.tools import export
 
@@ -167,6 +168,7 @@ def _inspect_saved_model(args) -> dict:
     for record in records:
         node = export.with_default_attrs(record.node)
         attrs = {k: _attr_value(node.attr[k]) for k in ATTRS if k in node.attr}
+        attrs["allow_build_at_runtime"] = node.attr[ALLOW_BUILD_ATTR].b if ALLOW_BUILD_ATTR in node.attr else True
         segment = functions.get(attrs.get("segment_func", ""))
         histogram = {}
         for member in segment.node_def if segment is not None else []:

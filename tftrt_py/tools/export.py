@@ -5,7 +5,7 @@ outside the engines, and the converted graph for TensorBoard.
 
 saved_model.pb is parsed, nothing is run. The graph looked at is the signature's: its top-level
 nodes (TF1 SavedModels, where static engines keep their plan in ``serialized_segment``) and the
-functions it calls (TF2 SavedModels, whose engines are saved as ``assets/<engine op>.engines``).
+functions it calls (TF2 SavedModels, whose engines are saved as ``assets/trt-serialized-engine.<engine op>``).
 Each engine becomes ``<engine op>_<i>.plan`` with a ``<engine op>_<i>.json`` sidecar naming its
 bindings (TensorRTInputPH_i / TensorRTOutputPH_i), dtypes and shapes.
 """
@@ -162,9 +162,9 @@ def _asset_inputs(graph: _Graph) -> set:
 def find_engines(saved_model_dir: str, signature_key: str = "serving_default",
                  tags: Optional[Sequence[str]] = None) -> List[EngineRecord]:
     """Every engine op of the signature's graph with its plans: a static engine's ``serialized_segment``
-    first, then the engines saved in ``assets/<engine op>.engines``."""
+    first, then the engines saved in ``assets/trt-serialized-engine.<engine op>``."""
     from tftrt_py.engine import PlanError
-    from tftrt_py.engine_op.cache import unpack_plans
+    from tftrt_py.engine_op.cache import engine_asset_name, unpack_plans
 
     records: Dict[str, EngineRecord] = {}
     for graph in _engine_graphs(load_meta_graph(saved_model_dir, tags), signature_key):
@@ -175,7 +175,7 @@ def find_engines(saved_model_dir: str, signature_key: str = "serving_default",
             static = node.attr["serialized_segment"].s if "serialized_segment" in node.attr else b""
             if static:
                 plans.append(("serialized_segment", static))
-            asset = os.path.join("assets", f"{node.name.replace('/', '_')}.engines")
+            asset = os.path.join("assets", engine_asset_name(node.name))
             path = os.path.join(saved_model_dir, asset)
             if os.path.isfile(path):
                 with open(path, "rb") as f:
