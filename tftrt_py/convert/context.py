@@ -19,7 +19,7 @@ from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.errors import NetworkError
 from tftrt_py.engine.network import Layer, Network, Tensor, dtype_name
 
-__all__ = ["InputInfo", "Weights", "ValidationContext", "ConversionContext", "fold_layer"]
+__all__ = ["InputInfo", "Weights", "shape_of", "ValidationContext", "ConversionContext"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,19 +37,50 @@ class InputInfo:
 class Weights:
     """A constant operand known at build time (from a Const node or folded shape arithmetic).
 
-    `batch_source`: the engine tensor whose shape (so, whose batch size) the value was computed from,
-    if any; see :meth:`ConversionContext.as_tensor`.
+    `batch_source`: the engine tensor whose dim 0 (its batch, or a multiple of it) the value was computed
+    from, if any. How the value depends on that dim 0 decides how :meth:`ConversionContext.as_tensor`
+    emits it:
+
+    - `rows`: it is one row, computed without the batch, repeated along dim 0 (whose size is the
+      source's): emitted as that row broadcast over the source's rows, so the engine stays row-wise;
+    - `entries` (bools shaped like the value): the entries that are the source's dim 0 itself (a
+      measured shape passed on unchanged), the others computed without it; Fill, BroadcastTo and Tile
+      read them to make `rows` values;
+    - neither: any other way; the value pins the engine to the batch it was built for.
     """
 
-    def __init__(self, value, batch_source: Optional[Tensor] = None):
+    def __init__(self, value, batch_source: Optional[Tensor] = None, entries=None, rows: bool = False):
         self.value = np.asarray(value)
+        if entries is not None and not np.any(entries):
+            batch_source = None  # no entry is the batch: the value does not depend on it
         self.batch_source = batch_source
+        self.entries = None if batch_source is None or entries is None else np.asarray(entries, np.bool_)
+        self.rows = batch_source is not None and rows
+        if self.rows and (not self.value.ndim or self.value.shape[0] != batch_source.shape[0]):
+            raise ValueError(f"rows of {batch_source.name} need dim 0 = {batch_source.shape[0]}, got {self.shape}")
 
     @classmethod
     def derived(cls, value, *operands) -> "Weights":
-        """Weights computed from `operands`, keeping the batch source of the first operand that has one."""
+        """Weights computed from `operands` in any way: pinned to the batch source of the first that has one."""
         return cls(value, next((v.batch_source for v in operands if isinstance(v, Weights) and v.batch_source
                                 is not None), None))
+
+    @classmethod
+    def sized(cls, value, shape: "Weights", used=None) -> "Weights":
+        """`value`, whose entries are computed without the batch, shaped by the shape vector `shape` on the dims
+        `used` (all by default): rows when only dim 0 is the batch, pinned when other used dims depend on it."""
+        used = np.ones(shape.shape, np.bool_) if used is None else np.asarray(used, np.bool_)
+        depends = shape.depends() & used
+        if not depends.any():
+            return cls(value)
+        rows = shape.entries is not None and depends[0] and not depends[1:].any()
+        return cls(value, shape.batch_source, rows=rows)
+
+    def depends(self) -> np.ndarray:
+        """Per entry, whether it may depend on the batch."""
+        if self.batch_source is None:
+            return np.zeros(self.shape, np.bool_)
+        return self.entries if self.entries is not None else np.ones(self.shape, np.bool_)
 
     @property
     def dtype(self) -> str:
@@ -65,6 +96,16 @@ class Weights:
 
 
 Value = Union[Tensor, Weights]
+
+
+def shape_of(value: Value) -> Weights:
+    """The shape of `value` as int32 Weights: dim 0 of a tensor, or of rows, is the batch entry; other
+    Weights have a shape computed without the batch unless they are pinned."""
+    shape = np.asarray(value.shape, np.int32)
+    if isinstance(value, Tensor) or value.rows:
+        source = value if isinstance(value, Tensor) else value.batch_source
+        return Weights(shape, source, entries=np.arange(shape.size) == 0)
+    return Weights(shape, value.batch_source if value.entries is None else None)
 
 
 class ValidationContext:
@@ -134,7 +175,8 @@ class ConversionContext:
         self.network = network
         self.precision = precision.upper()
         self.values: Dict[str, Value] = {}
-        self._constants: Dict[int, Tensor] = {}
+        self._constants: Dict[int, Tuple[Weights, Tensor]] = {}
+        self._row_conditions: Dict[Tuple[str, int], Tensor] = {}  # (source, rank) -> its rows' Select condition
 
     # -- reading ------------------------------------------------------------
     def inputs(self, node: NodeView) -> List[Value]:
@@ -160,11 +202,39 @@ class ConversionContext:
             array = value.value
             if array.dtype == np.int64 and np.all(np.abs(array) < 2 ** 31):  # engines compute in int32
                 array = array.astype(np.int32)
-            tensor = self.network.add_constant(array, name=name)
-            if value.batch_source is not None:
-                tensor = self._pin_to_batch(tensor, value.batch_source, name)
-            self._constants[key] = tensor
-        return self._constants[key]
+            if value.rows:
+                row = self.network.add_constant(array[:1], name=name)
+                tensor = self._broadcast_rows(row, value.batch_source, name)
+            else:
+                tensor = self.network.add_constant(array, name=name)
+                if value.batch_source is not None:
+                    tensor = self._pin_to_batch(tensor, value.batch_source, name)
+            self._constants[key] = (value, tensor)  # holding `value` keeps its id from being reused
+        return self._constants[key][1]
+
+    def _broadcast_rows(self, row: Tensor, source: Tensor, name: str) -> Tensor:
+        """`row` ([1, ...]) repeated along dim 0 of `source`, row by row.
+
+        Select(c, row, row) is `row` whatever c holds; c has one entry per row of `source` (its
+        first column), so the result follows the source's batch and the engine stays row-wise::
+
+            source -> Slice(first column) -> Shuffle([n, 1, ...]) -> Identity(bool) --.
+                                                                  row, row -> Select -> [n, ...]
+        """
+        key = (source.name, row.rank)
+        if key not in self._row_conditions:
+            net, rank, n = self.network, source.rank, source.shape[0]
+            column = source
+            if rank > 1:
+                column = net.add_layer("Slice", [column], {"start": [0] * rank, "size": [n] + [1] * (rank - 1),
+                                                           "stride": [1] * rank}, name=f"{name}/rows_column").outputs[0]
+            if column.shape != (n,) + (1,) * (row.rank - 1):
+                column = net.add_layer("Shuffle", [column], {"reshape": [n] + [1] * (row.rank - 1)},
+                                       name=f"{name}/rows_reshape").outputs[0]
+            if column.dtype != "bool":
+                column = net.add_layer("Identity", [column], {"dtype": "bool"}, name=f"{name}/rows_bool").outputs[0]
+            self._row_conditions[key] = column
+        return self.network.add_layer("Select", [self._row_conditions[key], row, row], name=f"{name}/rows").outputs[0]
 
     def _pin_to_batch(self, const: Tensor, source: Tensor, name: str) -> Tensor:
         """`const`, computed from the batch size of `source`, made to depend on one row of `source`.
@@ -193,8 +263,9 @@ class ConversionContext:
         """
         base = (node.name if node is not None else kind) + suffix
         if inputs and all(isinstance(v, Weights) for v in inputs):
-            folded = fold_layer(kind, [v.value for v in inputs], params, weights, name=base)
-            return [Weights.derived(w.value, *inputs) for w in folded]
+            layer = _folded_layer(kind, [v.value for v in inputs], params, weights, name=base)
+            outs = _run_folded(layer, [v.value for v in inputs])
+            return [Weights(o, **form) for o, form in zip(outs, _batch_forms(layer, inputs))]
         tensors = [self.as_tensor(v, name=f"{base}/const{i}") for i, v in enumerate(inputs)]
         return self.network.add_layer(kind, tensors, params, weights, name=base).outputs
 
@@ -203,11 +274,48 @@ class ConversionContext:
             self.values[tensor_ref(node.name, i)] = v
 
 
-def fold_layer(kind: str, values: Sequence[np.ndarray], params=None, weights=None, name: str = "fold") -> List[Weights]:
-    """The outputs of one `kind` layer over constant `values`, computed by the numpy backend.
+#: Layer kinds that only move entries, by the operands whose entries they move (None: all)
+_MOVES = {"Shuffle": None, "Slice": None, "Concatenation": None, "Gather": (0,), "Identity": None}
 
-    The layer is checked by its kind's shape rule but joins no network (0-d values keep their shape).
+
+def _batch_forms(layer: Layer, inputs: Sequence[Weights]) -> List[dict]:
+    """How each output of `layer`, folded over `inputs`, depends on the batch (see :class:`Weights`).
+
+    Rows stay rows through a layer that is row-wise for them and keeps their dim 0; batch entries
+    follow layers that only move entries; anything else computed from the batch is pinned.
     """
+    dependent = [v for v in inputs if v.batch_source is not None]
+    if not dependent:
+        return [{}] * len(layer.outputs)
+    source = dependent[0].batch_source
+    n = source.shape[0]
+    if all(v.batch_source.shape[0] == n for v in dependent):
+        if all(v.rows for v in dependent) and all(t.rank and t.shape[0] == n for t in layer.outputs) and \
+                layer_kinds.get(layer.kind).rowwise(layer, [v.rows for v in inputs]):
+            return [{"batch_source": source, "rows": True}] * len(layer.outputs)
+        if all(v.entries is not None for v in dependent):
+            entries = _moved_entries(layer, inputs)
+            if entries is not None:
+                return [{"batch_source": source, "entries": e} for e in entries]
+    return [{"batch_source": source}] * len(layer.outputs)
+
+
+def _moved_entries(layer: Layer, inputs: Sequence[Weights]) -> Optional[List[np.ndarray]]:
+    """Where the batch entries of `inputs` land in the outputs of `layer`, or None when it does more than move
+    them (an integer cast keeps them)."""
+    if layer.kind not in _MOVES:
+        return None
+    moved = range(len(inputs)) if _MOVES[layer.kind] is None else _MOVES[layer.kind]
+    if any(v.batch_source is not None for i, v in enumerate(inputs) if i not in moved):
+        return None
+    if layer.kind == "Identity":
+        return [inputs[0].entries] if np.dtype(layer.outputs[0].dtype).kind in "iu" else None
+    masks = [v.depends() if i in moved else v.value for i, v in enumerate(inputs)]
+    return _run_folded(_folded_layer(layer.kind, masks, layer.params, layer.weights, name=layer.name), masks)
+
+
+def _folded_layer(kind: str, values: Sequence[np.ndarray], params, weights, name: str) -> Layer:
+    """A `kind` layer over constant `values`, its outputs inferred by the kind's shape rule (no network)."""
     values = [np.asarray(v) for v in values]
     layer = Layer(name, kind, [Tensor(f"{name}/in{i}", dtype_name(v.dtype), v.shape) for i, v in enumerate(values)],
                   [], dict(params or {}), dict(weights or {}))
@@ -218,5 +326,10 @@ def fold_layer(kind: str, values: Sequence[np.ndarray], params=None, weights=Non
     except Exception as exc:  # the shape rule rejected the operands
         raise NetworkError(f"layer {name!r} ({kind}): {exc}") from exc
     layer.outputs = [Tensor(f"{name}:{i}", dtype_name(d), tuple(int(x) for x in s)) for i, (d, s) in enumerate(infos)]
-    outs = NumpyBackend().run_layer(layer, values)
-    return [Weights(np.asarray(o).astype(t.dtype, copy=False).reshape(t.shape)) for o, t in zip(outs, layer.outputs)]
+    return layer
+
+
+def _run_folded(layer: Layer, values: Sequence[np.ndarray]) -> List[np.ndarray]:
+    """The outputs of a folded layer over `values`, computed by the numpy backend."""
+    outs = NumpyBackend().run_layer(layer, [np.asarray(v) for v in values])
+    return [np.asarray(o).astype(t.dtype, copy=False).reshape(t.shape) for o, t in zip(outs, layer.outputs)]

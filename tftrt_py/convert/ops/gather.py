@@ -39,11 +39,15 @@ class GatherConverter(OpConverter):
             ctx.set_outputs(node, ctx.add_layer("Gather", [params, indices], {"axis": axis}, node=node))
             return
         # Constant indices gather as int32 with rank >= 1 (the engine's Constant layers have no 0-d
-        # values); a scalar index's axis is then dropped by a reshape.
-        index = indices.value.astype(np.int32)
-        y = ctx.add_layer("Gather", [params, Weights(index.reshape(index.shape or (1,)))], {"axis": axis}, node=node,
-                          suffix="" if index.ndim else "/gather")[0]
-        if not index.ndim:
+        # values); a scalar index's axis is then dropped by a reshape. Both fold, keeping how the
+        # indices depend on the batch.
+        scalar = not indices.rank
+        if indices.dtype != "int32":
+            indices = ctx.add_layer("Identity", [indices], {"dtype": "int32"}, node=node, suffix="/indices")[0]
+        if scalar:
+            indices = ctx.add_layer("Shuffle", [indices], {"reshape": [1]}, node=node, suffix="/index")[0]
+        y = ctx.add_layer("Gather", [params, indices], {"axis": axis}, node=node, suffix="/gather" if scalar else "")[0]
+        if scalar:
             y = ctx.add_layer("Shuffle", [y], {"reshape": [d for i, d in enumerate(params.shape) if i != axis]},
                               node=node)[0]
         ctx.set_outputs(node, [y])

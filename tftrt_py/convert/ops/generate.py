@@ -2,15 +2,15 @@
 ZerosLike and OnesLike (the input's shape).
 
 Fill of a constant value, Range, ZerosLike and OnesLike are Weights (no layer); Fill of a tensor value
-broadcasts it with one ElementWise product against ones, which is exact.
+broadcasts it with one ElementWise product against ones, which is exact. Sized by the batch (a dim 0 of
+tf.shape(x)[0], or like a tensor), they are rows of it: the engine stays row-wise.
 """
 import numpy as np
 
-from tftrt_py.convert.context import Weights
+from tftrt_py.convert.context import Weights, shape_of
 from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
-from tftrt_py.engine.network import Tensor
 
 __all__ = ["FillConverter", "RangeConverter", "LikeConverter", "LIKE"]
 
@@ -34,12 +34,14 @@ class FillConverter(OpConverter):
 
     def convert(self, node, ctx):
         dims, value = ctx.inputs(node)
-        dims = [int(d) for d in np.ravel(dims.value)]
+        shape = [int(d) for d in np.ravel(dims.value)]
         if isinstance(value, Weights):
-            ctx.set_outputs(node, [Weights.derived(np.full(dims, value.value, dtype=value.dtype), *ctx.inputs(node))])
+            full = np.full(shape, value.value, dtype=value.dtype)
+            out = Weights.derived(full, dims, value) if value.batch_source is not None else Weights.sized(full, dims)
+            ctx.set_outputs(node, [out])
             return
-        value = ctx.add_layer("Shuffle", [value], {"reshape": [1] * len(dims)}, node=node, suffix="/reshape")[0]
-        ones = Weights.derived(np.ones(dims, dtype=value.dtype), ctx.inputs(node)[0])
+        value = ctx.add_layer("Shuffle", [value], {"reshape": [1] * len(shape)}, node=node, suffix="/reshape")[0]
+        ones = Weights.sized(np.ones(shape, dtype=value.dtype), dims)
         ctx.set_outputs(node, ctx.add_layer("ElementWise", [ones, value], {"op": "prod"}, node=node))
 
 
@@ -76,7 +78,7 @@ def _range_reason(start, limit, delta):
 
 @register(*LIKE)
 class LikeConverter(OpConverter):
-    """A constant shaped like the input (known when building, as every shape is then)."""
+    """A constant shaped like the input (known when building, as every shape is then): rows of its batch."""
 
     allowed_dtypes = FLOAT_INT_BOOL
     static_outputs = True
@@ -84,6 +86,4 @@ class LikeConverter(OpConverter):
 
     def convert(self, node, ctx):
         x = ctx.inputs(node)[0]
-        source = x if isinstance(x, Tensor) else x.batch_source  # the batch it is measured on, as Shape's
-        ctx.set_outputs(node, [Weights(np.full(x.shape, LIKE[node.op], dtype=x.dtype),
-                                       batch_source=source if source is not None and source.rank else None)])
+        ctx.set_outputs(node, [Weights.sized(np.full(x.shape, LIKE[node.op], dtype=x.dtype), shape_of(x))])

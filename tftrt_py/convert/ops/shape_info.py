@@ -2,23 +2,23 @@
 
 They add no layers: their int32 results are Weights, which shape arithmetic downstream folds
 (:meth:`~tftrt_py.convert.context.ConversionContext.add_layer`) and Reshape, Fill or Tile read.
-The Weights remember the tensor they measured: used as data, they pin the engine to its batch.
+The Weights remember the tensor they measured and which entry is its batch: used as data, they pin the
+engine to its batch; as the dims of Fill, BroadcastTo or Tile they make rows of that batch.
 """
 import numpy as np
 
-from tftrt_py.convert.context import Weights
+from tftrt_py.convert.context import Weights, shape_of
 from tftrt_py.convert.ops.base import FLOAT_INT_BOOL, NO_PRECISION, OpConverter
 from tftrt_py.convert.ops.registry import register
-from tftrt_py.engine.network import Tensor
 
 __all__ = ["ShapeInfoConverter", "SHAPE_INFO"]
 
-#: TF op -> its value for a concrete input shape
+#: TF op -> its value from the input's shape (int32 Weights, see shape_of)
 SHAPE_INFO = {
-    "Shape": lambda shape: list(shape),
-    "ShapeN": lambda shape: list(shape),
-    "Size": lambda shape: int(np.prod(shape)),
-    "Rank": lambda shape: len(shape),
+    "Shape": lambda shape: shape,
+    "ShapeN": lambda shape: shape,
+    "Size": lambda shape: Weights.derived(np.int32(np.prod(shape.value)), shape),
+    "Rank": lambda shape: Weights(np.int32(shape.value.size)),
 }
 
 
@@ -40,6 +40,4 @@ class ShapeInfoConverter(OpConverter):
         values = ctx.inputs(node)
         if node.op != "ShapeN":
             values = values[:1]
-        ctx.set_outputs(node, [Weights(np.asarray(SHAPE_INFO[node.op](v.shape), np.int32),
-                                       batch_source=v if isinstance(v, Tensor) and v.rank else None)
-                               for v in values])
+        ctx.set_outputs(node, [SHAPE_INFO[node.op](shape_of(v)) for v in values])

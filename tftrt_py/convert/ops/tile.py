@@ -2,6 +2,8 @@
 
 Tile: per tiled axis, one Concatenation of copies. BroadcastTo: one Select whose constant all-true
 condition spans the broadcast dims only (size 1 elsewhere), so the layer reads x and broadcasts it.
+Repeating one row tf.shape(t)[0] times (Tile or BroadcastTo) gives rows of t's batch: the condition
+follows that batch and the engine stays row-wise; a batch anywhere else pins the engine to it.
 """
 import numpy as np
 
@@ -34,9 +36,19 @@ class TileConverter(OpConverter):
 
     def convert(self, node, ctx):
         x, multiples = ctx.inputs(node)
-        for axis, m in enumerate(int(m) for m in np.ravel(multiples.value)):
+        counts = [int(m) for m in np.ravel(multiples.value)]
+        first = np.arange(len(counts)) == 0
+        along_batch = Weights.sized(np.ones([m if f else 1 for m, f in zip(counts, first)], np.bool_), multiples,
+                                    used=first)
+        rows = along_batch.rows and x.shape[0] == 1 and not multiples.depends()[1:].any()
+        for axis, m in enumerate(counts[1:] if rows else counts, start=int(rows)):
             if m > 1:
                 x = ctx.add_layer("Concatenation", [x] * m, {"axis": axis}, node=node, suffix=f"/axis{axis}")[0]
+        if rows:  # one row repeated along the batch: broadcast it, row by row
+            x = ctx.add_layer("Select", [along_batch, x, x], node=node)[0]
+        elif multiples.batch_source is not None:  # the result's shape holds the batch otherwise
+            pin = Weights(np.ones([1] * len(counts), np.bool_), multiples.batch_source)
+            x = ctx.add_layer("Select", [pin, x, x], node=node, suffix="/batch_pin")[0]
         ctx.set_outputs(node, [x])
 
 
@@ -65,8 +77,8 @@ class BroadcastToConverter(OpConverter):
             return
         dims = [1] * (len(target) - len(x.shape)) + list(x.shape)
         span = [t if d == 1 else 1 for d, t in zip(dims, target)]
-        # a shape measured from a tensor fixes the result's batch only where the condition spans axis 0
-        true = Weights(np.ones(span, np.bool_), shape.batch_source if span and span[0] > 1 else None)
+        # only the dims taken from `shape` carry its batch: rows when that is dim 0 alone
+        true = Weights.sized(np.ones(span, np.bool_), shape, used=[d == 1 for d in dims])
         ctx.set_outputs(node, ctx.add_layer("Select", [true, x, x], node=node))
 
 
