@@ -36,9 +36,12 @@ def native_ops(fn, specs, minimum_segment_size=1, grappler=False):
     """{op type: {reason: count}} of the nodes of `fn` that stay native, plumbing left out."""
     result = segmentation(fn, specs, minimum_segment_size, grappler)
     view, reasons = result.view, {}
-    for name, (op, reason) in result.report.node_reasons.items():
+    native = result.report.node_reasons
+    for name, (op, reason) in native.items():
         control_only = op == "Identity" and view.nodes[name].control_inputs
-        if op not in PLUMBING and not control_only:
+        # a frozen variable's Identity, copied into the engines, stays in the graph for the NoOp waiting on it
+        waited_on = op == "Identity" and all(view.nodes[u].op in PLUMBING for u in view.consumers[name] if u in native)
+        if op not in PLUMBING and not control_only and not waited_on:
             reasons.setdefault(op, {}).setdefault(reason, 0)
             reasons[op][reason] += 1
     return reasons

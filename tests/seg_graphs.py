@@ -32,15 +32,18 @@ def members(result):
 
 
 def assert_acyclic(result):
-    """The graph with each segment contracted to one node has no cycle (data and control edges)."""
+    """The graph with each segment replaced by one node reading the segment's inputs (its copies inside it) has
+    no cycle (data and control edges)."""
     view = result.view
     owner = {name: f"segment{seg.name_index}" for seg in result.segments for name in seg.nodes}
+    deps = {name: [split_ref(r)[0] for r in node.inputs] + node.control_inputs
+            for name, node in view.nodes.items() if name not in owner}
+    for seg in result.segments:
+        deps[f"segment{seg.name_index}"] = [split_ref(r)[0] for r in seg.inputs] + seg.control_inputs
     edges = {}
-    for node in view.nodes.values():
-        for src in [split_ref(r)[0] for r in node.inputs] + node.control_inputs:
-            a, b = owner.get(src, src), owner.get(node.name, node.name)
-            if a != b:
-                edges.setdefault(a, set()).add(b)
+    for name, srcs in deps.items():
+        for src in srcs:
+            edges.setdefault(owner.get(src, src), set()).add(name)
     state = {}
 
     def visit(n):

@@ -16,7 +16,7 @@ def test_supported_chain_is_one_segment_with_its_inputs_and_outputs():
     assert (seg.name_index, seg.nodes, seg.size) == (0, ["r", "s", "t"], 3)
     assert seg.inputs == ["x:0"]
     assert seg.outputs == ["t:0"]
-    assert seg.const_nodes == [] and seg.control_inputs == [] and seg.control_outputs == []
+    assert seg.copied_nodes == [] and seg.control_inputs == [] and seg.control_outputs == []
 
 
 def test_fetched_member_tensors_are_outputs_even_if_nothing_reads_them():
@@ -64,8 +64,9 @@ def test_regions_feeding_each_other_through_native_ops_in_both_directions_do_not
 
     result = segment_graph(graph_def(build), minimum_segment_size=1)
     assert_acyclic(result)
-    # p2 comes first in topological order, so the p-side merges and the q-side splits.
-    assert members(result) == [["p1", "p2", "p3"], ["q1"], ["q2", "q3"]]
+    # Clusters grow from the outputs (as TF-TRT's): q1 joins q2 before p1 is visited, then p1 -> n1 -> q-side
+    # -> n2 -> p2 keeps p1 from p2.
+    assert members(result) == [["p1"], ["q1", "q2", "q3"], ["p2", "p3"]]
 
 
 def test_a_control_edge_through_a_native_op_also_blocks_a_merge():
@@ -76,7 +77,7 @@ def test_a_control_edge_through_a_native_op_also_blocks_a_merge():
             tf.nn.relu(r2, name="r3")
 
     result = segment_graph(graph_def(build), minimum_segment_size=1)
-    assert members(result) == [["r1", "r2"], ["r3"]]
+    assert members(result) == [["r1"], ["r2", "r3"]]
     assert result.segments[0].control_outputs == []
     assert result.segments[1].control_inputs == ["n"]
     assert_acyclic(result)

@@ -14,7 +14,7 @@ def test_consts_are_copied_in_never_inputs():
     (seg,) = segment_graph(graph_def(build)).segments
     assert seg.nodes == ["add", "mul", "r"]
     assert seg.inputs == ["x:0"]
-    assert seg.const_nodes == ["c"]
+    assert seg.copied_nodes == ["c"]
 
 
 def test_a_const_is_never_an_output_even_when_fetched():
@@ -27,7 +27,7 @@ def test_a_const_is_never_an_output_even_when_fetched():
     result = segment_graph(graph_def(build), fetches=["c:0", "r2:0"])
     (seg,) = result.segments
     assert seg.outputs == ["r2:0"]
-    assert seg.const_nodes == ["c"]
+    assert seg.copied_nodes == ["c"]
     assert "c" in result.report.node_reasons
 
 
@@ -78,5 +78,5 @@ def test_control_inputs_of_copied_consts_move_to_the_segment():
         relu_chain(tf.add(x, c, name="add"), ["r1", "r2"])
 
     (seg,) = segment_graph(graph_def(build)).segments
-    assert seg.const_nodes == ["c"]
+    assert seg.copied_nodes == ["c"]
     assert seg.control_inputs == ["side"]

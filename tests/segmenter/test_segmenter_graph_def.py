@@ -30,7 +30,7 @@ def test_segment_graph_def_computes_what_the_original_subgraph_computes():
     gd, inputs, outputs = two_in_two_out()
     result = segment_graph(gd, fetches=outputs)
     (seg,) = result.segments
-    assert len(seg.inputs) == 2 and len(seg.outputs) == 2 and seg.const_nodes
+    assert len(seg.inputs) == 2 and len(seg.outputs) == 2 and seg.copied_nodes
 
     feeds = {f"{name}:0": random_array((2, 3)) for name in inputs}
     originals = run(gd, seg.inputs + seg.outputs, feeds)

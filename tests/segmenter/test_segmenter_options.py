@@ -15,7 +15,7 @@ def relu_identity_graph():
     return graph_def(build)
 
 
-def test_pass_through_ops_do_not_count_towards_minimum_segment_size():
+def test_identities_do_not_count_towards_minimum_segment_size():
     result = segment_graph(relu_identity_graph(), minimum_segment_size=3)
     assert result.segments == []
     reason = "segment of 2 nodes is smaller than minimum_segment_size=3"
@@ -24,6 +24,15 @@ def test_pass_through_ops_do_not_count_towards_minimum_segment_size():
 
     (seg,) = segment_graph(relu_identity_graph(), minimum_segment_size=2).segments
     assert (seg.nodes, seg.size) == (["r1", "i1", "i2", "r2"], 2)
+
+
+def test_identity_n_counts_as_tftrt_counts_it():
+    def build():
+        x = tf.nn.relu(placeholder("x"), name="r")
+        native(tf.identity_n([x], name="idn")[0], "n")
+
+    (seg,) = segment_graph(graph_def(build), minimum_segment_size=2).segments
+    assert (seg.nodes, seg.size) == (["r", "idn"], 2)
 
 
 def test_minimum_segment_size_minus_one_converts_nothing():

@@ -5,7 +5,7 @@ from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ConstConverter", "PassThroughConverter"]
 
-#: Ops that forward their inputs unchanged; they do not count towards minimum_segment_size.
+#: Ops that forward their inputs unchanged (IdentityN counts towards minimum_segment_size, as in TF-TRT).
 PASS_THROUGH = ("Identity", "IdentityN", "Snapshot", "StopGradient")
 
 
