@@ -25,6 +25,8 @@ class ZooModel:
     #: exports the built model into a directory; None: ``model.export(dir)``
     exporter: Optional[Callable[[object, str], None]] = None
     vocabulary: int = VOCAB
+    #: image inputs are pixels in [0, 255) (models that rescale them), else values in +-[0.1, 2]
+    pixels: bool = False
 
 
 def _text(token_prefix=""):
@@ -145,7 +147,9 @@ def _export_detector(model, directory):
 def _application(name, size=32):
     def build():
         import keras
-        return getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3))
+        # logits, not a softmax over 1000 classes that random weights make near-uniform (errors hide in it)
+        return getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
+                                                 classifier_activation=None)
     return build
 
 
@@ -173,9 +177,9 @@ REQUIRED = _entries(
     ZooModel("resnet", _resnet, _image()),
     ZooModel("cspdarknet", _cspdarknet, _image()),
     ZooModel("retinanet", _retinanet, {"images": (BATCH,) + RETINANET_IMAGE}, exporter=_export_detector),
-    ZooModel("convnext_tiny", _application("ConvNeXtTiny"), {"input_layer": (BATCH, 32, 32, 3)}),
-    ZooModel("efficientnetv2_b0", _application("EfficientNetV2B0"), {"input_layer": (BATCH, 32, 32, 3)}),
-    ZooModel("mobilenetv3_small", _application("MobileNetV3Small"), {"input_layer": (BATCH, 32, 32, 3)}),
+    ZooModel("convnext_tiny", _application("ConvNeXtTiny"), _image(), pixels=True),
+    ZooModel("efficientnetv2_b0", _application("EfficientNetV2B0"), _image(), pixels=True),
+    ZooModel("mobilenetv3_small", _application("MobileNetV3Small"), _image(), pixels=True),
     ZooModel("lstm", _lstm, {"sequence": (BATCH, SEQ, 8)}),
 )
 
@@ -208,7 +212,7 @@ def export(model: ZooModel, directory: str, seed: int = 0) -> str:
 def make_feed(model: ZooModel, specs, seed: int) -> Dict[str, np.ndarray]:
     """Random inputs for the signature `specs` (name -> tf.TensorSpec) at `model.shapes`: token ids in
     [1, vocabulary), padding masks of ones then zeros (each row at least half real tokens), segment ids 0/1,
-    other values in +-[0.1, 2]."""
+    pixels in [0, 255) where `model.pixels`, other values in +-[0.1, 2]."""
     rng = np.random.default_rng(seed)
     shapes = dict(model.shapes)
     if len(specs) == len(shapes) == 1:  # Keras names a lone input after its tensor ("keras_tensor_<n>")
@@ -224,6 +228,8 @@ def make_feed(model: ZooModel, specs, seed: int) -> Dict[str, np.ndarray]:
             value = rng.integers(1, model.vocabulary, size=shape)
         elif name.endswith("segment_ids"):
             value = rng.integers(0, 2, size=shape)
+        elif model.pixels:
+            value = rng.uniform(0.0, 255.0, size=shape)
         else:
             value = rng.uniform(0.1, 2.0, size=shape) * rng.choice([-1.0, 1.0], size=shape)
         feed[name] = np.asarray(value).astype(dtype)
