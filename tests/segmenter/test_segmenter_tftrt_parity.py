@@ -95,3 +95,24 @@ def test_tftrt_big_if_else():
     expected = [{"add0", "add1"}, {"add3", "add4", "add5", "add6", "add7"}]
     assert engines(result) == expected
     assert_converts_at_least(result, expected)
+
+
+def test_nodes_annotated_with_different_max_batch_sizes_stay_in_different_engines():
+    # TF-TRT's ClusterBatchSize: two clusters merge only when their _tftrt_op_max_batch_size agree (or one has none).
+    def build():
+        x = placeholder("x", (2, 3))
+        y = tf.nn.relu(tf.add(x, tf.constant(1.0, name="one"), name="add"), name="relu")
+        tf.tanh(tf.multiply(y, tf.constant(3.0, name="three"), name="mul"), name="tanh")
+
+    def annotated(caps):
+        gd = graph_def(build)
+        for node in gd.node:
+            if node.name in caps:
+                node.attr["_tftrt_op_max_batch_size"].i = caps[node.name]
+        return gd
+
+    split = segment_graph(annotated({"add": 4, "relu": 4, "mul": 2, "tanh": 2}), minimum_segment_size=2)
+    assert engines(split) == [{"add", "one", "relu"}, {"mul", "tanh", "three"}]
+    assert_acyclic(split)
+    agreed = segment_graph(annotated({"add": 4, "tanh": 4}), minimum_segment_size=2)
+    assert engines(agreed) == [{"add", "mul", "one", "relu", "tanh", "three"}]

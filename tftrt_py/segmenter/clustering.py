@@ -5,6 +5,9 @@ its outputs (data edges), again as its cluster gains consumers, unless another p
 consumer: one engine would then both feed the path and wait for it (control edges count for paths). So
 clusters grow from the outputs towards the inputs.
 
+Nodes annotated with different TF-TRT max batch sizes (``_tftrt_op_max_batch_size``) never share a cluster
+(TF-TRT's ClusterBatchSize::MergeIfCompatible).
+
 The contracted graph (one node per cluster) keeps a topological numbering, renumbered at each merge as in
 Pearce and Kelly's dynamic topological order, so a path search visits only clusters ranked between its ends.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import AbstractSet, Callable, Dict, List, Optional, Set
 
 from tftrt_py.convert.graph import GraphView, NodeView, split_ref
+from tftrt_py.convert.rewrite import MAX_BATCH_SIZE_ANNOTATION
 
 __all__ = ["cluster_candidates"]
 
@@ -41,6 +45,8 @@ class _Contraction:
         self.succ: Dict[str, Set[str]] = {name: set() for name in self.rank}
         self.pred: Dict[str, Set[str]] = {name: set() for name in self.rank}
         self.data: Dict[str, Set[str]] = {name: set() for name in self.rank}
+        #: root -> the max batch size its nodes are annotated with (None: none is)
+        self.cap: Dict[str, Optional[int]] = {node.name: _annotated_max_batch_size(node) for node in order}
         for node in order:
             read = {split_ref(ref)[0] for ref in node.inputs}
             for dep in view.dependencies(node):  # a loop's back edge is no dependency
@@ -68,6 +74,8 @@ class _Contraction:
     def contract(self, a: str, b: str) -> Optional[str]:
         """Merge cluster b, which cluster a feeds, into one cluster (its root returned), unless a path other
         than their edges leads from a to b (None)."""
+        if None not in (self.cap[a], self.cap[b]) and self.cap[a] != self.cap[b]:
+            return None
         lo, hi = self.rank[a], self.rank[b]
         ahead = self._reach(self.succ, a, b, lambda rank: rank < hi)
         if ahead is None:
@@ -104,7 +112,14 @@ class _Contraction:
             a, b = b, a
         self.parent[b] = a
         self.size[a] += self.size.pop(b)
+        cap = self.cap.pop(b)
+        self.cap[a] = cap if self.cap[a] is None else self.cap[a]
         del self.rank[b]
         for edges in (self.succ, self.pred, self.data):
             edges[a] = {self.find(name) for name in edges[a] | edges.pop(b)} - {a}
         return a
+
+
+def _annotated_max_batch_size(node: NodeView) -> Optional[int]:
+    attr = node.def_.attr
+    return attr[MAX_BATCH_SIZE_ANNOTATION].i if MAX_BATCH_SIZE_ANNOTATION in attr else None
