@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from typing import Optional
@@ -229,16 +230,34 @@ class TrtGraphConverterV2:
     def _engine_nodes(self):
         return [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
 
-    def save(self, output_saved_model_dir, save_gpu_specific_engines=True, options=None):
+    def save(self, output_saved_model_dir, save_gpu_specific_engines=True, options=None, *, overwrite=False):
         """Save the converted signature as a SavedModel, with the engines built so far as assets
-        (``assets/trt-serialized-engine.<engine op>``; an empty one without save_gpu_specific_engines)."""
+        (``assets/trt-serialized-engine.<engine op>``; an empty one without save_gpu_specific_engines).
+
+        A non-empty output directory is refused unless `overwrite` (our addition), the input SavedModel's
+        directory (or one inside it) always.
+        """
         if not self._converted:
             raise RuntimeError("Need to call convert() before save()")
+        out = os.path.realpath(output_saved_model_dir)
+        src = os.path.realpath(self._input_saved_model_dir)
+        if os.path.commonpath([out, src]) == src:
+            raise ValueError(f"save() would write into the input SavedModel {self._input_saved_model_dir!r}; "
+                             f"choose another output directory")
+        if os.path.isdir(out) and os.listdir(out) and not overwrite:
+            raise ValueError(f"output directory {output_saved_model_dir!r} is not empty; pass overwrite=True to "
+                             f"save into it anyway")
+        asset_dir = tempfile.mkdtemp(prefix="tftrt_engines_")
+        try:
+            self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
+        finally:
+            shutil.rmtree(asset_dir, ignore_errors=True)
+
+    def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         graph_def = type(self._converted_graph_def)()
         graph_def.CopyFrom(self._converted_graph_def)
         root = autotrackable.AutoTrackable()
         assets, captures = [], {}
-        asset_dir = tempfile.mkdtemp(prefix="tftrt_engines_")
         for node in graph_def.node:
             if node.op != ENGINE_OP:
                 continue

@@ -1,6 +1,7 @@
 """Layer kinds: the few, general operations an engine is made of.
 
-Each kind registers a spec with two rules that do not depend on any backend:
+Each kind registers a spec with the schema of its params (see :mod:`params`) and two rules that do not
+depend on any backend:
 ``infer(layer) -> [(dtype, shape), ...]`` and ``rowwise(layer, batched) -> bool``, which
 says whether output row i depends only on row i of the batched inputs (so an engine
 built for batch B can serve a smaller batch). Backends implement kinds, not TF ops.
@@ -12,6 +13,9 @@ from typing import Callable, Dict, List, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.engine.errors import NetworkError
+from tftrt_py.engine.network import DTYPES
+from tftrt_py.engine.params import (RANK, SPATIAL, axes, axis, boolean, integer, ints, list_of, number, one_of,
+                                    optional, permutation, record)
 
 __all__ = ["register", "get", "kinds", "ELEMENTWISE_OPS", "UNARY_OPS", "ACTIVATIONS", "REDUCE_OPS",
            "conv_output_size"]
@@ -20,20 +24,21 @@ Info = Tuple[str, Tuple[int, ...]]
 
 
 class KindSpec:
-    def __init__(self, kind: str, infer: Callable, rowwise: Callable):
-        self.kind, self.infer, self.rowwise = kind, infer, rowwise
+    def __init__(self, kind: str, infer: Callable, rowwise: Callable, params: dict):
+        self.kind, self.infer, self.rowwise, self.params = kind, infer, rowwise, params
 
 
 _SPECS: Dict[str, KindSpec] = {}
 
 
-def register(kind: str, rowwise: Callable = None):
-    """Decorator registering the shape rule of a layer kind (and optionally its batch rule)."""
+def register(kind: str, rowwise: Callable = None, params: dict = None):
+    """Decorator registering the shape rule of a layer kind, the schema of its `params` ({name: spec}, see
+    :mod:`params`) and optionally its batch rule."""
 
     def wrap(infer):
         if kind in _SPECS:
             raise ValueError(f"layer kind {kind!r} registered twice")
-        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default)
+        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default, params or {})
         return infer
 
     return wrap
@@ -54,7 +59,7 @@ def kinds() -> List[str]:
 #: ElementWise ops; comparisons produce bool.
 ELEMENTWISE_OPS = ("sum", "sub", "prod", "div", "max", "min", "pow", "floor_div", "floor_mod",
                    "squared_difference", "equal", "greater", "greater_equal", "less", "less_equal",
-                   "not_equal", "and", "or")
+                   "not_equal", "and", "or", "bitwise_and")
 COMPARISONS = ("equal", "greater", "greater_equal", "less", "less_equal", "not_equal")
 UNARY_OPS = ("exp", "log", "sqrt", "rsqrt", "recip", "abs", "neg", "sin", "cos", "tan", "sinh", "cosh",
              "asin", "acos", "atan", "asinh", "acosh", "atanh", "ceil", "floor", "round", "sign", "erf",
@@ -63,6 +68,13 @@ ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "elu", "selu", "sigmoid", 
                "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid")
 #: Reduce ops; the last five come from the builder's reduction fusions (norms and log-sums).
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "l1", "sum_squares", "l2", "log_sum", "log_sum_exp")
+#: Padding modes: constant (Pad, PadV2) and MirrorPad's two.
+PADDING_MODES = ("constant", "reflect", "symmetric")
+
+# -- param schemas shared by several kinds --------------------------------------
+_ACTIVATION_PARAMS = dict(type=one_of(*ACTIVATIONS), alpha=optional(number()), beta=optional(number()))
+ACTIVATION = record(**_ACTIVATION_PARAMS)
+_WINDOW = dict(strides=ints(SPATIAL, 1), pre_padding=ints(SPATIAL, 0), post_padding=ints(SPATIAL, 0))
 
 
 # -- helpers ------------------------------------------------------------------
@@ -112,7 +124,7 @@ def _constant(layer):
     return [(v.dtype.name, v.shape)]
 
 
-@register("Identity")
+@register("Identity", params=dict(dtype=optional(one_of(*DTYPES))))
 def _identity(layer):
     t = layer.inputs[0]
     return [(layer.params.get("dtype", t.dtype), t.shape)]
@@ -122,7 +134,8 @@ def _conv_rowwise(layer, batched):
     return batched[0] and all(b or t.shape[0] == 1 for t, b in zip(layer.inputs[1:], batched[1:]))
 
 
-@register("Convolution", rowwise=_conv_rowwise)
+@register("Convolution", rowwise=_conv_rowwise, params=dict(
+    _WINDOW, dilations=ints(SPATIAL, 1), groups=optional(integer(1)), activation=optional(ACTIVATION)))
 def _convolution(layer):
     """Channels-last N-d convolution: x [N, *S, C], kernel [*K, C/groups, Cout] -> [N, *O, Cout].
 
@@ -146,7 +159,8 @@ def _convolution(layer):
     return [(x.dtype, shape)]
 
 
-@register("Deconvolution", rowwise=_conv_rowwise)
+@register("Deconvolution", rowwise=_conv_rowwise, params=dict(
+    strides=ints(SPATIAL, 1), pre_padding=ints(SPATIAL, 0), output_spatial=ints(SPATIAL, 1)))
 def _deconvolution(layer):
     """Channels-last transposed convolution: kernel [*K, Cout, Cin]; params give the output spatial size."""
     x = layer.inputs[0]
@@ -167,7 +181,8 @@ def _matmul_rowwise(layer, batched):
     return ba and not layer.params.get("transpose_a") or (ba and a.rank >= 3)
 
 
-@register("MatrixMultiply", rowwise=_matmul_rowwise)
+@register("MatrixMultiply", rowwise=_matmul_rowwise, params=dict(
+    transpose_a=optional(boolean), transpose_b=optional(boolean), activation=optional(ACTIVATION)))
 def _matmul(layer):
     """np.matmul semantics with optional transposes of the last two axes; optional bias/activation."""
     a, b = layer.inputs[:2]
@@ -184,7 +199,8 @@ def _matmul(layer):
     return [(a.dtype, (*batch, sa[-2], sb[-1]))]
 
 
-@register("MLP", rowwise=lambda layer, batched: batched[0])
+@register("MLP", rowwise=lambda layer, batched: batched[0],
+          params=dict(activations=list_of(optional(ACTIVATION), max_length=256)))
 def _mlp(layer):
     """Fused 2-d matrix multiplies: x [M, K]; layer i computes x = activation_i(x @ w_i + b_i), with
     weights w_i [K_i, N_i], b_i [N_i] and ``activations`` (dict or None per layer)."""
@@ -200,7 +216,7 @@ def _mlp(layer):
     return [(x.dtype, (x.shape[0], width))]
 
 
-@register("ElementWise")
+@register("ElementWise", params=dict(op=one_of(*ELEMENTWISE_OPS)))
 def _elementwise(layer):
     op = layer.params["op"]
     if op not in ELEMENTWISE_OPS:
@@ -216,21 +232,22 @@ def _select(layer):
     return [(a.dtype, broadcast_shape(c.shape, a.shape, b.shape))]
 
 
-@register("Unary")
+@register("Unary", params=dict(op=one_of(*UNARY_OPS)))
 def _unary(layer):
     if layer.params["op"] not in UNARY_OPS:
         raise NetworkError(f"unknown Unary op {layer.params['op']!r}")
     return _same_as_input(layer)
 
 
-@register("Activation")
+@register("Activation", params=_ACTIVATION_PARAMS)
 def _activation(layer):
     if layer.params["type"] not in ACTIVATIONS:
         raise NetworkError(f"unknown activation {layer.params['type']!r}")
     return _same_as_input(layer)
 
 
-@register("Scale", rowwise=lambda layer, batched: batched[0] and layer.params.get("channel_axis", -1) != 0)
+@register("Scale", rowwise=lambda layer, batched: batched[0] and layer.params.get("channel_axis", -1) != 0,
+          params=dict(channel_axis=optional(axis), activation=optional(ACTIVATION)))
 def _scale(layer):
     """y = (x * scale + shift) ** power, each optional, per channel along ``channel_axis`` or uniform;
     then an optional ``activation`` dict (type, alpha, beta)."""
@@ -247,7 +264,8 @@ def _pool_rowwise(layer, batched):
     return batched[0]
 
 
-@register("Pooling", rowwise=_pool_rowwise)
+@register("Pooling", rowwise=_pool_rowwise, params=dict(
+    _WINDOW, type=one_of("max", "avg"), window=ints(SPATIAL, 1), count_include_pad=optional(boolean)))
 def _pooling(layer):
     """Channels-last max/average pooling over the spatial axes of [N, *S, C]."""
     x = layer.inputs[0]
@@ -261,7 +279,9 @@ def _pooling(layer):
 
 
 @register("Reduce", rowwise=lambda layer, batched: 0 not in _axes(layer)
-          and (layer.params.get("first_perm") or [0])[0] == 0)
+          and (layer.params.get("first_perm") or [0])[0] == 0,
+          params=dict(op=one_of(*REDUCE_OPS), axes=axes, keep_dims=optional(boolean),
+                      first_perm=optional(permutation(RANK))))
 def _reduce(layer):
     """Reduce ``axes`` of x, or of x transposed by ``first_perm`` when given (a fused Shuffle)."""
     x = layer.inputs[0]
@@ -277,7 +297,8 @@ def _reduce(layer):
     return [(x.dtype, shape)]
 
 
-@register("ArgReduce", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0)
+@register("ArgReduce", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0,
+          params=dict(op=one_of("max", "min"), axis=axis))
 def _argreduce(layer):
     x = layer.inputs[0]
     axis = layer.params["axis"] % x.rank
@@ -311,13 +332,16 @@ def _shuffle_rowwise(layer, batched):
     return all(p.get(key) is None or p[key][0] == 0 for key in ("first_perm", "second_perm"))
 
 
-@register("Shuffle", rowwise=_shuffle_rowwise)
+@register("Shuffle", rowwise=_shuffle_rowwise, params=dict(
+    first_perm=optional(permutation(RANK)), reshape=optional(ints(lo=-1)), second_perm=optional(permutation())))
 def _shuffle(layer):
     x = layer.inputs[0]
     return [(x.dtype, shuffle_shapes(x.shape, layer.params))]
 
 
-@register("Padding", rowwise=lambda layer, batched: layer.params["pre"][0] == 0 and layer.params["post"][0] == 0)
+@register("Padding", rowwise=lambda layer, batched: layer.params["pre"][0] == 0 and layer.params["post"][0] == 0,
+          params=dict(pre=ints(RANK, 0), post=ints(RANK, 0), mode=optional(one_of(*PADDING_MODES)),
+                      value=optional(number())))
 def _padding(layer):
     x = layer.inputs[0]
     pre, post = layer.params["pre"], layer.params["post"]
@@ -331,7 +355,7 @@ def _concat_rowwise(layer, batched):
     return axis != 0 and all(batched)
 
 
-@register("Concatenation", rowwise=_concat_rowwise)
+@register("Concatenation", rowwise=_concat_rowwise, params=dict(axis=axis))
 def _concat(layer):
     first = layer.inputs[0]
     axis = layer.params["axis"] % first.rank
@@ -344,16 +368,21 @@ def _concat(layer):
 
 
 @register("Slice", rowwise=lambda layer, batched: (layer.params["start"][0] == 0 and layer.params["stride"][0] == 1
-                                                    and layer.params["size"][0] == layer.inputs[0].shape[0]))
+                                                    and layer.params["size"][0] == layer.inputs[0].shape[0]),
+          params=dict(start=ints(RANK, 0), size=ints(RANK, 0), stride=ints(RANK)))
 def _slice(layer):
     x = layer.inputs[0]
     p = layer.params
     if not (len(p["start"]) == len(p["size"]) == len(p["stride"]) == x.rank):
         raise NetworkError(f"Slice needs start/size/stride of rank {x.rank}")
+    for d, s, n, st in zip(x.shape, p["start"], p["size"], p["stride"]):
+        if n and (st == 0 or not 0 <= s < d or not 0 <= s + (n - 1) * st < d):
+            raise NetworkError(f"Slice start {p['start']}, size {p['size']}, stride {p['stride']} leaves {list(x.shape)}")
     return [(x.dtype, tuple(p["size"]))]
 
 
-@register("Softmax", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0)
+@register("Softmax", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0,
+          params=dict(axis=axis))
 def _softmax(layer):
     return _same_as_input(layer)
 
@@ -370,7 +399,8 @@ def attention_columns(layer) -> List[Tuple[int, int]]:
     return [tuple(c) for c in cols] if cols else [(0, t.shape[-1]) for t in layer.inputs]
 
 
-@register("Attention", rowwise=lambda layer, batched: all(batched))
+@register("Attention", rowwise=lambda layer, batched: all(batched), params=dict(
+    scale=number(), heads=optional(integer(1)), columns=optional(list_of(ints(2, 0), 3))))
 def _attention(layer):
     """softmax(q k^T * ``scale``, last axis) v, in fp32. ``heads`` None: q [*B, Sq, D], k [*B, Sk, D],
     v [*B, Sk, Dv] -> [*B, Sq, Dv]. ``heads`` H (packed, rank 3): q [B, Sq, H*D], k [B, Sk, H*D], v [B, Sk, H*Dv]
@@ -399,7 +429,7 @@ def _attention(layer):
     return [(q.dtype, (*q.shape[:-1], v.shape[-1]))]
 
 
-@register("Normalization", rowwise=lambda layer, batched: all(batched))
+@register("Normalization", rowwise=lambda layer, batched: all(batched), params=dict(epsilon=number(0)))
 def _normalization(layer):
     """Layer normalization over the last axis, in fp32: s = x (+ residual, x's shape);
     (s - mean) / sqrt(var + ``epsilon``) * scale + bias, population variance, weights scale and bias [C]."""
@@ -425,14 +455,15 @@ def _gather_rowwise(layer, batched):
     return axis == 0 and layer.inputs[1].rank > 0
 
 
-@register("Gather", rowwise=_gather_rowwise)
+@register("Gather", rowwise=_gather_rowwise, params=dict(axis=axis))
 def _gather(layer):
     x, idx = layer.inputs
     axis = layer.params["axis"] % x.rank
     return [(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))]
 
 
-@register("TopK", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0)
+@register("TopK", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0,
+          params=dict(k=integer(0), axis=axis))
 def _topk(layer):
     """The k largest values along ``axis`` (largest first, ties to the lower index) and their int32 indices."""
     x = layer.inputs[0]
@@ -451,7 +482,9 @@ def nms_detections(params, num_classes: int) -> int:
     return total
 
 
-@register("NMS", rowwise=lambda layer, batched: all(batched))
+@register("NMS", rowwise=lambda layer, batched: all(batched), params=dict(
+    max_output_size_per_class=integer(1), max_total_size=integer(1), iou_threshold=number(0, 1),
+    score_threshold=number(finite=False), pad_per_class=optional(boolean), clip_boxes=optional(boolean)))
 def _nms(layer):
     """Per-class non-max suppression merged over classes (rows are independent).
 
@@ -473,7 +506,9 @@ def _nms(layer):
 RESIZE_MODES = ("nearest", "linear")
 
 
-@register("Resize", rowwise=lambda layer, batched: batched[0])
+@register("Resize", rowwise=lambda layer, batched: batched[0], params=dict(
+    mode=one_of(*RESIZE_MODES), sizes=ints(2, 1), align_corners=optional(boolean),
+    half_pixel_centers=optional(boolean)))
 def _resize(layer):
     """Channels-last 2-d resize of [N, H, W, C] to ``sizes`` [H', W'] with TF's coordinate rules
     (``align_corners``, ``half_pixel_centers``); linear always gives float32, as ResizeBilinear does."""
@@ -486,3 +521,12 @@ def _resize(layer):
     dtype = "float32" if p["mode"] == "linear" else x.dtype
     return [(dtype, (x.shape[0], *p["sizes"], x.shape[3]))]
 
+
+
+@register("Bitcast", params=dict(dtype=one_of(*DTYPES)))
+def _bitcast(layer):
+    """The input's bits read as ``dtype``, of the same item size (float32 <-> int32): no value changes."""
+    x, dtype = layer.inputs[0], layer.params["dtype"]
+    if dtype not in DTYPES or np.dtype(DTYPES[dtype]).itemsize != np.dtype(DTYPES[x.dtype]).itemsize:
+        raise NetworkError(f"cannot bitcast {x.dtype} to {dtype!r}: item sizes differ or the dtype is unknown")
+    return [(dtype, x.shape)]

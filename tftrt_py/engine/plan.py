@@ -6,34 +6,51 @@ Layout (little endian)::
     | weight blobs, each 64-byte aligned | 32-byte SHA-256 of everything before it
 
 The header holds the network (bindings, layers, params, where each weight lies), the
-precision, tactics, build config and target device. Loading parses JSON and reads raw
-arrays with ``np.frombuffer``: no pickle, no eval. Every header field is checked (types,
-shapes, weight locations inside the weight data, layer outputs against their kind's shape
-rule) so a damaged plan whose checksum was recomputed still fails with a PlanError.
+precision, tactics, build config, target device, the bytes its tensors take (``memory_bytes``)
+and the digest of what it was built for (``binding``: see the engine op's dispatcher). Loading
+parses JSON and reads raw arrays with ``np.frombuffer``: no pickle, no eval. Every header field
+is checked (types, shapes, weight locations inside the weight data, each layer's params against
+its kind's schema, layer outputs against its shape rule, the memory its tensors take against
+:func:`max_engine_bytes`) so a damaged plan whose checksum was recomputed still fails with a PlanError.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import struct
 from typing import Dict, List, Optional
 
 import numpy as np
 
 from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine import params as param_schemas
 from tftrt_py.engine.errors import BackendError, PlanError
 from tftrt_py.engine.network import DTYPES, Layer, Network, Tensor, dtype_name
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "serialize", "deserialize", "read_header"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "MAX_ENGINE_BYTES_ENV", "max_engine_bytes", "serialize",
+           "deserialize", "read_header"]
 
 MAGIC = b"TFTRTPLN"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ALIGN = 64
 #: Most elements one tensor may hold (TensorRT's limit on a tensor's volume).
 MAX_VOLUME = 2 ** 31 - 1
 _PREFIX = struct.Struct("<8sIQ")
 _DIGEST = 32
 _WEIGHT_DTYPES = tuple(DTYPES) + ("float64",)
+_DIGEST_TEXT = re.compile(r"[0-9a-f]{64}")
+#: Most bytes one engine's tensors and weights may take (env, an integer; default 64 GiB).
+MAX_ENGINE_BYTES_ENV = "TFTRT_PY_MAX_ENGINE_BYTES"
+
+
+def max_engine_bytes() -> int:
+    """The memory a plan may claim (MAX_ENGINE_BYTES_ENV, default 64 GiB; a bad value is the default)."""
+    try:
+        return max(0, int(os.environ.get(MAX_ENGINE_BYTES_ENV, "")))
+    except ValueError:
+        return 64 << 30
 
 
 def _pad(n: int) -> int:
@@ -59,6 +76,8 @@ def serialize(engine) -> bytes:
 
     header = {
         "name": net.name,
+        "binding": getattr(engine, "binding", None),
+        "memory_bytes": _tensor_bytes(net.inputs + [t for l in net.layers for t in l.outputs]),
         "precision": engine.precision,
         "backend": engine.backend_name,
         "device": engine.device,
@@ -78,6 +97,11 @@ def serialize(engine) -> bytes:
     body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head
     body += b"\0" * _pad(len(body)) + b"".join(blobs)
     return body + hashlib.sha256(body).digest()
+
+
+def _tensor_bytes(tensors) -> int:
+    """Bytes the tensors take: what running the network allocates at most (weights aside)."""
+    return sum(int(np.prod(t.shape, dtype=object)) * np.dtype(t.dtype).itemsize for t in tensors)
 
 
 def read_header(data: bytes) -> dict:
@@ -204,6 +228,13 @@ def _check_header(header: dict, blob_bytes: int) -> None:
     _of(header.get("device"), str, "device", optional=True)
     _of(header.get("build_config"), dict, "build_config", optional=True)
     _of(header.get("tactics"), dict, "tactics", optional=True)
+    binding = _of(header.get("binding"), str, "binding", optional=True)
+    if binding is not None and not _DIGEST_TEXT.fullmatch(binding):
+        _fail("binding", f"is {_show(binding)}, expected a SHA-256 hex digest")
+    workspace = (header.get("build_config") or {}).get("max_workspace_size", 0)
+    if _int(workspace, "build_config.max_workspace_size") > max_engine_bytes():
+        _fail("build_config.max_workspace_size", f"is {workspace}, more than the limit of {max_engine_bytes()} "
+                                                 f"bytes ({MAX_ENGINE_BYTES_ENV})")
     for i, t in enumerate(_of(header.get("inputs"), list, "inputs")):
         _tensor(t, f"inputs[{i}]")
     for i, name in enumerate(_of(header.get("outputs"), list, "outputs")):
@@ -222,6 +253,19 @@ def _check_header(header: dict, blob_bytes: int) -> None:
         for key, ref in _of(spec.get("weights"), dict, f"{path}.weights").items():
             _weight(ref, f"{path}.weights[{key!r}]", blob_bytes)
     _profile(header.get("profile"), len(header["inputs"]))
+    _memory(header, blob_bytes)
+
+
+def _memory(header: dict, blob_bytes: int) -> None:
+    """The header's memory_bytes is what its tensor shapes take; with the weights, within max_engine_bytes()."""
+    declared = _int(header.get("memory_bytes"), "memory_bytes")
+    tensors = header["inputs"] + [t for spec in header["layers"] for t in spec["outputs"]]
+    total = sum(int(np.prod(t["shape"], dtype=object)) * np.dtype(t["dtype"]).itemsize for t in tensors)
+    if declared != total:
+        _fail("memory_bytes", f"is {declared}, but the plan's tensor shapes take {total} bytes")
+    if total + blob_bytes > max_engine_bytes():
+        _fail("memory_bytes", f"is {total} (+ {blob_bytes} bytes of weights): more than the limit of "
+                              f"{max_engine_bytes()} bytes an engine may take ({MAX_ENGINE_BYTES_ENV})")
 
 
 def _profile(value, n_inputs: int) -> None:
@@ -286,19 +330,23 @@ def deserialize(data: bytes, backend: Optional[str] = None):
         profile = header.get("profile")
         planned = header.get("backend", "numpy")
         backend = backend or planned
-        return Engine(net, precision=header["precision"], backend=backend, build_config=header.get("build_config"),
-                      tactics=header.get("tactics") if backend == planned else None,
-                      device=header.get("device"), profile=profile and OptimizationProfile.from_dict(profile))
+        engine = Engine(net, precision=header["precision"], backend=backend, build_config=header.get("build_config"),
+                        tactics=header.get("tactics") if backend == planned else None,
+                        device=header.get("device"), profile=profile and OptimizationProfile.from_dict(profile))
     except BackendError:  # the plan is fine; its backend is missing here
         raise
     except Exception as exc:  # a kind's batch rule on inconsistent params: pure code, any error means a bad plan
         raise PlanError(f"plan header is inconsistent ({type(exc).__name__}: {exc})") from None
+    engine.binding = header.get("binding")
+    return engine
 
 
 def _check_layer(layer: Layer) -> None:
-    """The layer's outputs are what its kind's shape rule gives for its inputs, params and weights."""
+    """The layer's params fit its kind's schema; its outputs are what the kind's shape rule gives."""
     try:
-        infos = layer_kinds.get(layer.kind).infer(layer)
+        spec = layer_kinds.get(layer.kind)
+        param_schemas.check(layer, spec.params)
+        infos = spec.infer(layer)
         inferred = [(dtype_name(d), tuple(int(x) for x in s)) for d, s in infos]
     except Exception as exc:  # shape rules are pure: any error means params that do not fit
         raise PlanError(f"plan layer {layer.name!r} ({layer.kind}) is invalid: {type(exc).__name__}: {exc}") from None

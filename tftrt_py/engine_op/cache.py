@@ -2,16 +2,19 @@
 
 Also the engine-cache file saved as a SavedModel asset (TF-TRT's name, :func:`engine_asset_name`): several
 plans in one file; an empty file holds none (TF-TRT's ``save(..., save_gpu_specific_engines=False)``).
+:func:`read_asset` is the one way such a file is read: a path TF hands the op is untrusted.
 """
 from __future__ import annotations
 
 import collections
+import os
+import stat
 import struct
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tftrt_py.engine.errors import PlanError
 
-__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "unpack_plans"]
+__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "unpack_plans", "read_asset", "MAX_ASSET_BYTES_ENV"]
 
 Key = Tuple[Tuple[int, ...], ...]
 
@@ -110,3 +113,38 @@ def unpack_plans(data: bytes) -> List[bytes]:
         plans.append(data[pos:pos + n])
         pos += n
     return plans
+
+
+#: Largest engine-cache asset read (env, bytes; default 8 GiB).
+MAX_ASSET_BYTES_ENV = "TFTRT_PY_MAX_ENGINE_ASSET_BYTES"
+
+
+def _max_asset_bytes() -> int:
+    try:
+        return max(0, int(os.environ.get(MAX_ASSET_BYTES_ENV, "")))
+    except ValueError:
+        return 8 << 30
+
+
+def read_asset(path: str) -> bytes:
+    """The bytes of an engine-cache asset: a regular file (no symlink, FIFO or device) directly inside a
+    SavedModel's ``assets`` directory, at most MAX_ASSET_BYTES_ENV bytes; PlanError says why not."""
+    parts = path.split(os.sep)
+    if len(parts) < 2 or parts[-2] != "assets" or ".." in parts or not parts[-1] or parts[-1] in (".", ".."):
+        raise PlanError(f"engine asset {path!r} is not a file directly inside a SavedModel's assets directory")
+    limit = _max_asset_bytes()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:  # a symlink is ELOOP here
+        raise PlanError(f"cannot open engine asset {path!r}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise PlanError(f"engine asset {path!r} is not a regular file")
+        if info.st_size > limit:
+            raise PlanError(f"engine asset {path!r} holds {info.st_size} bytes, more than the limit of {limit} "
+                            f"({MAX_ASSET_BYTES_ENV})")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise PlanError(f"engine asset {path!r} grew past the limit of {limit} bytes ({MAX_ASSET_BYTES_ENV})")
+    return data

@@ -9,14 +9,19 @@ every call:
   strings as bytes; None asks the kernel to run the native segment function;
 - ``release(handle)`` when the kernel is destroyed.
 
-Kernels of the same segment (same ``segment_key``) share one :class:`EngineOp`, so a
-model loaded twice, or a function instantiated twice, builds each engine once.
+Kernels of one loaded function share one :class:`EngineOp`: the op is keyed by the segment key, the
+native segment function's name (``tf.saved_model.load`` gives each load's functions new names) and the
+segment's digest (:func:`segment_binding`), so a function instantiated twice builds each engine once,
+while two models, or two loads of one, never share engines, caches or settings. An op goes when its last
+kernel is released (the op last created for a segment key stays findable, see ``_LATEST``). Engines carry the digest of the segment they were built for and an op refuses others.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import itertools
+import json
 import logging
 import os
 import threading
@@ -28,7 +33,7 @@ from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
-from tftrt_py.engine_op.cache import EngineCache, unpack_plans
+from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
@@ -81,6 +86,49 @@ def engine_backend() -> str:
         return _backend_name
 
 
+def segment_binding(node_def, function_def: bytes) -> str:
+    """SHA-256 of what an engine op's engines are built for: its native segment (the FunctionDef without its
+    name, which a load changes, or else a serialized segment GraphDef), its binding dtypes and precision."""
+    from tensorflow.core.framework import function_pb2
+
+    from tftrt_py.convert.graph import NodeView
+
+    node = NodeView(node_def)
+    segment = node.attr("serialized_segment") or b""
+    body = b"" if segment.startswith(PLAN_MAGIC) else segment
+    if function_def:
+        body = _canonical_function(function_pb2.FunctionDef.FromString(function_def))
+    parts = {"segment": hashlib.sha256(body).hexdigest(), "inputs": [str(t) for t in node.attr("InT") or []],
+             "outputs": [str(t) for t in node.attr("OutT") or []],
+             "precision": node.attr("precision_mode", b"FP32").decode().upper()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _canonical_function(fdef) -> bytes:
+    """The FunctionDef's content without the names a load changes: the function's (renamed), its args'
+    (lower-cased) and its nodes' (made unique) become positions; function-level attrs are dropped."""
+    names = {a.name: f"arg{i}" for i, a in enumerate(fdef.signature.input_arg)}
+    names.update({n.name: f"node{i}" for i, n in enumerate(fdef.node_def)})
+
+    def rename(ref: str) -> str:
+        control, ref = ("^", ref[1:]) if ref.startswith("^") else ("", ref)
+        head, sep, tail = ref.partition(":")
+        return control + names.get(head, head) + sep + tail
+
+    fdef.signature.name = ""
+    for i, a in enumerate(fdef.signature.input_arg):
+        a.name = f"arg{i}"
+    for node in fdef.node_def:
+        node.name = names[node.name]
+        node.input[:] = [rename(r) for r in node.input]
+    rets = {out.name: rename(fdef.ret[out.name]) for out in fdef.signature.output_arg if out.name in fdef.ret}
+    for field in ("attr", "arg_attr", "resource_arg_unique_id", "ret", "control_ret"):
+        fdef.ClearField(field)
+    for key, value in rets.items():
+        fdef.ret[key] = value
+    return fdef.SerializeToString(deterministic=True)
+
+
 @dataclasses.dataclass
 class Stats:
     """Counters of one engine op, readable through :func:`stats`."""
@@ -101,7 +149,7 @@ class Stats:
 
 
 class EngineOp:
-    """State shared by every kernel of one segment: engine cache, stats, the segment graph.
+    """State shared by the kernels of one loaded segment function: engine cache, stats, the segment graph.
 
     Per-kernel settings (allow_build_at_runtime) stay with the kernel's handle.
     """
@@ -116,6 +164,7 @@ class EngineOp:
         self.segment_key = node.attr("segment_key") or node.name
         self.precision = node.attr("precision_mode", b"FP32").decode().upper()
         self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
+        self._node_def = node_def
         self.workspace = int(node.attr("workspace_size_bytes") or 1 << 30)
         self.backend = engine_backend()
         self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
@@ -139,12 +188,22 @@ class EngineOp:
             self.add_plan(static, source="serialized_segment")
 
     # -- engines ------------------------------------------------------------
+    @property
+    def binding(self) -> str:
+        """The digest engines of this op carry (see :func:`segment_binding`)."""
+        return segment_binding(self._node_def, self._function_def)
+
     def add_plan(self, plan: bytes, source: str) -> None:
-        """Put a serialized engine into the cache (a bad plan is logged and skipped)."""
+        """Put a serialized engine into the cache (a bad plan, or one built for another segment, is logged and
+        skipped). Engines from files must carry this op's binding; the node's own serialized_segment need not."""
         try:
             engine = Runtime(backend=self.backend).deserialize_cuda_engine(plan)
         except EngineError as exc:
-            logger.warning("%s: ignoring engine from %s: %s", self.name, source, exc)
+            logger.error("%s: ignoring engine from %s: %s", self.name, source, exc)
+            return
+        if source != "serialized_segment" and engine.binding != self.binding:
+            logger.error("%s: ignoring engine from %s: it was built for another segment, bindings or precision "
+                         "(digest %s, this op's is %s)", self.name, source, engine.binding, self.binding)
             return
         with self._lock:
             if getattr(engine, "profile", None) is None:
@@ -170,10 +229,10 @@ class EngineOp:
                 continue
             self._loaded_assets.add(path)
             try:
-                with open(path, "rb") as f:
-                    plans = unpack_plans(f.read())
-            except (OSError, EngineError) as exc:
-                logger.warning("%s: cannot read saved engines %s: %s", self.name, path, exc)
+                plans = unpack_plans(read_asset(path))
+            except EngineError as exc:
+                logger.error("%s: cannot read saved engines, building or running natively as without them: %s",
+                             self.name, exc)
                 continue
             for plan in plans:
                 self.add_plan(plan, source=path)
@@ -223,6 +282,7 @@ class EngineOp:
                 self.missing_ranges[shapes] = exc.tensors
             self.stats.build_failures += 1
             return None
+        engine.binding = self.binding
         self.stats.builds += 1
         self._insert(shapes, engine)
         return shapes
@@ -241,7 +301,7 @@ class EngineOp:
 
             engine = build_engine(self.segment_graph(), list(shapes), name=self.name,
                                   config=self.builder_config(), ranges=self.calibration.ranges)
-            engine.profile = profile
+            engine.profile, engine.binding = profile, self.binding
             self.stats.specialisations += 1
             return engine
         return specialise
@@ -369,7 +429,11 @@ class EngineOp:
         return None
 
 
-_OPS: Dict[str, EngineOp] = {}
+_OPS: Dict[tuple, EngineOp] = {}  # (segment key, segment function name, binding) -> op
+#: segment key -> the op created last for it: what find() gives the converter, kept when its function is
+#: rebuilt (kernels released, then created again); one op per segment key outlives its kernels
+_LATEST: Dict[str, EngineOp] = {}
+_USERS: Dict[int, int] = {}  # id(op) -> kernels holding it
 _HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
@@ -398,7 +462,7 @@ def start_calibrating(segment_key: str, algorithm: str = "entropy") -> None:
     finish_calibrating."""
     key = _text(segment_key)
     with _LOCK:
-        op = _OPS.get(key)
+        op = _LATEST.get(key)
         if op is None:
             _CALIBRATING[key] = algorithm
     if op is not None:
@@ -410,7 +474,7 @@ def finish_calibrating(segment_key: str) -> bytes:
     key = _text(segment_key)
     with _LOCK:
         _CALIBRATING.pop(key, None)
-        op = _OPS.get(key)
+        op = _LATEST.get(key)
     if op is None:
         logger.warning("Warning calibration error for %s: it never ran during calibration", key)
         return b""
@@ -418,16 +482,22 @@ def finish_calibrating(segment_key: str) -> bytes:
 
 
 def create(node_def: bytes, function_def: bytes) -> int:
-    from tensorflow.core.framework import node_def_pb2
+    from tensorflow.core.framework import function_pb2, node_def_pb2
 
     node = node_def_pb2.NodeDef.FromString(node_def)
-    key = node.attr["segment_key"].s.decode() or node.name
+    segment_key = node.attr["segment_key"].s.decode() or node.name
     with _LOCK:
+        func = function_pb2.FunctionDef.FromString(function_def).signature.name if function_def else ""
+        key = (segment_key, func, segment_binding(node, function_def))
         op = _OPS.get(key)
+        latest = _LATEST.get(segment_key)
+        if op is None and latest is not None and latest.key == key:  # the converter's op, its function rebuilt
+            op = _OPS[key] = latest
         calibration_data = node.attr["calibration_data"].s if "calibration_data" in node.attr else b""
         if op is None:
-            op = _OPS[key] = EngineOp(node, function_def)
-            algorithm = _CALIBRATING.pop(key, None)
+            op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def)
+            op.key = key
+            algorithm = _CALIBRATING.pop(segment_key, None)
             if algorithm is not None:
                 op.calibration.start(algorithm)
         elif calibration_data and op.precision == "INT8" and not op.calibration.table:  # a calibrated graph
@@ -437,6 +507,7 @@ def create(node_def: bytes, function_def: bytes) -> int:
             op.cache.failed.clear()  # builds that failed for want of the segment (e.g. TF constant folding)
         handle = next(_COUNTER)
         _HANDLES[handle] = (op, node.attr[ALLOW_BUILD_ATTR].b if ALLOW_BUILD_ATTR in node.attr else True)
+        _USERS[id(op)] = _USERS.get(id(op), 0) + 1
     return handle
 
 
@@ -447,19 +518,29 @@ def run(handle: int, inputs, assets) -> Optional[List[np.ndarray]]:
 
 
 def release(handle: int) -> None:
+    """A kernel is destroyed: its op goes (engines and all) with the last kernel holding it."""
     with _LOCK:
-        _HANDLES.pop(handle, None)
+        op, _ = _HANDLES.pop(handle, (None, None))
+        if op is None:
+            return
+        _USERS[id(op)] -= 1
+        if _USERS[id(op)] > 0:
+            return
+        del _USERS[id(op)]
+        for key in [k for k, v in _OPS.items() if v is op]:
+            del _OPS[key]
 
 
-def engine_ops() -> Dict[str, EngineOp]:
-    """Every engine op seen in this process, by segment key."""
+def engine_ops() -> Dict[tuple, EngineOp]:
+    """Every engine op alive in this process, by (segment key, segment function name, binding)."""
     with _LOCK:
         return dict(_OPS)
 
 
 def find(segment_key: str) -> Optional[EngineOp]:
+    """The op created last for `segment_key` (the converter's: its keys are fresh per conversion)."""
     with _LOCK:
-        return _OPS.get(segment_key)
+        return _LATEST.get(segment_key)
 
 
 def stats() -> Dict[str, dict]:
