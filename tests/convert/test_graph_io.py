@@ -86,7 +86,7 @@ def test_body_nodes_take_another_prefix_where_a_graph_node_has_their_name():
     assert len(names) == len(set(names)) and f"{call.name}_inlined_0/Tanh" in names
     x = random_array([2, 3])
     (got,) = run_graph_def(inlined, {x_name: x}, [y_name])
-    np.testing.assert_allclose(got, np.tanh(x) + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(got, np.tanh(x) + 1.0, rtol=1e-6, atol=1e-6)
 
 
 def test_calls_named_in_keep_stay_with_their_functions():
