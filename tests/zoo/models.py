@@ -27,6 +27,8 @@ class ZooModel:
     vocabulary: int = VOCAB
     #: image inputs are pixels in [0, 255) (models that rescale them), else values in +-[0.1, 2]
     pixels: bool = False
+    #: the network's own outputs where the others are decoded from them by a loop (NMS): see zoo.measure
+    raw_outputs: Tuple[str, ...] = ()
 
 
 def _text(token_prefix=""):
@@ -148,9 +150,28 @@ def _application(name, size=32):
     def build():
         import keras
         # logits, not a softmax over 1000 classes that random weights make near-uniform (errors hide in it)
-        return getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
-                                                 classifier_activation=None)
+        model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
+                                                  classifier_activation=None)
+        _calibrate_batch_norms(model, size)
+        return model
     return build
+
+
+def _calibrate_batch_norms(model, size):
+    """Set every BatchNormalization's moving statistics to those of a forward pass over random pixel images.
+
+    With random weights and fresh statistics (mean 0, variance 1) activations shrink layer by layer: the logits
+    of MobileNetV3Small come out ~1e-11 and EfficientNetV2B0's ~2e-3, below what FP16 holds. One training-mode
+    call with momentum 0 stores each layer's batch statistics (computed on inputs the earlier layers normalized
+    with theirs), so inference normalizes every layer as trained weights would: logits of ~10 and ~100.
+    """
+    import keras
+
+    norms = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    for layer in norms:
+        layer.momentum = 0.0
+    if norms:
+        model(np.random.default_rng(0).uniform(0.0, 255.0, (16, size, size, 3)).astype("float32"), training=True)
 
 
 def _lstm():
@@ -176,7 +197,8 @@ REQUIRED = _entries(
     ZooModel("vit", _vit, _image()),
     ZooModel("resnet", _resnet, _image()),
     ZooModel("cspdarknet", _cspdarknet, _image()),
-    ZooModel("retinanet", _retinanet, {"images": (BATCH,) + RETINANET_IMAGE}, exporter=_export_detector),
+    ZooModel("retinanet", _retinanet, {"images": (BATCH,) + RETINANET_IMAGE}, exporter=_export_detector,
+             raw_outputs=("bbox_regression", "cls_logits")),
     ZooModel("convnext_tiny", _application("ConvNeXtTiny"), _image(), pixels=True),
     ZooModel("efficientnetv2_b0", _application("EfficientNetV2B0"), _image(), pixels=True),
     ZooModel("mobilenetv3_small", _application("MobileNetV3Small"), _image(), pixels=True),

@@ -1,7 +1,12 @@
 """Model zoo (issue 12 item 8): small keras-hub and Keras models with random weights, converted in FP32 and FP16,
 built for their shapes, saved, reloaded in a fresh process and served fresh inputs. Each must match native TF
-(FP32 max abs error <= 1e-4, FP16 <= 1e-2 of the output's scale), serve >= 99% of its compute ops in engines,
-fall back to native segments never for the shapes built, and be one engine where nothing is left native.
+(FP32 max abs error <= 1e-4, FP16 <= 1e-2 of the output's scale), fall back to native segments never for the
+shapes built, serve >= 99% of its compute ops in engines and be one engine where nothing is left native.
+
+Models with loops (RetinaNet's NMS, the LSTM): loops stay native (as in TF-TRT) and TensorLists (variant tensors)
+can never be engine tensors; every other compute op serves in an engine (100%), the raw network outputs match
+(FP32 1e-4, FP16 1e-2 of their scale) and FP32's decoded detections are within 1e-5 of their scale; FP16's
+are not compared, since NMS on FP16 scores rightly picks other boxes among near-ties (tests/zoo/measure.py).
 
 `python benchmarks/zoo_report.py` prints the same measurements as a table, with the reasons.
 """
@@ -31,15 +36,20 @@ def test_matches_native_after_reload(zoo_result, name, precision):
     assert result.error <= TARGETS[precision], (
         f"{name} {precision}: error {result.error:.3g} > {TARGETS[precision]:g} (max abs error "
         f"{result.max_abs_error:.3g}, relative to the output scale {result.rel_error:.3g})\n{why}")
+    if precision == "FP32" and result.decoded_rel_error is not None:
+        assert result.decoded_rel_error <= TARGETS["decoded"], (
+            f"{name}: decoded outputs' error {result.decoded_rel_error:.3g} of their scale > {TARGETS['decoded']:g}")
 
 
 @MODELS
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_compute_ops_serve_in_engines(zoo_result, name, precision):
+    """All but the ops native by design in models with loops; >= 99% of all in the others."""
     _, result, why = _converted(zoo_result, name, precision)
-    assert result.in_engines >= TARGETS["in_engines"], (
+    assert result.in_engines >= result.in_engines_target, (
         f"{name} {precision}: {100 * result.in_engines:.1f}% of compute ops serve in engines "
-        f"[{result.ops_in_engines}/{result.ops_total}], {result.engines} engine op(s)\n{why}")
+        f"[{result.ops_in_engines}/{result.ops_held}, {result.by_design} native by design], "
+        f"{result.engines} engine op(s)\n{why}")
 
 
 @MODELS
@@ -53,9 +63,11 @@ def test_no_native_fallbacks_for_shapes_built(zoo_result, name, precision):
 
 @MODELS
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_one_engine_when_nothing_is_left_native(zoo_result, name, precision):
+def test_one_engine_per_native_cut(zoo_result, name, precision):
+    """One engine where nothing is left native; else at most one more engine per native node reading an
+    engine's output (only a native node between them keeps two engines apart)."""
     _, result, why = _converted(zoo_result, name, precision)
-    if result.native_ops:
-        pytest.skip(f"{name} keeps native ops ({', '.join(result.native_ops)}): see "
-                    f"test_compute_ops_serve_in_engines")
-    assert result.engines == 1, f"{name} {precision}: {result.engines} engine ops, all ops supported\n{why}"
+    if not result.native_ops:
+        assert result.engines == 1, f"{name} {precision}: {result.engines} engine ops, all ops supported\n{why}"
+    assert result.engines <= 1 + result.cuts, (
+        f"{name} {precision}: {result.engines} engine ops for {result.cuts} native cut(s)\n{why}")

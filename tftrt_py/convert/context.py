@@ -200,8 +200,6 @@ class ConversionContext:
         key = id(value)
         if key not in self._constants:
             array = value.value
-            if array.dtype == np.int64 and np.all(np.abs(array) < 2 ** 31):  # engines compute in int32
-                array = array.astype(np.int32)
             if value.rows:
                 row = self.network.add_constant(array[:1], name=name)
                 tensor = self._broadcast_rows(row, value.batch_source, name)

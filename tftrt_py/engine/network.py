@@ -23,6 +23,7 @@ DTYPES = {
     "float32": np.float32,
     "float16": np.float16,
     "int32": np.int32,
+    "int64": np.int64,
     "int8": np.int8,
     "bool": np.bool_,
 }

@@ -32,7 +32,7 @@ def test_int32_input(op):
 
 @pytest.mark.parametrize("op", sorted(ARG_REDUCE))
 def test_int64_output_is_refused(op):
-    """TF's default output_type is int64, which the engine has no tensors of."""
+    """TF's default output_type is int64; ArgReduce gives int32 indices."""
     fn = lambda t: getattr(tf.raw_ops, op)(input=t, dimension=1)
     assert check(fn, [tf.TensorSpec((2, 3))], op) == f"{op} with output_type=int64 is not supported (supported: int32)"
 

@@ -7,7 +7,7 @@ from support import assert_converts, frozen_graph_def, random_array
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.ops import get_converter
-from tftrt_py.convert.ops.elementwise import INT_EXACT
+from tftrt_py.convert.ops.elementwise import INT64_EXACT, INT_EXACT
 
 OPS = {"Add": tf.raw_ops.Add, "AddV2": tf.raw_ops.AddV2, "Sub": tf.raw_ops.Sub, "Mul": tf.raw_ops.Mul,
        "RealDiv": tf.raw_ops.RealDiv, "Div": tf.raw_ops.Div, "Maximum": tf.raw_ops.Maximum,
@@ -114,3 +114,26 @@ def test_int32_real_div_is_refused():
     view = GraphView(frozen_graph_def(lambda a, b: tf.raw_ops.RealDiv(x=a, y=b), specs)[0])
     node = next(n for n in view.nodes.values() if n.op == "RealDiv")
     assert "int32" in get_converter("RealDiv").check(node, ValidationContext(view))
+
+
+@pytest.mark.parametrize("op", INT64_EXACT)
+def test_int64_ops_match_tf_bit_for_bit(op):
+    """Index arithmetic in int64: values beyond int32, sums that wrap at 2**63."""
+    a = np.array([2 ** 40 + 3, -2 ** 35, 2 ** 63 - 1, 7, -9, 2 ** 31], np.int64)
+    b = np.array([-5, 2 ** 33, 1, -2 ** 62, 4, 2 ** 31], np.int64)
+    fn = lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y)
+    assert_converts(fn, [a, b], rtol=0, atol=0, expect_kinds=["ElementWise"])
+
+
+def test_int64_constant_keeps_its_dtype():
+    """An int64 constant operand stays int64 in the engine, on either side."""
+    c = np.array([2 ** 33, -1, 3], np.int64)
+    assert_converts(lambda x: (c + x, x - c), [np.array([[1, 2 ** 40, -3]], np.int64)], rtol=0, atol=0)
+
+
+def test_int64_division_is_refused():
+    """Divisions stay int32 (the engine divides in float; int64 quotients would round)."""
+    specs = [tf.TensorSpec((2, 3), tf.int64)] * 2
+    view = GraphView(frozen_graph_def(lambda a, b: tf.raw_ops.FloorDiv(x=a, y=b), specs)[0])
+    node = next(n for n in view.nodes.values() if n.op == "FloorDiv")
+    assert "int64" in get_converter("FloorDiv").check(node, ValidationContext(view))

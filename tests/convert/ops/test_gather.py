@@ -46,10 +46,21 @@ def test_constant_params_tensor_indices(dtype):
     assert_converts(fn, [indices(10, (2, 3))], expect_kinds=["Gather"])
 
 
-def test_batch_dims_is_refused():
-    fn = lambda t, i: tf.gather(t, i, axis=1, batch_dims=1)
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("params_shape, index_shape, batch_dims",
+                         [((2, 4), (2, 3), 1), ((2, 4, 5), (2, 3), 1), ((2, 4, 5), (2, 3, 2), 1),
+                          ((2, 3, 4, 5), (2, 3, 6), 2)])
+def test_batch_dims_gather_per_row(params_shape, index_shape, batch_dims, index_dtype):
+    """batch_dims = axis (take_along_axis): each row looks up its own indices."""
+    fn = lambda t, i: tf.gather(t, i, axis=batch_dims, batch_dims=batch_dims)
+    idx = indices(params_shape[batch_dims], index_shape).astype(index_dtype)
+    assert_converts(fn, [random_array(params_shape), idx], expect_kinds=["Gather"])
+
+
+def test_batch_dims_below_the_axis_is_refused():
+    fn = lambda t, i: tf.gather(t, i, axis=2, batch_dims=1)
     reason = check(fn, [tf.TensorSpec((2, 4, 5)), tf.TensorSpec((2, 3), tf.int32)])
-    assert reason == "GatherV2 with batch_dims=1 is not supported (supported: 0)"
+    assert reason == "GatherV2 with batch_dims=1 is supported only along axis 1"
 
 
 def test_nonconstant_axis_is_refused():
@@ -58,9 +69,10 @@ def test_nonconstant_axis_is_refused():
     assert check(fn, specs) == "input 2 of GatherV2 must be a constant"
 
 
-def test_int64_tensor_indices_are_refused():
+def test_int64_tensor_indices_and_params():
     fn = lambda t, i: tf.raw_ops.GatherV2(params=t, indices=i, axis=0)
-    assert "int64" in check(fn, [tf.TensorSpec((2, 4)), tf.TensorSpec((3,), tf.int64)])
+    params = RNG.integers(-2 ** 40, 2 ** 40, size=(5, 4))
+    assert_converts(fn, [params, indices(5, (3,)).astype("int64")], expect_kinds=["Gather"])
 
 
 def test_gather_feeds_other_layers():

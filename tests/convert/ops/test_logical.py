@@ -17,7 +17,7 @@ def few_values(shape, dtype):
 
 @pytest.mark.parametrize("op", sorted(COMPARISONS))
 @pytest.mark.parametrize("shapes", SHAPES)
-@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
 def test_comparison(op, shapes, dtype):
     a, b = (few_values(s, dtype) for s in shapes)
     assert_converts(lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y), [a, b], expect_kinds=["ElementWise"])
@@ -58,3 +58,24 @@ def test_comparison_feeding_logic_and_a_cast():
 
 def test_float64_comparison_is_refused():
     assert "float64" in check(lambda x: x > 1.0, [tf.TensorSpec((2,), tf.float64)], "Greater")
+
+
+def test_int64_comparison_beyond_int32():
+    """int64 compares as int64: values that differ only above bit 31 stay apart."""
+    a = np.array([2 ** 32 + 1, -2 ** 40, 5, 2 ** 33], np.int64)
+    b = np.array([1, 0, 5 + 2 ** 32, 2 ** 33], np.int64)
+    assert_converts(lambda x, y: x < y, [a, b], expect_kinds=["ElementWise"])
+
+
+@pytest.mark.parametrize("shapes", SHAPES)
+def test_bitwise_and(shapes):
+    """Bits of both signs, float32 bits included (an NMS reads scores' bits through a Bitcast)."""
+    a, b = (RNG.integers(-2 ** 31, 2 ** 31, size=s).astype("int32") for s in shapes)
+    fn = lambda x, y: tf.bitwise.bitwise_and(x, y)
+    assert_converts(fn, [a, b], rtol=0, atol=0, expect_kinds=["ElementWise"])
+    assert_converts(lambda x: tf.bitwise.bitwise_and(tf.bitcast(x, tf.int32), -65536), [random_array(shapes[0])],
+                    rtol=0, atol=0, expect_kinds=["Bitcast", "ElementWise"])
+
+
+def test_int64_bitwise_and_is_refused():
+    assert "int64" in check(lambda x: tf.bitwise.bitwise_and(x, x), [tf.TensorSpec((2,), tf.int64)], "BitwiseAnd")

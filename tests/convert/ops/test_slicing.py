@@ -157,3 +157,10 @@ def test_split_v_nonconstant_sizes_is_refused():
     fn = lambda t, s: tf.raw_ops.SplitV(value=t, size_splits=s, axis=1, num_split=2)
     assert check(fn, [tf.TensorSpec((4, 4)), tf.TensorSpec((2,), tf.int32)], "SplitV") == \
         "input 1 of SplitV must be a constant"
+
+
+@pytest.mark.parametrize("axes", [[0], [1], [-1], [0, 2], [1, 2]])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
+def test_reverse(axes, dtype):
+    """ReverseV2 is one Slice with stride -1 on each reversed axis."""
+    assert_converts(lambda t: tf.reverse(t, axes), [random_array((2, 3, 4), dtype)], expect_kinds=["Slice"])

@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 from tftrt_py.convert.errors import InvalidNodeError
 
-__all__ = ["OpConverter", "WEIGHT", "STATIC", "ANY", "FLOAT", "INT", "BOOL", "FLOAT_INT", "FLOAT_INT_BOOL",
+__all__ = ["OpConverter", "WEIGHT", "STATIC", "ANY", "FLOAT", "INT", "BOOL", "FLOAT_INT", "FLOAT_INT_BOOL", "INT64", "EXACT_INT64",
            "ALL_PRECISIONS", "NO_PRECISION"]
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,10 @@ INT = ("int32",)
 BOOL = ("bool",)
 FLOAT_INT = FLOAT + INT
 FLOAT_INT_BOOL = FLOAT_INT + BOOL
+#: int64 where the result is exact in any engine dtype: data movement, comparisons, casts, sums and products
+#: (index and shape paths). The numpy backend computes it natively; the cupy backend has no int64 kernels yet.
+INT64 = ("int64",)
+EXACT_INT64 = FLOAT_INT_BOOL + INT64
 
 #: Builder precisions a converter's layers run in; NO_PRECISION: exact (data movement, int/bool, folded).
 ALL_PRECISIONS = ("FP32", "FP16", "INT8")

@@ -1,11 +1,12 @@
 """Element-wise ops with numpy broadcasting: binary ops as one ElementWise layer each, AddN as a
 chain of sums, ClipByValue as a clip Activation (scalar constant bounds) or a min then a max."""
 from tftrt_py.convert.context import Weights
-from tftrt_py.convert.ops.base import FLOAT_INT, OpConverter
+from tftrt_py.convert.ops.base import FLOAT_INT, INT64, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ElementWiseConverter", "IntElementWiseConverter", "AddNConverter", "ClipByValueConverter",
-           "ELEMENTWISE", "INT_EXACT"]
+           "Int64ElementWiseConverter",
+           "ELEMENTWISE", "INT_EXACT", "INT64_EXACT"]
 
 #: TF op -> ElementWise op
 ELEMENTWISE = {
@@ -26,6 +27,8 @@ ELEMENTWISE = {
 #: ops of ELEMENTWISE that also convert for int32 (their integer results match TF's; the rest are float-only)
 #: (Div truncates towards zero, FloorDiv and FloorMod round towards -inf; sums and products wrap on overflow)
 INT_EXACT = ("Add", "AddV2", "Sub", "Mul", "Div", "Maximum", "Minimum", "FloorDiv", "FloorMod", "SquaredDifference")
+#: ops of INT_EXACT that also convert for int64 (index arithmetic: wrapping sums and products, no divisions)
+INT64_EXACT = ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum")
 
 
 @register(*(op for op in ELEMENTWISE if op not in INT_EXACT))
@@ -36,11 +39,18 @@ class ElementWiseConverter(OpConverter):
         ctx.set_outputs(node, ctx.add_layer("ElementWise", ctx.inputs(node), {"op": ELEMENTWISE[node.op]}, node=node))
 
 
-@register(*INT_EXACT)
+@register(*(op for op in INT_EXACT if op not in INT64_EXACT))
 class IntElementWiseConverter(ElementWiseConverter):
     """Numpy broadcasting; either operand may be a constant; int32 too."""
 
     allowed_dtypes = FLOAT_INT
+
+
+@register(*INT64_EXACT)
+class Int64ElementWiseConverter(ElementWiseConverter):
+    """Numpy broadcasting; either operand may be a constant; int32 and int64 too."""
+
+    allowed_dtypes = FLOAT_INT + INT64
 
 
 @register("AddN")

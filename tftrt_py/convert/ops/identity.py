@@ -1,6 +1,6 @@
 """Const and the pass-through ops: they add no layers, only forward values."""
 from tftrt_py.convert.context import Weights
-from tftrt_py.convert.ops.base import FLOAT_INT_BOOL, NO_PRECISION, OpConverter
+from tftrt_py.convert.ops.base import EXACT_INT64, NO_PRECISION, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ConstConverter", "PassThroughConverter"]
@@ -11,7 +11,7 @@ PASS_THROUGH = ("Identity", "IdentityN", "Snapshot", "StopGradient")
 
 @register("Const")
 class ConstConverter(OpConverter):
-    allowed_dtypes = FLOAT_INT_BOOL + ("int64",)  # int64 constants are read as weights (indices, axes)
+    allowed_dtypes = EXACT_INT64
     dtype_attr = "dtype"
     precisions = NO_PRECISION
 
@@ -23,7 +23,7 @@ class ConstConverter(OpConverter):
 class PassThroughConverter(OpConverter):
     """Output i is input i (IdentityN forwards several, as tf.custom_gradient functions such as silu emit)."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
 
     def convert(self, node, ctx):

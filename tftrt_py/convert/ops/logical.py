@@ -1,11 +1,12 @@
-"""Comparisons and logical ops, with bool results and numpy broadcasting.
+"""Comparisons, logical and bitwise ops, with numpy broadcasting.
 
-Comparisons are one ElementWise layer each, LogicalAnd/LogicalOr too; LogicalNot is one Unary layer.
+Comparisons are one ElementWise layer each, LogicalAnd/LogicalOr and BitwiseAnd too; LogicalNot is one Unary layer.
 """
-from tftrt_py.convert.ops.base import BOOL, FLOAT_INT, FLOAT_INT_BOOL, NO_PRECISION, OpConverter
+from tftrt_py.convert.ops.base import BOOL, EXACT_INT64, FLOAT_INT, INT, INT64, NO_PRECISION, OpConverter
 from tftrt_py.convert.ops.registry import register
 
-__all__ = ["CompareConverter", "EqualityConverter", "LogicalConverter", "COMPARISONS", "LOGICAL"]
+__all__ = ["CompareConverter", "EqualityConverter", "LogicalConverter", "BitwiseConverter", "COMPARISONS", "LOGICAL",
+           "BITWISE"]
 
 #: TF op -> ElementWise comparison
 COMPARISONS = {"Greater": "greater", "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
@@ -16,10 +17,13 @@ EQUALITY = ("Equal", "NotEqual")
 #: TF op -> (layer kind, op); the operands are bool by the op's definition
 LOGICAL = {"LogicalAnd": ("ElementWise", "and"), "LogicalOr": ("ElementWise", "or"), "LogicalNot": ("Unary", "not")}
 
+#: TF op -> ElementWise op on the operands' bits
+BITWISE = {"BitwiseAnd": "bitwise_and"}
+
 
 @register(*(op for op in COMPARISONS if op not in EQUALITY))
 class CompareConverter(OpConverter):
-    allowed_dtypes = FLOAT_INT
+    allowed_dtypes = FLOAT_INT + INT64
     precisions = NO_PRECISION
 
     def convert(self, node, ctx):
@@ -30,7 +34,7 @@ class CompareConverter(OpConverter):
 class EqualityConverter(CompareConverter):
     """bool operands too; with incompatible_shape_error=False (Python's ==) the static shapes must broadcast."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
 
     def validate(self, node, ctx):
         if node.attr("incompatible_shape_error", True):
@@ -52,3 +56,12 @@ class LogicalConverter(OpConverter):
     def convert(self, node, ctx):
         kind, op = LOGICAL[node.op]
         ctx.set_outputs(node, ctx.add_layer(kind, ctx.inputs(node), {"op": op}, node=node))
+
+
+@register(*BITWISE)
+class BitwiseConverter(OpConverter):
+    allowed_dtypes = INT
+    precisions = NO_PRECISION
+
+    def convert(self, node, ctx):
+        ctx.set_outputs(node, ctx.add_layer("ElementWise", ctx.inputs(node), {"op": BITWISE[node.op]}, node=node))

@@ -4,7 +4,7 @@ import numpy as np
 
 from tftrt_py.convert.context import Weights
 from tftrt_py.convert.errors import InvalidNodeError
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
+from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["SelectConverter", "BandPartConverter"]
@@ -14,7 +14,7 @@ __all__ = ["SelectConverter", "BandPartConverter"]
 class SelectConverter(OpConverter):
     """SelectV2 broadcasts; Select's condition is the operands' shape, or a vector picking rows."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
 
     def validate(self, node, ctx):
@@ -41,7 +41,7 @@ def _band_mask(rows: int, cols: int, lower: int, upper: int) -> np.ndarray:
 class BandPartConverter(OpConverter):
     """tf.linalg.band_part: num_lower and num_upper known when building; an input of rank >= 2."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     input_spec = (ANY, STATIC)
     needs_rank = True
     precisions = NO_PRECISION

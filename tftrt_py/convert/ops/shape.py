@@ -5,7 +5,7 @@ when every shape is concrete.
 """
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, STATIC, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, FLOAT_INT, EXACT_INT64, STATIC, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["ReshapeConverter", "SqueezeConverter", "PadConverter", "ConcatConverter", "resolve_reshape"]
@@ -24,7 +24,7 @@ def resolve_reshape(shape, target):
 class ReshapeConverter(OpConverter):
     """The target shape is known when building: a constant, or computed from shapes (tf.shape(x))."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     input_spec = (ANY, STATIC)
 
     def convert(self, node, ctx):
@@ -37,7 +37,7 @@ class ReshapeConverter(OpConverter):
 class SqueezeConverter(OpConverter):
     """Drops the squeeze_dims (negative allowed), or every size-1 dim when squeeze_dims is empty."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
 
     def validate(self, node, ctx):
         shape = ctx.input_infos(node)[0].shape
@@ -72,7 +72,7 @@ class PadConverter(OpConverter):
 class ConcatConverter(OpConverter):
     """Any number of tensors or constants along a constant (possibly negative) axis."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
 
     def validate(self, node, ctx):
         return None if ctx.input_infos(node)[-1].value is not None else "the concat axis must be a constant"

@@ -1,4 +1,5 @@
-"""Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes and adds new ones).
+"""Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes and adds new ones); ReverseV2 as a Slice
+running backwards.
 
 Begin/end/size/stride operands are known when building (constants, or computed from shapes:
 ``x[:, :tf.shape(y)[1]]``), split sizes and axes are constants, and shapes are concrete while
@@ -6,10 +7,11 @@ building, so every mask and negative index resolves statically to a start, size 
 """
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, STATIC, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, STATIC, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["SliceConverter", "StridedSliceConverter", "SplitConverter", "SplitVConverter", "UnpackConverter",
+           "ReverseConverter",
            "add_slice", "split_along", "resolve_strided_slice"]
 
 
@@ -48,7 +50,7 @@ def split_along(ctx, node, x, axis, sizes, squeeze=False):
 class SliceConverter(OpConverter):
     """begin and size are known when building; size -1 takes the rest of the dimension."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
     input_spec = (ANY, STATIC, STATIC)
 
@@ -137,7 +139,7 @@ def resolve_strided_slice(node, shape, begin, end, strides):
 class StridedSliceConverter(OpConverter):
     """begin/end/strides known when building; begin, end, ellipsis, shrink and new-axis masks."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
     input_spec = (ANY, STATIC)
 
@@ -164,7 +166,7 @@ class StridedSliceConverter(OpConverter):
 class SplitConverter(OpConverter):
     """num_split equal pieces along a constant axis."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
     input_spec = (WEIGHT, ANY)
     #: positions of the value, axis and sizes (None: equal pieces) inputs
@@ -219,10 +221,28 @@ class SplitVConverter(SplitConverter):
 class UnpackConverter(OpConverter):
     """num tensors, each x's slice at one index of `axis` with that axis dropped."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
 
     def convert(self, node, ctx):
         x = ctx.inputs(node)[0]
         axis = int(node.attr("axis", 0)) % len(x.shape)
         ctx.set_outputs(node, split_along(ctx, node, x, axis, [1] * x.shape[axis], squeeze=True))
+
+
+# -- ReverseV2 ------------------------------------------------------------------------------------
+@register("ReverseV2")
+class ReverseConverter(OpConverter):
+    """Constant axes: one Slice running backwards along each."""
+
+    allowed_dtypes = EXACT_INT64
+    precisions = NO_PRECISION
+    input_spec = (ANY, WEIGHT)
+    needs_rank = True
+
+    def convert(self, node, ctx):
+        x, axes = ctx.inputs(node)
+        axes = {a % len(x.shape) for a in _ints(axes.value)}
+        start = [d - 1 if a in axes else 0 for a, d in enumerate(x.shape)]
+        stride = [-1 if a in axes else 1 for a in range(len(x.shape))]
+        ctx.set_outputs(node, [add_slice(ctx, node, x, start, list(x.shape), stride)])

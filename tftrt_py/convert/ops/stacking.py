@@ -3,7 +3,7 @@ Transpose (one Shuffle), DepthToSpace and SpaceToDepth (two Shuffles: a reshape 
 reshape)."""
 import numpy as np
 
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, WEIGHT, OpConverter
+from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.conv import LAYOUTS, data_format, from_channels_last, layout_reason, to_channels_last
 from tftrt_py.convert.ops.registry import register
 
@@ -20,7 +20,7 @@ def _expand(shape, axis):
 class PackConverter(OpConverter):
     """N same-shaped tensors stacked along a new axis (negative counts from the output's end)."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
 
     def convert(self, node, ctx):
@@ -39,7 +39,7 @@ class PackConverter(OpConverter):
 class ExpandDimsConverter(OpConverter):
     """A size-1 axis inserted at a constant position (negative counts from the output's end)."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
     input_spec = (ANY, WEIGHT)
 
@@ -56,7 +56,7 @@ class ExpandDimsConverter(OpConverter):
 class TransposeConverter(OpConverter):
     """A constant permutation as a Shuffle's first transpose."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
     input_spec = (ANY, WEIGHT)
 
@@ -85,7 +85,7 @@ class SpaceDepthConverter(OpConverter):
     SpaceToDepth is its inverse.
     """
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     precisions = NO_PRECISION
 
     def validate(self, node, ctx):

@@ -9,7 +9,7 @@ import numpy as np
 
 from tftrt_py.convert.context import Weights
 from tftrt_py.convert.errors import InvalidNodeError
-from tftrt_py.convert.ops.base import ANY, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
+from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["TileConverter", "BroadcastToConverter"]
@@ -19,7 +19,7 @@ __all__ = ["TileConverter", "BroadcastToConverter"]
 class TileConverter(OpConverter):
     """multiples known when building (a constant or computed from shapes), one per input dim, >= 1."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     input_spec = (ANY, STATIC)
     precisions = NO_PRECISION
 
@@ -56,7 +56,7 @@ class TileConverter(OpConverter):
 class BroadcastToConverter(OpConverter):
     """shape known when building (a constant or computed from shapes); each input dim 1 or the shape's."""
 
-    allowed_dtypes = FLOAT_INT_BOOL
+    allowed_dtypes = EXACT_INT64
     input_spec = (ANY, STATIC)
     precisions = NO_PRECISION
 

@@ -106,6 +106,7 @@ ELEMENTWISE_FNS = {
     "squared_difference": lambda a, b: np.square(a - b), "equal": np.equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "less": np.less, "less_equal": np.less_equal,
     "not_equal": np.not_equal, "and": np.logical_and, "or": np.logical_or,
+    "bitwise_and": np.bitwise_and,
 }
 
 def _log_sum_exp(x, axis, keepdims):
@@ -142,6 +143,11 @@ def _constant(layer, inputs):
 @kernel("Identity")
 def _identity(layer, inputs):
     return [inputs[0].astype(layer.outputs[0].dtype, copy=False)]
+
+
+@kernel("Bitcast")
+def _bitcast(layer, inputs):
+    return [np.ascontiguousarray(inputs[0]).view(layer.outputs[0].dtype)]
 
 
 def _windows(x, window, strides, dilations, pre, post, pad_value=0.0):

@@ -1,4 +1,4 @@
-"""Data-movement layers: Shuffle, Padding, Concatenation, Slice, Gather — strided cupy copies into
+"""Data-movement layers: Shuffle, Padding, Concatenation, Slice, Gather, Bitcast — strided cupy copies into
 the preallocated output (cupy generates and caches the copy kernels)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
 
-__all__ = ["ShuffleOp", "PaddingOp", "ConcatOp", "SliceOp", "GatherOp"]
+__all__ = ["ShuffleOp", "PaddingOp", "ConcatOp", "SliceOp", "GatherOp", "BitcastOp"]
 
 
 class ShuffleOp(Op):
@@ -94,6 +94,15 @@ class GatherOp(Op):
         cupy.take(ins[0], ins[1], axis=self.axis, out=outs[0])
 
 
+class BitcastOp(Op):
+    def __init__(self, spec: Spec):
+        self.tactic = {"op": "view"}
+
+    def run(self, rc, ins, outs):
+        cupy = _device.require()
+        cupy.copyto(outs[0], ins[0].view(outs[0].dtype))
+
+
 @register("Shuffle")
 def shuffle_candidates(spec: Spec) -> List[Op]:
     return [ShuffleOp(spec)]
@@ -117,3 +126,8 @@ def slice_candidates(spec: Spec) -> List[Op]:
 @register("Gather")
 def gather_candidates(spec: Spec) -> List[Op]:
     return [GatherOp(spec)]
+
+
+@register("Bitcast")
+def bitcast_candidates(spec: Spec) -> List[Op]:
+    return [BitcastOp(spec)]

@@ -99,6 +99,8 @@ def activation_expr(x: str, activation: Optional[dict]) -> str:
 def _elementwise(op: str, a: Val, b: Val, out_kind: str) -> Val:
     if op in ("and", "or"):
         return Val(f"({a.b()} {'&&' if op == 'and' else '||'} {b.b()})", "b")
+    if op == "bitwise_and":
+        return Val(f"(({a.i()}) & ({b.i()}))", "i")
     k = "f" if "f" in (a.kind, b.kind) else "i"
     x, y = a.as_kind(k), b.as_kind(k)
     comparisons = {"equal": "==", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
