@@ -390,3 +390,52 @@ def test_an_engine_mixing_rows_of_the_flattened_batch_serves_only_its_batch(tmp_
         serve_and_compare(func, original, batch)
     stats = only_stats(converter)
     assert stats["builds"] == 2 and stats["fallback_total"] == 0  # batch 3 got its own engine
+
+
+class Int64Ids(tf.Module):
+    """int64 token ids in and out of the engine (TF models often take int64 ids): offsets, a clip and a lookup."""
+
+    def __init__(self):
+        self.table = tf.constant(np.random.default_rng(3).normal(size=(50, 4)).astype("float32"))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.int64, name="ids")])
+    def serve(self, ids):
+        shifted = tf.minimum(ids * 3 + 2, tf.constant(49, tf.int64))
+        return {"shifted": shifted, "vectors": tf.gather(self.table, tf.cast(shifted, tf.int32)) * 2.0}
+
+
+def test_int64_tensors_cross_the_engine_boundary(tmp_path):
+    module = Int64Ids()
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    tf.saved_model.save(module, src, signatures={"serving_default": module.serve})
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=src)
+    func = converter.convert()
+    (node,) = [n for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
+    assert tf.int64.as_datatype_enum in node.attr["InT"].list.type
+    assert tf.int64.as_datatype_enum in node.attr["OutT"].list.type
+    ids = tf.constant(np.random.default_rng(4).integers(0, 30, (3, 6)), tf.int64)
+    converter.build(input_fn=lambda: iter([ids]))
+    assert only_stats(converter)["builds"] == 1 and only_stats(converter)["fallback_total"] == 0
+    converter.save(out)
+    (got,), stats = run_loaded_ids(out, [ids.numpy()])
+    want = module.serve(ids)
+    assert got["shifted"]["dtype"] == "int64"
+    np.testing.assert_array_equal(got["shifted"]["value"], want["shifted"].numpy())
+    np.testing.assert_allclose(got["vectors"]["value"], want["vectors"].numpy(), rtol=1e-6)
+    (op_stats,) = stats.values()
+    assert op_stats["builds"] == 0 and op_stats["fallback_total"] == 0 and op_stats["engine_runs"] == 1
+
+
+def run_loaded_ids(model_dir, feeds):
+    """Serve int64 `ids` feeds from a converted SavedModel in a fresh process: (outputs with dtypes, stats)."""
+    code = f"""
+import json, sys, numpy as np, tensorflow as tf
+from tftrt_py import trt_convert as trt
+fn = tf.saved_model.load({model_dir!r}).signatures["serving_default"]
+outs = [{{k: {{"dtype": v.dtype.name, "value": v.numpy().tolist()}}
+          for k, v in fn(ids=tf.constant(np.array(f, dtype="int64"))).items()}}
+        for f in json.loads(sys.stdin.read())]
+print(json.dumps({{"outputs": outs, "stats": trt.engine_op_stats()}}))
+"""
+    result = run_json_process(code, [f.tolist() for f in feeds])
+    return result["outputs"], result["stats"]

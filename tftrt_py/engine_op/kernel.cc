@@ -206,6 +206,7 @@ const char* NumpyName(DataType dt) {
     case tensorflow::DT_FLOAT: return "float32";
     case tensorflow::DT_HALF: return "float16";
     case tensorflow::DT_INT32: return "int32";
+    case tensorflow::DT_INT64: return "int64";
     case tensorflow::DT_INT8: return "int8";
     case tensorflow::DT_BOOL: return "bool";
     default: return nullptr;
@@ -243,6 +244,7 @@ bool BufferMatches(const Py_buffer& b, const std::string& fmt, DataType dt) {
     case tensorflow::DT_FLOAT: return fmt[0] == 'f' && b.itemsize == 4;
     case tensorflow::DT_HALF: return fmt[0] == 'e' && b.itemsize == 2;
     case tensorflow::DT_INT32: return family == 'i' && b.itemsize == 4;
+    case tensorflow::DT_INT64: return family == 'i' && b.itemsize == 8;
     case tensorflow::DT_INT8: return family == 'i' && b.itemsize == 1;
     case tensorflow::DT_BOOL: return family == 'b' && b.itemsize == 1;
     default: return false;
@@ -532,8 +534,8 @@ REGISTER_OP("TRTEngineOp")
     .Output("out_tensor: OutT")
     .Attr("serialized_segment: string = ''")
     .Attr("segment_func: func = {}")
-    .Attr("InT: list({bool,int8,float16,float32,int32}) >= 0")
-    .Attr("OutT: list({bool,int8,float16,float32,int32}) >= 1")
+    .Attr("InT: list({bool,int8,float16,float32,int32,int64}) >= 0")
+    .Attr("OutT: list({bool,int8,float16,float32,int32,int64}) >= 1")
     .Attr("Tassets: list({string}) >= 0 = []")
     .Attr("input_shapes: list(shape) = []")
     .Attr("output_shapes: list(shape) = []")
@@ -635,3 +637,11 @@ class TensorRTOptimizer : public tensorflow::grappler::CustomGraphOptimizer {
 REGISTER_GRAPH_OPTIMIZER_AS(TensorRTOptimizer, "TensorRTOptimizer");
 
 }  // namespace tftrt_py
+
+// What this build is for (TensorFlow, Python and kernel versions): library.py
+// reads it from the file before loading a prebuilt library.
+#ifndef TFTRT_PY_BUILD_TAG
+#define TFTRT_PY_BUILD_TAG "unknown"
+#endif
+extern "C" __attribute__((visibility("default"), used)) const char
+    tftrt_py_build_tag[] = "tftrt_py-build-tag:" TFTRT_PY_BUILD_TAG;
