@@ -382,7 +382,8 @@ def test_build_is_cached_per_cache_dir(monkeypatch, tmp_path, compiles):
     assert path.is_file() and path.is_relative_to(tmp_path / "a")
     assert path.parent.name.startswith(tf.__version__ + "-")
     assert library.build() == path and len(compiles) == 1  # cached
-    assert [p.name for p in path.parent.iterdir()] == [library.LIBRARY_NAME]  # no temp files left
+    assert sorted(p.name for p in path.parent.iterdir()) == [  # its digest and lock, no temp files
+        library.LIBRARY_NAME, library.LIBRARY_NAME + ".lock", library.LIBRARY_NAME + ".sha256"]
     monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "b"))
     monkeypatch.setattr(library, "_compile", lambda p: compiles.append(p))  # a fake compile this time
     library.build()
@@ -397,7 +398,8 @@ def test_load_is_memoized(ops, compiles):
 def test_missing_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv(library.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
-    with pytest.raises(library.OpLibraryError, match=r"\$CXX .*no-such-g\+\+.* not found.*(g\+\+|CXX)"):
+    with pytest.raises(library.OpLibraryError, match=r"\$CXX .*no-such-g\+\+.* not found.*(g\+\+|CXX).*"
+                                                     r"TFTRT_PY_OP_LIBRARY.*--build --out"):
         library.build()
 
 
@@ -423,4 +425,5 @@ def test_compile_failure_shows_the_compiler_output(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(cxx))
     with pytest.raises(library.OpLibraryError, match="(?s)failed.*error: something broke"):
         library.build()
-    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))  # temp file removed
+    assert [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()] == [  # temp file removed
+        library.LIBRARY_NAME + ".lock"]

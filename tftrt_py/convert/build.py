@@ -9,7 +9,7 @@ signature. Engine bindings are always named ``TensorRTInputPH_<i>`` / ``TensorRT
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from tftrt_py.calibration.collector import CalibrationEngine
 from tftrt_py.calibration.ranges import apply_ranges
@@ -20,8 +20,8 @@ from tftrt_py.convert.ops import get_converter
 from tftrt_py.engine import Builder, BuilderConfig, EngineError, Network
 from tftrt_py.engine.errors import MissingDynamicRangeError
 
-__all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "SegmentGraph", "network_from_segment", "build_engine",
-           "calibration_engine"]
+__all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "SegmentGraph", "segment_refusal", "network_from_segment",
+           "build_engine", "calibration_engine"]
 
 INPUT_PREFIX = "TensorRTInputPH_"
 OUTPUT_PREFIX = "TensorRTOutputPH_"
@@ -47,9 +47,26 @@ class SegmentGraph:
         """From a native segment FunctionDef: arguments are inputs, results are outputs, in signature order."""
         from tensorflow.python.framework import function_def_to_graph
 
+        refusal = segment_refusal(fdef)
+        if refusal:
+            raise ConversionError(refusal)
         graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef)
         return cls(graph_def, [a.name for a in fdef.signature.input_arg],
                    [names[fdef.ret[a.name]] for a in fdef.signature.output_arg])
+
+
+def segment_refusal(fdef) -> Optional[str]:
+    """Why native segment function `fdef` can back no engine op, or None: it holds a TRTEngineOp or calls
+    itself, so building from it or running it would recurse without end (converters never make such)."""
+    name = fdef.signature.name
+    for node in fdef.node_def:
+        if node.op == "TRTEngineOp":
+            return f"its native segment function {name} contains a TRTEngineOp ({node.name})"
+        called = {node.op} | {a.func.name for a in node.attr.values()} | {
+            f.name for a in node.attr.values() for f in a.list.func}
+        if name in called:
+            return f"its native segment function {name} calls itself ({node.name})"
+    return None
 
 
 def network_from_segment(segment: SegmentGraph, input_shapes: Sequence[Sequence[int]], name: str = "engine",

@@ -38,7 +38,7 @@ from tftrt_py.engine_op.calibration import OpCalibration
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
 __all__ = ["create", "run", "release", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
-           "NativeFallbackForbidden", "start_collecting", "stop_collecting", "start_calibrating",
+           "NativeFallbackForbidden", "RecursiveSegmentError", "start_collecting", "stop_collecting", "start_calibrating",
            "finish_calibrating"]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,11 @@ class NativeFallbackForbidden(RuntimeError):
     tf.errors.AbortedError (``error_code``), TF-TRT's "User disallowed engine native segment execution"."""
 
     error_code = 10  # ABORTED, read by kernel.cc
+
+
+class RecursiveSegmentError(ValueError):
+    """The op's native segment function holds a TRTEngineOp or calls itself (a crafted model): the kernel fails
+    with tf.errors.InvalidArgumentError rather than recurse without end."""
 
 
 def native_fallback_allowed() -> bool:
@@ -169,8 +174,8 @@ class EngineOp:
         self.backend = engine_backend()
         self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
         self.stats = Stats()
-        self._function_def = function_def
         self._segment_graph = None
+        self.set_function(function_def)
         self._contexts: Dict[tuple, object] = {}
         self._lock = threading.RLock()
         self._loaded_assets: set = set()
@@ -192,6 +197,17 @@ class EngineOp:
     def binding(self) -> str:
         """The digest engines of this op carry (see :func:`segment_binding`)."""
         return segment_binding(self._node_def, self._function_def)
+
+    def set_function(self, function_def: bytes) -> None:
+        """Take the native segment FunctionDef; one that recurses (see segment_refusal) refuses every run."""
+        from tensorflow.core.framework import function_pb2
+
+        from tftrt_py.convert.build import segment_refusal
+
+        self._function_def = function_def
+        self.refused = segment_refusal(function_pb2.FunctionDef.FromString(function_def)) if function_def else None
+        if self.refused:
+            logger.error("TRTEngineOp %s refuses every input: %s", self.name, self.refused)
 
     def add_plan(self, plan: bytes, source: str) -> None:
         """Put a serialized engine into the cache (a bad plan, or one built for another segment, is logged and
@@ -349,6 +365,8 @@ class EngineOp:
     def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True
             ) -> Optional[List[np.ndarray]]:
         """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively."""
+        if self.refused:  # neither an engine nor the native segment: both would recurse
+            raise RecursiveSegmentError(f"no engine or native segment can serve it: {self.refused}")
         if assets:
             self.load_assets(assets)
         shapes = tuple(tuple(a.shape) for a in arrays)
@@ -503,7 +521,7 @@ def create(node_def: bytes, function_def: bytes) -> int:
         elif calibration_data and op.precision == "INT8" and not op.calibration.table:  # a calibrated graph
             op.calibration.set_table(calibration_data)
         if function_def and not op._function_def:
-            op._function_def = function_def
+            op.set_function(function_def)
             op.cache.failed.clear()  # builds that failed for want of the segment (e.g. TF constant folding)
         handle = next(_COUNTER)
         _HANDLES[handle] = (op, node.attr[ALLOW_BUILD_ATTR].b if ALLOW_BUILD_ATTR in node.attr else True)

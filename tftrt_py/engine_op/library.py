@@ -1,14 +1,21 @@
-"""Builds and loads the TRTEngineOp op library from kernel.cc.
+"""Builds, verifies and loads the TRTEngineOp op library from kernel.cc.
 
-The library is compiled on first use with the C++ compiler ($CXX, else g++) against the
-installed TensorFlow and Python headers, and cached per user under
-``$TFTRT_PY_CACHE_DIR`` (default ``~/.cache/tftrt_py/ops``) in a folder named after the
-TensorFlow version and a hash of the source and the build command, so a new TensorFlow,
-Python or kernel source gets a fresh build. Builds write a temporary file next to the
-final one and rename it into place, so concurrent processes are safe.
+The library is compiled on first use with the C++ compiler ($CXX, else g++) against the installed TensorFlow
+and Python headers, and cached per user under ``$TFTRT_PY_CACHE_DIR`` (default ``~/.cache/tftrt_py/ops``) in a
+folder named after the TensorFlow version and a hash of the build flags, which carry the build tag (TensorFlow,
+Python and kernel source versions), so a new TensorFlow, Python or kernel source gets a fresh build. A build is
+published atomically with its SHA-256 in ``<library>.sha256`` (sha256sum's format); a cached library whose
+digest is missing or differs is damaged: it is logged and rebuilt, never loaded.
+
+``$TFTRT_PY_OP_LIBRARY`` names a prebuilt library to load instead, on machines without a compiler: it must
+match its digest file when one lies next to it and carry this installation's build tag.
+``python -m tftrt_py.engine_op.library --build --out DIR`` prebuilds one (library and digest) into DIR.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -21,14 +28,19 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["OpLibraryError", "build", "build_tag", "library_path", "load", "prebuilt", "trt_engine_op"]
+
 SOURCE = Path(__file__).with_name("kernel.cc")
 LIBRARY_NAME = "tftrt_engine_op.so"
 CACHE_ENV = "TFTRT_PY_CACHE_DIR"
+PREBUILT_ENV = "TFTRT_PY_OP_LIBRARY"
+TAG_MARKER = b"tftrt_py-build-tag:"  # kernel.cc's tftrt_py_build_tag starts with it
 
 _lock = threading.Lock()
 _module = None
@@ -36,6 +48,12 @@ _module = None
 
 class OpLibraryError(RuntimeError):
     """The TRTEngineOp library could not be built or loaded."""
+
+
+def build_tag() -> str:
+    """What a library must be built for to load here: TensorFlow, Python and the kernel source."""
+    kernel = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return f"tensorflow={tf.__version__};python={sys.version_info[0]}.{sys.version_info[1]};kernel={kernel}"
 
 
 def _compiler() -> list[str]:
@@ -47,35 +65,75 @@ def _compiler() -> list[str]:
         origin = "$CXX" if env else "the default compiler"
         raise OpLibraryError(
             f"Cannot build the TRTEngineOp op library: {origin} {cmd[0]!r} was not found. "
-            "Install a C++17 compiler (e.g. `apt-get install g++`) or set the CXX environment "
-            "variable to one.")
+            "Install a C++17 compiler (e.g. `apt-get install g++`) or set the CXX environment variable to one, "
+            f"or set {PREBUILT_ENV} to a library prebuilt for this installation "
+            "(`python -m tftrt_py.engine_op.library --build --out DIR` on a machine with a compiler).")
     return [found, *cmd[1:]]
 
 
 def _flags() -> tuple[list[str], list[str]]:
     """(compile flags, link flags) for the op library."""
     compile_flags = ["-std=c++17", "-shared", "-fPIC", "-O2", "-Wno-deprecated-declarations",
-                     *tf.sysconfig.get_compile_flags(),
+                     f'-DTFTRT_PY_BUILD_TAG="{build_tag()}"', *tf.sysconfig.get_compile_flags(),
                      "-I" + sysconfig.get_paths()["include"]]
     return compile_flags, list(tf.sysconfig.get_link_flags())
 
 
 def library_path() -> Path:
-    """Where the library for this source, compiler, flags, TensorFlow and Python lives."""
-    compiler = _compiler()
+    """Where the library for these flags (source, TensorFlow and Python included) lives; needs no compiler."""
     compile_flags, link_flags = _flags()
     digest = hashlib.sha256()
-    digest.update(SOURCE.read_bytes())
-    for part in [*compiler, *compile_flags, *link_flags, sys.version]:
+    for part in [*compile_flags, *link_flags, sys.version]:
         digest.update(b"\0" + part.encode())
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tftrt_py" / "ops"
     return Path(root) / f"{tf.__version__}-{digest.hexdigest()[:16]}" / LIBRARY_NAME
 
 
-def _compile(path: Path) -> None:
-    """Compiles kernel.cc into `path` (atomically: temp file then rename)."""
-    compile_flags, link_flags = _flags()
+def digest_path(library: Path) -> Path:
+    """The file holding `library`'s SHA-256."""
+    return library.with_name(library.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _damage(library: Path) -> Optional[str]:
+    """Why `library` cannot be trusted (missing, no digest, digest differs), or None."""
+    if not library.is_file():
+        return "it is missing"
+    try:
+        recorded = digest_path(library).read_text().split()[0]
+    except (OSError, IndexError):
+        return f"its digest file {digest_path(library).name} is missing or empty"
+    actual = _sha256(library)
+    return None if actual == recorded else f"its SHA-256 is {actual[:16]}..., its digest file says {recorded[:16]}..."
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # readable by the serving user (mkstemp makes 0600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """One build of `path` at a time across processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _compile(path: Path) -> None:
+    """Compiles kernel.cc into `path`, then writes its digest (each atomically: temp file then rename)."""
+    compile_flags, link_flags = _flags()
     fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY_NAME}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     cmd = [*_compiler(), *compile_flags, str(SOURCE), "-o", tmp, *link_flags]
@@ -95,7 +153,9 @@ def _compile(path: Path) -> None:
             tail = "\n".join((errors or lines)[-30:])
             raise OpLibraryError(f"Compiling the TRTEngineOp op library failed (exit {proc.returncode})."
                                  f"\nCommand: {shlex.join(cmd)}\n{tail}")
+        digest = _sha256(Path(tmp))
         os.replace(tmp, path)
+        _write_atomically(digest_path(path), f"{digest}  {path.name}\n".encode())
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -103,10 +163,45 @@ def _compile(path: Path) -> None:
 
 
 def build() -> Path:
-    """The path of the compiled library, compiling it first when it is not cached."""
+    """The path of the cached library, compiling it first when it is missing or damaged."""
     path = library_path()
-    if not path.is_file():
+    if _damage(path) is None:
+        return path
+    with _build_lock(path):
+        damage = _damage(path)
+        if damage is None:  # another process built it meanwhile
+            return path
+        if path.exists():
+            logger.warning("The cached TRTEngineOp op library %s is damaged (%s): rebuilding it", path, damage)
         _compile(path)
+    return path
+
+
+def _tag(library: Path) -> Optional[str]:
+    """The build tag compiled into `library`, or None."""
+    data = library.read_bytes()
+    start = data.find(TAG_MARKER)
+    if start < 0:
+        return None
+    start += len(TAG_MARKER)
+    return data[start:data.find(b"\0", start)].decode(errors="replace")
+
+
+def prebuilt() -> Optional[Path]:
+    """The library $TFTRT_PY_OP_LIBRARY names, checked against its digest file (if any) and build tag."""
+    name = os.environ.get(PREBUILT_ENV)
+    if not name:
+        return None
+    path = Path(name)
+    if not path.is_file():
+        raise OpLibraryError(f"{PREBUILT_ENV}={name} is not a file")
+    if digest_path(path).exists() and (damage := _damage(path)):
+        raise OpLibraryError(f"{PREBUILT_ENV}={name} is damaged: {damage}")
+    tag, wanted = _tag(path), build_tag()
+    if tag != wanted:
+        raise OpLibraryError(f"{PREBUILT_ENV}={name} was built for {tag or 'an unknown installation'}; this "
+                             f"installation needs {wanted}: rebuild it with "
+                             "`python -m tftrt_py.engine_op.library --build --out DIR`")
     return path
 
 
@@ -115,7 +210,7 @@ def load():
     global _module
     with _lock:
         if _module is None:
-            path = build()
+            path = prebuilt() or build()
             try:
                 _module = tf.load_op_library(str(path))
             except (tf.errors.OpError, OSError) as e:
@@ -126,3 +221,23 @@ def load():
 def trt_engine_op(*args, **kwargs):
     """The generated TRTEngineOp op wrapper (``load().trt_engine_op``)."""
     return load().trt_engine_op(*args, **kwargs)
+
+
+def main(argv=None) -> None:
+    """Prebuild the library (for images without a compiler): prints where it and its digest are."""
+    parser = argparse.ArgumentParser(prog="python -m tftrt_py.engine_op.library", description=main.__doc__)
+    parser.add_argument("--build", action="store_true", required=True, help="build (or find) the cached library")
+    parser.add_argument("--out", type=Path, help=f"also copy the library and its digest into this folder "
+                                                 f"(point {PREBUILT_ENV} at the copy)")
+    args = parser.parse_args(argv)
+    path = build()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for src in (path, digest_path(path)):
+            _write_atomically(args.out / src.name, src.read_bytes())
+        path = args.out / path.name
+    print(f"{PREBUILT_ENV}={path}")
+
+
+if __name__ == "__main__":
+    main()
