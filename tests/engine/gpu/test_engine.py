@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tftrt_py.engine import Builder, BuilderConfig, Engine, Profiler, RuntimeExecutionError, Runtime
+from tftrt_py.engine.backends.cupy import _device
 
 import gpu_resnet50 as resnet50
 from networks import conv_relu_pool_net
@@ -45,8 +46,9 @@ def fp16_engine(model):
 def test_resnet50_matches_numpy(model, reference, precision, fp16_engine):
     engine = fp16_engine if precision == "FP16" else build(model, precision)
     assert engine.device != "cpu" and engine.tactics
-    convs = [t for name, t in engine.tactics.items() if "conv" in name and "cudnn" in str(t.get("op"))]
-    assert convs, engine.tactics
+    if _device.cudnn_module() is not None:  # else convolutions run as im2col + cuBLAS GEMMs
+        convs = [t for name, t in engine.tactics.items() if "conv" in name and "cudnn" in str(t.get("op"))]
+        assert convs, engine.tactics
     ctx = engine.create_execution_context()
     rng = np.random.default_rng(7)
     for run in range(3):  # eager + capture, then two graph replays on fresh inputs

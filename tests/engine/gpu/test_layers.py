@@ -119,11 +119,7 @@ def test_mlp(precision):
     compare(single("MLP", [("float32", (8, 32))], params, weights), normal((8, 32)), precision)
 
 
-FLOAT_BINARY = [op for op in layer_kinds.ELEMENTWISE_OPS if op not in ("and", "or", "pow", "floor_div",
-                                                                      "floor_mod")]
-
-
-@pytest.mark.parametrize("op", layer_kinds.ELEMENTWISE_OPS)
+@pytest.mark.parametrize("op", [op for op in layer_kinds.ELEMENTWISE_OPS if op != "bitwise_and"])  # ints only
 def test_elementwise_fp32(op):
     shapes = ((2, 3, 4), (3, 1))
     if op in ("and", "or"):
@@ -157,6 +153,174 @@ def test_elementwise_fp16(op):
     shapes = ((2, 3, 4), (4,))
     compare(single("ElementWise", [("float32", shapes[0]), ("float32", shapes[1])], {"op": op}),
             normal(*shapes, low=0.5, high=2.0), "FP16")
+
+
+INT32_EDGES = np.array([-2 ** 31, 2 ** 31 - 1, -46341, 46341, 0, -1], np.int32)  # wrap in abs, neg, square
+
+
+def ints(rng, shape, dtype, low, high, edges=()):
+    """Random integers in [low, high) with `edges` written over the first entries (overflow cases)."""
+    a = rng.integers(low, high, shape, dtype=np.int64).astype(dtype)
+    n = min(len(edges), a.size)
+    a.reshape(-1)[:n] = edges[:n]
+    return a
+
+
+@pytest.mark.parametrize("op", ["squared_difference", "bitwise_and", "not_equal", "greater", "greater_equal",
+                                "less_equal"])
+def test_elementwise_int32_exact(op):
+    """The int32 ops the converters emit besides test_elementwise_int32's: wrapping, bit for bit."""
+    def make(rng):
+        return {"x0": ints(rng, (4, 6), np.int32, -2 ** 31, 2 ** 31, INT32_EDGES),
+                "x1": ints(rng, (6,), np.int32, -2 ** 31, 2 ** 31, INT32_EDGES[::-1])}
+
+    compare(single("ElementWise", [("int32", (4, 6)), ("int32", (6,))], {"op": op}), make)
+
+
+@pytest.mark.parametrize("op", ["abs", "neg", "sign", "square"])
+def test_unary_int32(op):
+    def make(rng):
+        return {"x0": ints(rng, (5, 7), np.int32, -70000, 70000, INT32_EDGES)}
+
+    compare(single("Unary", [("int32", (5, 7))], {"op": op}), make)
+
+
+INT64_OPS = ["sum", "sub", "prod", "max", "min", "equal", "not_equal", "less", "greater_equal", "bitwise_and"]
+
+
+@pytest.mark.parametrize("op", INT64_OPS)
+def test_elementwise_int64(op):
+    """Beyond int32's range, products wrapping at 2**64: exact."""
+    edges = np.array([2 ** 62, -2 ** 63, 2 ** 63 - 1, 2 ** 31, -1], np.int64)
+
+    def make(rng):
+        return {"x0": ints(rng, (3, 4, 5), np.int64, -2 ** 40, 2 ** 40, edges),
+                "x1": ints(rng, (4, 1), np.int64, -2 ** 40, 2 ** 40, edges[::-1])}
+
+    compare(single("ElementWise", [("int64", (3, 4, 5)), ("int64", (4, 1))], {"op": op}), make)
+
+
+def int64_values(*shapes):
+    def make(rng):
+        return {f"x{i}": ints(rng, s, np.int64, -2 ** 50, 2 ** 50) for i, s in enumerate(shapes)}
+
+    return make
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32", "bool"])
+def test_identity_int64_casts(dtype):
+    compare(single("Identity", [("int64", (4, 9))], {"dtype": dtype}), int64_values((4, 9)))
+
+    def make(rng):
+        values = {"int32": lambda: ints(rng, (4, 9), np.int32, -2 ** 31, 2 ** 31),
+                  "float32": lambda: rng.uniform(-1e6, 1e6, (4, 9)).astype(np.float32),
+                  "bool": lambda: rng.uniform(size=(4, 9)) > 0.5}
+        return {"x0": values[dtype]()}
+
+    compare(single("Identity", [(dtype, (4, 9))], {"dtype": "int64"}), make)
+
+
+def test_int64_data_movement():
+    """Shuffle, Slice (reversed), Concatenation, Padding, Gather (int64 params and indices), Select and
+    Reduce keep int64 values exact, through int64 bindings."""
+    compare(single("Shuffle", [("int64", (2, 3, 4))], {"first_perm": [2, 0, 1]}), int64_values((2, 3, 4)))
+    compare(single("Slice", [("int64", (6, 8))], {"start": [5, 7], "size": [6, 4], "stride": [-1, -2]}),
+            int64_values((6, 8)))
+    compare(single("Concatenation", [("int64", (2, 3)), ("int64", (2, 5))], {"axis": 1}),
+            int64_values((2, 3), (2, 5)))
+    compare(single("Padding", [("int64", (2, 4))], {"pre": [0, 1], "post": [1, 2], "mode": "constant", "value": 7}),
+            int64_values((2, 4)))
+
+    def gather_inputs(rng):
+        return {"x0": ints(rng, (5, 6), np.int64, -2 ** 50, 2 ** 50), "x1": rng.integers(0, 5, (2, 3))}
+
+    compare(single("Gather", [("int64", (5, 6)), ("int64", (2, 3))], {"axis": 0}), gather_inputs)
+
+    def select_inputs(rng):
+        return {"x0": rng.uniform(size=(3, 1)) > 0.5, **{f"x{i + 1}": v for i, v in
+                                                        enumerate(int64_values((3, 5), (5,))(rng).values())}}
+
+    compare(single("Select", [("bool", (3, 1)), ("int64", (3, 5)), ("int64", (5,))], {}), select_inputs)
+    for op in ("sum", "max", "min"):
+        compare(single("Reduce", [("int64", (3, 4, 5))], {"op": op, "axes": [0, 2]}), int64_values((3, 4, 5)))
+
+
+@pytest.mark.parametrize("op,keep_dims", [("min", False), ("max", True)])
+def test_reduce_bool(op, keep_dims):
+    """All and Any: the min and max of bools, over several axes."""
+    def make(rng):
+        return {"x0": rng.uniform(size=(4, 3, 5)) > 0.3}
+
+    compare(single("Reduce", [("bool", (4, 3, 5))], {"op": op, "axes": [1, 2], "keep_dims": keep_dims}), make)
+
+
+def test_bitcast():
+    compare(single("Bitcast", [("float32", (4, 6))], {"dtype": "int32"}), normal((4, 6), low=-1e3, high=1e3))
+
+    def bits(rng):
+        return {"x0": rng.integers(-2 ** 31, 2 ** 31, (4, 6)).astype(np.int32)}
+
+    compare(single("Bitcast", [("int32", (4, 6))], {"dtype": "float32"}), bits)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_bitcast_bitwise_and_chain(precision):
+    """|-x| as the bits of -x with the sign bit cleared; in FP16 engines the bitcasts read and write float32
+    (the negation's fp16 values, widened exactly)."""
+    from tftrt_py.engine import Network
+
+    def build():
+        net = Network("abs_bits")
+        x = net.add_layer("Unary", [net.add_input("x0", "float32", (3, 8))], {"op": "neg"}).outputs[0]
+        i = net.add_layer("Bitcast", [x], {"dtype": "int32"}).outputs[0]
+        m = net.add_layer("ElementWise", [i, net.add_constant(np.array([0x7FFFFFFF], np.int32))],
+                          {"op": "bitwise_and"}).outputs[0]
+        net.mark_output(net.add_layer("Bitcast", [m], {"dtype": "float32"}).outputs[0], name="y0")
+        return net
+
+    compare(build, normal((3, 8)), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
+def test_select_broadcast_patterns(dtype, precision):
+    """The converters' Select patterns, each broadcasting on both sides: a [1, K] row repeated along the
+    batch by a condition from the source's first column; BroadcastTo (a constant all-true condition over
+    the broadcast dims); MatrixBandPart (a constant band mask, 0 elsewhere); a constant pinned to the
+    batch by one row of the source."""
+    from tftrt_py.engine import Network
+
+    b, k = 5, 6
+    row = (rng0.standard_normal((1, k)) * 100).astype(dtype)
+    band = np.tril(np.ones((k, k), np.bool_)) & np.triu(np.ones((k, k), np.bool_), -1)
+    pinned = np.arange(4, dtype=dtype).reshape(1, 4)
+
+    def build():
+        net = Network("select_patterns")
+        src = net.add_input("x0", "float32", (b, 3))
+        x = net.add_input("x1", dtype, (b, k, k))
+        column = net.add_layer("Slice", [src], {"start": [0, 0], "size": [b, 1], "stride": [1, 1]}).outputs[0]
+        cond = net.add_layer("Identity", [column], {"dtype": "bool"}).outputs[0]
+        const = net.add_constant(row)
+        rows = net.add_layer("Select", [cond, const, const]).outputs[0]  # [b, 1] and [1, k] -> [b, k]
+        true = net.add_constant(np.ones((b, k, 1), np.bool_))
+        vector = net.add_constant(row[0])
+        bcast = net.add_layer("Select", [true, vector, vector]).outputs[0]  # [b, k, 1] and [k] -> [b, k, k]
+        zero = net.add_constant(np.zeros((1,), dtype))
+        banded = net.add_layer("Select", [net.add_constant(band), x, zero]).outputs[0]
+        first = net.add_layer("Slice", [src], {"start": [0, 0], "size": [1, 1], "stride": [1, 1]}).outputs[0]
+        pin = net.add_layer("Select", [net.add_constant(np.ones((1, 1), np.bool_)), net.add_constant(pinned),
+                                       first]).outputs[0]
+        for i, t in enumerate((rows, bcast, banded, pin)):
+            net.mark_output(t, name=f"y{i}")
+        return net
+
+    def make(rng):
+        x = rng.standard_normal((b, k, k)) * 100
+        return {"x0": np.where(rng.uniform(size=(b, 3)) > 0.5, rng.standard_normal((b, 3)), 0).astype(np.float32),
+                "x1": x.astype(dtype)}
+
+    compare(build, make, precision)
 
 
 UNARY_DOMAIN = {"log": (0.1, 3.0), "sqrt": (0.1, 3.0), "rsqrt": (0.1, 3.0), "recip": (0.5, 3.0),

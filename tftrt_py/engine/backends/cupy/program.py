@@ -104,6 +104,8 @@ def _low(layer, precision: str) -> bool:
 
 
 def compute_dtype(layer, precision: str) -> str:
+    if layer.kind == "Bitcast":  # reinterprets float32 bits: never stored as float16
+        return "float32"
     if _low(layer, precision) or any(t.dtype == "float16" for t in layer.outputs):
         return "float16"
     return "float32"

@@ -20,49 +20,56 @@ POINTWISE_KINDS = ("ElementWise", "Unary", "Activation", "Scale", "Select", "Ide
 PREAMBLE = r"""
 __device__ __forceinline__ float tt_max(float a, float b) { return (a != a || a > b) ? a : b; }
 __device__ __forceinline__ float tt_min(float a, float b) { return (a != a || a < b) ? a : b; }
-__device__ __forceinline__ int tt_max(int a, int b) { return a > b ? a : b; }
-__device__ __forceinline__ int tt_min(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ float tt_floordiv(float a, float b) { return floorf(a / b); }
-__device__ __forceinline__ int tt_floordiv(int a, int b) {
-  if (b == 0) return 0; int q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
 __device__ __forceinline__ float tt_mod(float a, float b) {
   float r = fmodf(a, b); if (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) r += b; return r; }
-__device__ __forceinline__ int tt_mod(int a, int b) {
-  if (b == 0) return 0; int r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
-__device__ __forceinline__ int tt_div(int a, int b) { return b == 0 ? 0 : (int)((double)a / (double)b); }
-__device__ __forceinline__ int tt_pow(int a, int b) {
-  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
-  int r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
 __device__ __forceinline__ float tt_sign(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
-__device__ __forceinline__ int tt_sign(int x) { return (x > 0) - (x < 0); }
 __device__ __forceinline__ float tt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tt_softplus(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+// integers (int, long long): wrapping as numpy does; division by zero gives 0
+template <typename I> __device__ __forceinline__ I tt_max(I a, I b) { return a > b ? a : b; }
+template <typename I> __device__ __forceinline__ I tt_min(I a, I b) { return a < b ? a : b; }
+template <typename I> __device__ __forceinline__ I tt_floordiv(I a, I b) {
+  if (b == 0) return 0; I q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
+template <typename I> __device__ __forceinline__ I tt_mod(I a, I b) {
+  if (b == 0) return 0; I r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+template <typename I> __device__ __forceinline__ I tt_div(I a, I b) { return b == 0 ? 0 : (I)((double)a / (double)b); }
+template <typename I> __device__ __forceinline__ I tt_pow(I a, I b) {
+  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+  I r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+template <typename I> __device__ __forceinline__ I tt_sign(I x) { return (x > 0) - (x < 0); }
+template <typename I> __device__ __forceinline__ I tt_abs(I x) { return x < 0 ? (I)(0 - (unsigned long long)x) : x; }
 """
 
-#: C value kinds: float, int, bool.
-_KIND = {"float32": "f", "float16": "f", "int32": "i", "int8": "i", "bool": "b"}
-_CTYPE = {"f": "float", "i": "int", "b": "bool"}
+#: C value kinds: float, int, long (int64), bool.
+_KIND = {"float32": "f", "float16": "f", "int32": "i", "int64": "l", "int8": "i", "bool": "b"}
+_CTYPE = {"f": "float", "i": "int", "l": "long long", "b": "bool"}
 #: C type of each storage dtype inside cupy Elementwise/Reduction kernels.
-C_TYPE = {"float32": "float", "float16": "float16", "int32": "int", "int8": "signed char", "bool": "bool"}
+C_TYPE = {"float32": "float", "float16": "float16", "int32": "int", "int64": "long long", "int8": "signed char",
+          "bool": "bool"}
 
 
 class Val:
-    """A C expression and its value kind ('f', 'i' or 'b')."""
+    """A C expression and its value kind ('f', 'i', 'l' or 'b')."""
 
     def __init__(self, expr: str, kind: str):
         self.expr, self.kind = expr, kind
 
     def f(self) -> str:
-        return self.expr if self.kind == "f" else f"((float)({self.expr}))"
-
-    def i(self) -> str:
-        return self.expr if self.kind == "i" else f"((int)({self.expr}))"
+        return self.as_kind("f")
 
     def b(self) -> str:
         return self.expr if self.kind == "b" else f"(({self.expr}) != 0)"
 
     def as_kind(self, kind: str) -> str:
-        return {"f": self.f, "i": self.i, "b": self.b}[kind]()
+        if kind == "b":
+            return self.b()
+        return self.expr if self.kind == kind else f"(({_CTYPE[kind]})({self.expr}))"
+
+
+def _int_kind(*vals: Val) -> str:
+    """The integer kind integer operands compute in: long when one is int64."""
+    return "l" if any(v.kind == "l" for v in vals) else "i"
 
 
 lit = kernels.flit
@@ -100,8 +107,9 @@ def _elementwise(op: str, a: Val, b: Val, out_kind: str) -> Val:
     if op in ("and", "or"):
         return Val(f"({a.b()} {'&&' if op == 'and' else '||'} {b.b()})", "b")
     if op == "bitwise_and":
-        return Val(f"(({a.i()}) & ({b.i()}))", "i")
-    k = "f" if "f" in (a.kind, b.kind) else "i"
+        k = _int_kind(a, b)
+        return Val(f"(({a.as_kind(k)}) & ({b.as_kind(k)}))", k)
+    k = "f" if "f" in (a.kind, b.kind) else _int_kind(a, b)
     x, y = a.as_kind(k), b.as_kind(k)
     comparisons = {"equal": "==", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
                    "not_equal": "!="}
@@ -123,14 +131,15 @@ _UNARY_F = {"exp": "expf({})", "log": "logf({})", "sqrt": "sqrtf({})", "rsqrt": 
             "atan": "atanf({})", "asinh": "asinhf({})", "acosh": "acoshf({})", "atanh": "atanhf({})",
             "ceil": "ceilf({})", "floor": "floorf({})", "round": "rintf({})", "sign": "tt_sign({})",
             "erf": "erff({})", "erfc": "erfcf({})", "square": "(({0}) * ({0}))"}
-_UNARY_I = {"abs": "abs({})", "neg": "(-({}))", "square": "(({0}) * ({0}))", "sign": "tt_sign({})"}
+_UNARY_I = {"abs": "tt_abs({})", "neg": "(-({}))", "square": "(({0}) * ({0}))", "sign": "tt_sign({})"}
 
 
 def _unary(op: str, x: Val) -> Val:
     if op == "not":
         return Val(f"(!{x.b()})", "b")
     if x.kind != "f" and op in _UNARY_I:
-        return Val(_UNARY_I[op].format(x.i()), "i")
+        k = _int_kind(x)
+        return Val(_UNARY_I[op].format(x.as_kind(k)), k)
     return Val(_UNARY_F[op].format(x.f()), "f")
 
 
