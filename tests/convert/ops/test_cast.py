@@ -37,13 +37,15 @@ def test_truncate_is_refused():
     assert "Truncate" in check(fn, [tf.TensorSpec((2, 3))], "Cast")
 
 
+@pytest.mark.parametrize("precision", ["FP32", "FP16"])
 @pytest.mark.parametrize("src, dst", [("float32", "int32"), ("int32", "float32")])
-def test_bitcast_keeps_the_bits(src, dst):
-    """float32 <-> int32 reinterprets: negative zero, inf and nan bits come through unchanged."""
+def test_bitcast_keeps_the_bits(src, dst, precision):
+    """float32 <-> int32 reinterprets: negative zero, inf and nan bits come through unchanged (FP16 engines too:
+    a bitcast never runs in fp16)."""
     x = random_array((2, 3, 4), src)
     x.reshape(-1)[:3] = np.array([-0.0, np.inf, np.nan], "float32").view(src)
     fn = lambda t: tf.bitcast(t, dst)
-    engine, (got,) = run_engine(fn, [x])
+    engine, (got,) = run_engine(fn, [x], precision=precision)
     want = np.asarray(fn(tf.constant(x)))
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
     assert "Bitcast" in {layer.kind for layer in engine.network.layers}

@@ -34,7 +34,7 @@ BOOL = ("bool",)
 FLOAT_INT = FLOAT + INT
 FLOAT_INT_BOOL = FLOAT_INT + BOOL
 #: int64 where the result is exact in any engine dtype: data movement, comparisons, casts, sums and products
-#: (index and shape paths). The numpy backend computes it natively; the cupy backend has no int64 kernels yet.
+#: (index and shape paths), computed natively by both backends.
 INT64 = ("int64",)
 EXACT_INT64 = FLOAT_INT_BOOL + INT64
 

@@ -86,6 +86,7 @@ FP32_RULES: Dict[str, Callable[[Layer], Optional[str]]] = {
     # fp16 rounding makes near-ties equal, and their indices differ from TF's (TensorRT keeps these fp32 too)
     "TopK": lambda layer: "indices of near-ties",
     "ArgReduce": lambda layer: "indices of near-ties",
+    "Bitcast": lambda layer: "bit patterns",
 }
 
 
