@@ -29,8 +29,8 @@ class ZooModel:
     pixels: bool = False
     #: the network's own outputs where the others are decoded from them by a loop (NMS): see zoo.measure
     raw_outputs: Tuple[str, ...] = ()
-    #: FP16 held to Keras's own fp16 error on the same weights and inputs (mixed_float16_outputs; the target in
-    #: zoo.measure), for models whose fp16 error exceeds the plain FP16 target wherever fp16 computes them
+    #: Keras's own fp16 error on the same weights and inputs is measured (mixed_float16_outputs) and printed next to
+    #: ours by zoo.measure (no target)
     keras_fp16_reference: bool = False
 
 
@@ -208,7 +208,7 @@ REQUIRED = _entries(
     ZooModel("convnext_tiny", _application("ConvNeXtTiny"), _image(), pixels=True),
     ZooModel("efficientnetv2_b0", _application("EfficientNetV2B0"), _image(), pixels=True),
     # Keras itself under mixed_float16 errs by 1.3e-2 of the logits' scale (median; 5e-3 to 2.4e-2) over 12 random
-    # batches of 2 (one rounding per layer: ~16 blocks of hard-swish, depthwise and squeeze-excite layers)
+    # batches of 2 (one rounding per layer: ~16 blocks of hard-swish, depthwise and squeeze-excite layers): printed
     ZooModel("mobilenetv3_small", _application("MobileNetV3Small"), _image(), pixels=True,
              keras_fp16_reference=True),
     ZooModel("lstm", _lstm, {"token_ids": (BATCH, SEQ)}),

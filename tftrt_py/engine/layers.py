@@ -64,8 +64,10 @@ COMPARISONS = ("equal", "greater", "greater_equal", "less", "less_equal", "not_e
 UNARY_OPS = ("exp", "log", "sqrt", "rsqrt", "recip", "abs", "neg", "sin", "cos", "tan", "sinh", "cosh",
              "asin", "acos", "atan", "asinh", "acosh", "atanh", "ceil", "floor", "round", "sign", "erf",
              "square", "not", "erfc")
+#: Activation types. hard_sigmoid is relu6(x + 3) / 6, or relu6(x + 3) * alpha where alpha is given (Keras writes
+#: both: its backend divides by 6, MobileNetV3 multiplies by float32(1/6)); hard_swish is x * hard_sigmoid(x).
 ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
-               "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid")
+               "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid", "hard_swish")
 #: Reduce ops; the last five come from the builder's reduction fusions (norms and log-sums).
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "l1", "sum_squares", "l2", "log_sum", "log_sum_exp")
 #: Padding modes: constant (Pad, PadV2) and MirrorPad's two.

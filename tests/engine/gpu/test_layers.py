@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine.builder.fusions.activation import SIXTH
 
 from gpu_helpers import GPU, compare, healthy_gpu, normal, single  # noqa: F401 (autouse fixture)
 
@@ -46,6 +47,11 @@ CONV_CASES = {
     "gelu_tanh": ((1, 6, 6, 8), conv_params(act={"type": "gelu_tanh"}), (3, 3, 8, 8), True),
     "selu_epilogue": ((1, 6, 6, 8), conv_params(act={"type": "selu"}), (3, 3, 8, 8), True),
     "clip": ((1, 6, 6, 8), conv_params(act={"type": "clip", "alpha": -0.5, "beta": 0.5}), (3, 3, 8, 8), True),
+    "hard_swish_epilogue": ((1, 6, 6, 8), conv_params(act={"type": "hard_swish"}), (3, 3, 8, 8), True),
+    "hard_sigmoid_epilogue": ((1, 6, 6, 8), conv_params(act={"type": "hard_sigmoid", "alpha": SIXTH}), (3, 3, 8, 8),
+                              True),
+    "depthwise_hard_swish": ((2, 8, 8, 16), conv_params(groups=16, act={"type": "hard_swish", "alpha": SIXTH}),
+                             (3, 3, 1, 16), True),
     "conv1d": ((2, 20, 8), conv_params(nsp=1), (3, 8, 16), True),
     "conv3d": ((1, 5, 6, 7, 8), conv_params(nsp=3), (3, 3, 3, 8, 8), True),
 }
@@ -95,7 +101,9 @@ def test_matrix_multiply(case, precision):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_matrix_multiply_constant_bias_activation(precision):
+@pytest.mark.parametrize("act", [{"type": "gelu_erf"}, {"type": "hard_swish"},
+                                 {"type": "hard_sigmoid", "alpha": SIXTH}], ids=lambda a: a["type"])
+def test_matrix_multiply_constant_bias_activation(act, precision):
     from tftrt_py.engine import Network
 
     w, bias = kernel(64, 48), rng0.standard_normal(48).astype(np.float32)
@@ -103,7 +111,7 @@ def test_matrix_multiply_constant_bias_activation(precision):
     def build():
         net = Network("fc")
         x = net.add_input("x0", "float32", (8, 64))
-        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w)], {"activation": {"type": "gelu_erf"}},
+        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w)], {"activation": act},
                           {"bias": bias}).outputs[0]
         net.mark_output(y, name="y0")
         return net
@@ -341,8 +349,7 @@ def test_unary(op, precision):
     compare(single("Unary", [("float32", shape)], {"op": op}), normal(shape, low=low, high=high), precision)
 
 
-ACT_PARAMS = {"clip": {"alpha": -0.5, "beta": 0.7}, "leaky_relu": {"alpha": 0.1}, "elu": {"alpha": 1.3},
-              "hard_sigmoid": {"alpha": 0.2, "beta": 0.5}}
+ACT_PARAMS = {"clip": {"alpha": -0.5, "beta": 0.7}, "leaky_relu": {"alpha": 0.1}, "elu": {"alpha": 1.3}}
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -351,6 +358,15 @@ def test_activation(act, precision):
     shape = (4, 33)
     params = dict({"type": act}, **ACT_PARAMS.get(act, {}))
     compare(single("Activation", [("float32", shape)], params), normal(shape, low=-4.0, high=4.0), precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("act", ["hard_sigmoid", "hard_swish"])
+def test_hard_activation_times_sixth(act, precision):
+    """Keras MobileNetV3's form: relu6(x + 3) times float32(1/6), around the kinks at -3 and 3."""
+    shape = (4, 33)
+    compare(single("Activation", [("float32", shape)], {"type": act, "alpha": SIXTH}),
+            normal(shape, low=-4.0, high=4.0), precision)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

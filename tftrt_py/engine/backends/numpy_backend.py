@@ -59,6 +59,12 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(c * (x + np.asarray(0.044715, x.dtype) * x ** 3)))
 
 
+def _hard_sigmoid(x, alpha):
+    """relu6(x + 3) / 6, or * alpha: the steps and their order are TF's, so float32 results are TF's bits."""
+    r = np.minimum(np.maximum(x + np.asarray(3, x.dtype), np.asarray(0, x.dtype)), np.asarray(6, x.dtype))
+    return r / np.asarray(6, x.dtype) if alpha is None else r * np.asarray(alpha, x.dtype)
+
+
 def _sigmoid(x):
     with np.errstate(over="ignore"):  # exp overflows to inf for very negative x: sigmoid is then 0
         return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
@@ -81,7 +87,8 @@ ACTIVATION_FNS = {
     "gelu_erf": lambda x, a, b: _gelu_erf(x),
     "gelu_tanh": lambda x, a, b: _gelu_tanh(x),
     "swish": lambda x, a, b: x * _sigmoid(x),
-    "hard_sigmoid": lambda x, a, b: np.clip(x * np.asarray(a, x.dtype) + np.asarray(b, x.dtype), 0, 1),
+    "hard_sigmoid": lambda x, a, b: _hard_sigmoid(x, a),
+    "hard_swish": lambda x, a, b: x * _hard_sigmoid(x, a),
 }
 
 UNARY_FNS = {

@@ -1,5 +1,5 @@
-"""Activations: recognized in element-wise subgraphs (swish, both GELU forms), then fused into the
-Convolution, MatrixMultiply, MLP or Scale layer before them."""
+"""Activations: recognized in element-wise subgraphs (swish, both GELU forms, Keras's hard sigmoid and hard
+swish), then fused into the Convolution, MatrixMultiply, MLP or Scale layer before them."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +17,7 @@ __all__ = ["recognize_activations", "fuse_activations", "nonnegative", "FUSABLE"
 logger = logging.getLogger(__name__)
 
 _EPILOGUE = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh",
-                       "swish"})
+                       "swish", "hard_sigmoid", "hard_swish"})
 #: layer kind -> the activation types it can apply to its own output
 FUSABLE = {"Convolution": _EPILOGUE, "MatrixMultiply": _EPILOGUE, "MLP": frozenset(ACTIVATIONS),
            "Scale": frozenset(ACTIVATIONS)}
@@ -25,8 +25,12 @@ FUSABLE = {"Convolution": _EPILOGUE, "MatrixMultiply": _EPILOGUE, "MLP": frozens
 #: activations that never give a negative value (and clip with a lower bound alpha >= 0)
 NONNEGATIVE = frozenset({"relu", "relu6", "sigmoid", "softplus", "hard_sigmoid"})
 
-#: activations recognized in element-wise subgraphs, tried in this order
-RECOGNIZED = ("swish", "gelu_erf", "gelu_tanh", "sigmoid", "softplus")
+#: float32(1/6): Keras MobileNetV3's hard sigmoid multiplies by it (Keras's backend divides by 6)
+SIXTH = float(np.float32(1 / 6))
+#: activations recognized in element-wise subgraphs: one computing the same bits wins, else the first close one
+RECOGNIZED = ({"type": "swish"}, {"type": "gelu_erf"}, {"type": "gelu_tanh"}, {"type": "sigmoid"},
+              {"type": "softplus"}, {"type": "hard_sigmoid"}, {"type": "hard_sigmoid", "alpha": SIXTH},
+              {"type": "hard_swish"}, {"type": "hard_swish", "alpha": SIXTH})
 #: which layers a recognized subgraph may contain
 POINTWISE = {"ElementWise": ("sum", "sub", "prod", "div", "max", "min", "pow"),
              "Unary": tuple(op for op in UNARY_OPS if op != "not"), "Activation": ACTIVATIONS}
@@ -34,7 +38,7 @@ MAX_REGION = 12
 #: the points where a subgraph and an activation must agree (wide, so a clamp far out does not pass)
 PROBE = np.concatenate([np.linspace(-8, 8, 321), [-100.0, -30.0, 30.0, 100.0]]).astype(np.float32)
 with np.errstate(over="ignore"):
-    _EXPECTED = {kind: ACTIVATION_FNS[kind](PROBE, None, None) for kind in RECOGNIZED}
+    _EXPECTED = [(act, ACTIVATION_FNS[act["type"]](PROBE, act.get("alpha"), None)) for act in RECOGNIZED]
 
 
 def _pointwise(layer) -> bool:
@@ -76,8 +80,12 @@ def _evaluate(region, x) -> np.ndarray:
 def recognized_activation(network, users, layer):
     """x -> (a few element-wise layers on x and scalar constants) -> y   =>   Activation(x) -> y
 
-    E.g. x * sigmoid(x) (swish), 0.5 * x * (1 + erf(x / sqrt 2)) (GELU) or its tanh form: the
-    subgraph is evaluated on PROBE and compared with each RECOGNIZED activation.
+    E.g. x * sigmoid(x) (swish), 0.5 * x * (1 + erf(x / sqrt 2)) (GELU) or its tanh form, Keras's hard swish:
+
+        x --+--> AddV2(3) -> Relu6 -> RealDiv(6) --> Mul -> y      (hard sigmoid: without the Mul;
+            +-------------------------------------->                MobileNetV3 multiplies by 1/6)
+
+    The subgraph is evaluated on PROBE and compared with each RECOGNIZED activation.
     """
     out = layer.outputs[0]
     if out.dtype not in FLOATS or not _pointwise(layer):
@@ -96,9 +104,10 @@ def recognized_activation(network, users, layer):
         if region is None or len(region) < 2:
             continue
         y = _evaluate(region, x)
-        for kind, expected in _EXPECTED.items():
-            if np.allclose(y, expected, rtol=1e-5, atol=1e-6):
-                return Fused(f"{kind} recognized", region, "Activation", [x], {"type": kind}, {})
+        act = next((a for a, want in _EXPECTED if np.array_equal(y, want)), None) or next(
+            (a for a, want in _EXPECTED if np.allclose(y, want, rtol=1e-5, atol=1e-6)), None)
+        if act is not None:
+            return Fused(f"{act['type']} recognized", region, "Activation", [x], dict(act), {})
     return None
 
 

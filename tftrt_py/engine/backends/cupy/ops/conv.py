@@ -21,7 +21,8 @@ __all__ = ["ConvGeom", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
 
 logger = logging.getLogger(__name__)
 
-#: Activations cuDNN applies inside a fused graph (others run in an epilogue kernel).
+#: Activations cuDNN applies inside a fused graph (others run in an epilogue kernel: cuDNN has no hard sigmoid or
+#: hard swish mode, and its relu clip then a scale would not round as TF does).
 CUDNN_ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "sigmoid", "tanh", "swish", "gelu_erf", "gelu_tanh")
 
 

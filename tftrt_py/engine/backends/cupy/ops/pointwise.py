@@ -76,6 +76,12 @@ lit = kernels.flit
 
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
 
+def _hard_sigmoid(x: str, alpha) -> str:
+    """relu6(x + 3) / 6, or * alpha: TF's steps in TF's order (no add follows a product: nothing contracts to fma)."""
+    scale = "/ 6.0f" if alpha is None else f"* {lit(alpha)}"
+    return f"(tt_min(tt_max(({x}) + 3.0f, 0.0f), 6.0f) {scale})"
+
+
 _ACTIVATIONS: Dict[str, Callable[[str, float, float], str]] = {
     "relu": lambda x, a, b: f"tt_max({x}, 0.0f)",
     "relu6": lambda x, a, b: f"tt_min(tt_max({x}, 0.0f), 6.0f)",
@@ -91,7 +97,8 @@ _ACTIVATIONS: Dict[str, Callable[[str, float, float], str]] = {
     "gelu_tanh": lambda x, a, b: (f"(0.5f * ({x}) * (1.0f + tanhf({lit(np.float32(np.sqrt(2.0 / np.pi)))} * "
                                   f"(({x}) + 0.044715f * ({x}) * ({x}) * ({x})))))"),
     "swish": lambda x, a, b: f"(({x}) * tt_sigmoid({x}))",
-    "hard_sigmoid": lambda x, a, b: f"tt_min(tt_max(({x}) * {lit(a)} + {lit(b)}, 0.0f), 1.0f)",
+    "hard_sigmoid": lambda x, a, b: _hard_sigmoid(x, a),
+    "hard_swish": lambda x, a, b: f"(({x}) * {_hard_sigmoid(x, a)})",
 }
 
 
