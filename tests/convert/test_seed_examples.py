@@ -63,5 +63,5 @@ def test_tf2_workflow_with_a_saved_model(tmp_path):
     graph_def = frozen_func.graph.as_graph_def()
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
     [name] = [n.name.split("/")[-1] for n in nodes if n.op == "TRTEngineOp"]
-    stats = trt.engine_op_stats()[name]
-    assert stats["builds"] == 1 and stats["hits"] >= 1 and stats["fallback_total"] == 0
+    stats = trt.engine_op_stats()[name]  # the loaded model's op: its engine came from the SavedModel's assets
+    assert stats["builds"] == 0 and stats["hits"] >= 1 and stats["fallback_total"] == 0

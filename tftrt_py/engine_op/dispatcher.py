@@ -564,9 +564,10 @@ def find(segment_key: str) -> Optional[EngineOp]:
 def stats() -> Dict[str, dict]:
     """Counters (hits, builds, build failures, evictions, engine runs, fallbacks) by engine op name.
 
-    Ops of different models that share a name are told apart by their segment key.
+    Where ops of several models (or loads) share a name, the one created last keeps the plain name and the
+    others add their native segment function's name: ``"TRTEngineOp_000_000 [<function>]"``.
     """
-    ops = engine_ops().values()
-    names = collections.Counter(op.name for op in ops)
-    return {(op.name if names[op.name] == 1 else f"{op.name} [{op.segment_key[:8]}]"):
+    ops = list(engine_ops().values())  # in creation order
+    last = {op.name: op for op in ops}
+    return {(op.name if last[op.name] is op else f"{op.name} [{op.key[1]}]"):
             dict(op.stats.as_dict(), engines=len(op.cache)) for op in ops}
