@@ -55,7 +55,7 @@ def main():
     start = time.perf_counter()
     converter.build(input_fn=lambda: iter([{name: rng.standard_normal(shape).astype("float32")}]))
     build_s = time.perf_counter() - start
-    converter.save(converted_dir)
+    converter.save(converted_dir, overwrite=True)  # the demo's own output directory, rewritten each run
     converted = tf.saved_model.load(converted_dir).signatures["serving_default"]
 
     feed = {name: tf.constant(rng.standard_normal(shape).astype("float32"))}
@@ -64,7 +64,9 @@ def main():
     ok = all(np.allclose(got[k].numpy(), want[k].numpy(), rtol=1e-4, atol=1e-4) for k in want)
     native_ms = _latency_ms(native, feed, args.runs)
     converted_ms = _latency_ms(converted, feed, args.runs)
-    stats = trt.engine_op_stats()
+    # the converted model's ops (an op of the same name may remain from the converter: it has a longer key)
+    served = [n.name for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
+    stats = {k: trt.engine_op_stats()[k] for k in served}
     print(f"[demo] outputs match native TF: {ok} (max abs diff {worst:.2e}, tolerance 1e-4)")
     print(f"[demo] convert {convert_s:.2f} s, build {build_s:.2f} s; engine ops: "
           + ", ".join(f"{k}: {v['engines']} engine(s), {v['fallback_total']} fallback(s)" for k, v in stats.items()))
