@@ -72,6 +72,15 @@ def test_errors_exit_1_with_one_line(saved_model, run_cli, tmp_path):
     assert proc.returncode == 1 and "Traceback" in proc.stderr
 
 
+def test_overwrite_converts_into_a_non_empty_output_dir(saved_model, run_cli, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "file").write_text("x")
+    proc = run_cli("cli_convert", "--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "full"),
+                   "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "full" / "saved_model.pb").is_file()
+
+
 def test_conversion_errors_exit_1_without_traceback(saved_model, run_cli, tmp_path):
     proc = run_cli("cli_convert", "--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "o"),
                    "--signature-key", "nope")

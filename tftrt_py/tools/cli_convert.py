@@ -129,7 +129,7 @@ def _run(args) -> int:
         raise ToolError(f"{len(native)} engine op(s) got no engine for the --build-data shapes and would run their "
                         f"native segment: {'; '.join(describe_native_runs(native))}. "
                         f"Nothing was saved; pass --allow-native-segments to save anyway")
-    converter.save(args.output_dir)
+    converter.save(args.output_dir, overwrite=args.overwrite)
     if args.summary:
         converter.summary()
     print()
