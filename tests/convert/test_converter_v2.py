@@ -201,7 +201,7 @@ def test_failed_build_falls_back_and_is_remembered(saved_model, monkeypatch, cap
 def test_runtime_failure_falls_back(saved_model, monkeypatch):
     from tftrt_py.engine.runtime import ExecutionContext
 
-    def broken(self, inputs):
+    def broken(self, inputs, outputs=None):
         raise RuntimeError("simulated runtime failure")
 
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))

@@ -40,9 +40,10 @@ class FakeDispatcher:
             self.handles.append(next(_handles))
             return self.handles[-1]
 
-    def run(self, handle, inputs, assets):
+    def run(self, handle, inputs, assets, allocate):
         with self.lock:
             self.runs.append((handle, inputs, assets))
+            self.allocate = allocate  # the latest call's
         return self.respond(handle, inputs, assets)
 
     def release(self, handle):
@@ -93,6 +94,49 @@ def test_outputs_come_from_run(ops, fake):
     assert all(isinstance(v, memoryview) and v.readonly for _, _, v in inputs)
     np.testing.assert_array_equal(as_array(inputs[0]), x)
     np.testing.assert_array_equal(as_array(inputs[1]), n)
+
+
+def test_outputs_written_through_allocate_are_tensorflows_own(ops, fake):
+    """allocate(index, shape) gives a writable view of TF's output tensor: what run() writes there is the
+    op's output, with no copy back; outputs it did not allocate are still copied from what run() returns."""
+    def respond(h, inputs, assets):
+        x = as_array(inputs[0])
+        first = np.frombuffer(fake.allocate(0, x.shape), np.float32).reshape(x.shape)
+        np.multiply(x, 3, out=first)
+        return [first, np.array([5, 6], np.int32)]
+    fake.respond = respond
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32, tf.int32])
+
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    first, second = f(x)
+    np.testing.assert_array_equal(first.numpy(), x * 3)
+    np.testing.assert_array_equal(second.numpy(), [5, 6])
+
+
+def test_allocate_refuses_bad_requests_and_use_after_the_call(ops, fake):
+    errors = []
+
+    def respond(h, inputs, assets):
+        for args in [(1, (2,)), (-1, (2,)), (0, (-5,)), (0, "ab"), (0, (2**62, 2**62))]:
+            try:
+                fake.allocate(*args)
+            except (IndexError, ValueError, TypeError, RuntimeError) as exc:
+                errors.append(type(exc).__name__)
+        return [as_array(inputs[0])]
+    fake.respond = respond
+
+    @tf.function
+    def f(x):
+        return ops.trt_engine_op([x], [], OutT=[tf.float32])
+
+    x = np.ones(2, np.float32)
+    np.testing.assert_array_equal(f(x)[0].numpy(), x)
+    assert errors == ["IndexError", "IndexError", "ValueError", "TypeError", "ValueError"]
+    with pytest.raises(RuntimeError, match="only while the kernel's run"):
+        fake.allocate(0, (2,))
 
 
 def test_inputs_outlive_the_call_and_assets_are_bytes(ops, fake):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -12,7 +12,20 @@ from tftrt_py.engine.backends import get_backend
 from tftrt_py.engine.errors import NetworkError, RuntimeExecutionError
 from tftrt_py.engine.network import Network, Tensor
 
-__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationProfile", "rebatched"]
+__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationProfile", "rebatched", "deliver"]
+
+#: ``outputs(index, shape) -> writable array``: where an execution writes output `index` (see ExecutionContext.execute)
+Allocate = Callable[[int, Tuple[int, ...]], np.ndarray]
+
+
+def deliver(out: np.ndarray, index: int, outputs: Optional[Allocate], copy: bool = False) -> np.ndarray:
+    """Output `index` as the caller receives it: copied into ``outputs(index, shape)`` when given (cast as
+    needed), else C-contiguous (a copy of its own with `copy`, for a buffer the engine reuses)."""
+    if outputs is None:
+        return np.array(out, order="C") if copy else np.ascontiguousarray(out)
+    dst = outputs(index, out.shape)
+    np.copyto(dst, out, casting="unsafe")
+    return dst
 
 
 def rowwise(network: Network) -> bool:
@@ -268,7 +281,10 @@ class ExecutionContext:
         create_runner = getattr(self.backend, "create_runner", None)
         self._runner = create_runner(engine) if create_runner is not None else None
 
-    def _check_inputs(self, bindings: Mapping[str, np.ndarray]) -> Tuple[Dict[str, np.ndarray], int]:
+    def _check_inputs(self, bindings: Mapping[str, np.ndarray], pad: bool = True
+                      ) -> Tuple[Dict[str, np.ndarray], Optional[int]]:
+        """Input arrays by binding name, checked against the engine, and the batch (None: no batch dim).
+        With `pad`, a smaller batch of a row-wise engine is padded to the engine's (its last row repeated)."""
         eng = self.engine
         missing = [t.name for t in eng.inputs if t.name not in bindings]
         if missing:
@@ -287,15 +303,20 @@ class ExecutionContext:
                 f"{[list(t.shape) for t in eng.inputs]}" + (" (batch <= engine batch allowed)" if eng.rowwise else ""))
         if eng.inputs and eng.inputs[0].rank:
             batch = shapes[0][0]
-            if batch < eng.max_batch_size:
+            if pad and batch < eng.max_batch_size:
                 values = {k: np.concatenate([v, np.repeat(v[-1:], eng.max_batch_size - batch, axis=0)])
                           for k, v in values.items()}
         return values, batch
 
-    def execute(self, bindings: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """Run the engine on input arrays keyed by binding name; returns outputs by binding name."""
+    def execute(self, bindings: Mapping[str, np.ndarray], outputs: Optional[Allocate] = None
+                ) -> Dict[str, np.ndarray]:
+        """Run the engine on input arrays keyed by binding name; returns outputs by binding name.
+
+        `outputs(index, shape)`, when given, returns the writable array output `index` is written into (a
+        caller's buffer: TRTEngineOp hands TensorFlow's output tensors), and those arrays are returned.
+        """
         if self._runner is not None:  # backend hook (device arrays in give device arrays out)
-            return self._runner.execute(self, bindings)
+            return self._runner.execute(self, bindings, outputs)
         with self._lock:
             values, batch = self._check_inputs(bindings)
             last_use = self.engine._last_use
@@ -320,12 +341,12 @@ class ExecutionContext:
                 out = values[t.name]
                 if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
                     out = out[:batch]
-                outs[t.name] = np.asarray(out, order="C")
+                outs[t.name] = deliver(out, i, outputs)
             return outs
 
-    def execute_v2(self, inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+    def execute_v2(self, inputs: Sequence[np.ndarray], outputs: Optional[Allocate] = None) -> List[np.ndarray]:
         """Positional form of :meth:`execute`: inputs in binding order, outputs in binding order."""
-        outs = self.execute({t.name: a for t, a in zip(self.engine.inputs, inputs)})
+        outs = self.execute({t.name: a for t, a in zip(self.engine.inputs, inputs)}, outputs)
         return [outs[t.name] for t in self.engine.outputs]
 
     def execute_async(self, bindings: Mapping[str, np.ndarray], stream=None) -> Dict[str, np.ndarray]:

@@ -4,9 +4,10 @@ The C++ kernel (kernel.cc) calls three functions of this module, looked up by na
 every call:
 
 - ``create(node_def: bytes, function_def: bytes) -> int`` when a kernel is constructed;
-- ``run(handle, inputs, assets) -> list[np.ndarray] | None`` per execution, where inputs
-  is a list of ``(dtype name, shape tuple, memoryview)`` and assets the ``engine_assets``
-  strings as bytes; None asks the kernel to run the native segment function;
+- ``run(handle, inputs, assets, allocate) -> list[np.ndarray] | None`` per execution, where inputs
+  is a list of ``(dtype name, shape tuple, memoryview)`` (TensorFlow's buffers, not copied), assets
+  the ``engine_assets`` strings as bytes and ``allocate(index, shape) -> memoryview`` allocates an
+  output tensor for the engine to write into; None asks the kernel to run the native segment function;
 - ``release(handle)`` when the kernel is destroyed.
 
 Kernels of one loaded function share one :class:`EngineOp`: the op is keyed by the segment key, the
@@ -35,6 +36,7 @@ from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
+from tftrt_py.engine_op.pool import ContextPool
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
 __all__ = ["create", "run", "release", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
@@ -232,7 +234,7 @@ class EngineOp:
 
     def _insert(self, key, engine) -> None:
         evicted = self.cache.insert(key, engine)
-        self._contexts[key] = engine if isinstance(engine, ProfileEngine) else engine.create_execution_context()
+        self._contexts[key] = engine if isinstance(engine, ProfileEngine) else ContextPool(engine)
         self._contexts[key].profiler = self.profiler
         if evicted is not None:
             self._contexts.pop(evicted, None)
@@ -362,22 +364,43 @@ class EngineOp:
                 context.profiler = profiler
 
     # -- execution ----------------------------------------------------------
-    def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True
+    def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True, allocate=None
             ) -> Optional[List[np.ndarray]]:
-        """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively."""
+        """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively.
+
+        `allocate(index, shape)` (the kernel's) gives the buffer of TensorFlow's output tensor: engines write
+        their outputs there, and the arrays returned are views of them.
+        """
         if self.refused:  # neither an engine nor the native segment: both would recurse
             raise RecursiveSegmentError(f"no engine or native segment can serve it: {self.refused}")
         if assets:
             self.load_assets(assets)
         shapes = tuple(tuple(a.shape) for a in arrays)
-        with _LOCK:
-            collected = _COLLECTING.get(_text(self.segment_key))
-        if collected is not None:  # profile collection (TF-TRT's _profile_generation_mode): run natively
-            if shapes not in collected:
-                collected.append(shapes)
-            return None
+        if _COLLECTING:
+            with _LOCK:
+                collected = _COLLECTING.get(_text(self.segment_key))
+            if collected is not None:  # profile collection (TF-TRT's _profile_generation_mode): run natively
+                if shapes not in collected:
+                    collected.append(shapes)
+                return None
         if self.calibration.active:  # INT8 calibration: an FP32 engine records its tensors
             return self._calibrate(arrays)
+        context = self._context_for(shapes, allow_build)
+        if context is None:
+            return None
+        out_dtypes = self.out_dtypes
+        outputs = None if allocate is None else (
+            lambda i, shape: np.frombuffer(allocate(i, shape), out_dtypes[i]).reshape(shape))
+        try:
+            outs = context.execute_v2(arrays, outputs)
+        except Exception as exc:
+            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
+                                 shapes)
+        self.stats.engine_runs += 1
+        return [o if o.dtype == dt else np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
+
+    def _context_for(self, shapes, allow_build: bool):
+        """The context (pool) serving `shapes`, building an engine when allowed; None after a fallback."""
         with self._lock:
             key = self.cache.lookup(shapes)
             if key is not None:
@@ -399,13 +422,7 @@ class EngineOp:
                     context = context.context_for(shapes)
                 except EngineError as exc:
                     return self.fallback("build_failed", str(exc), shapes)
-        try:
-            outs = context.execute_v2(arrays)
-        except Exception as exc:
-            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
-                                 shapes)
-        self.stats.engine_runs += 1
-        return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
+            return context
 
     # -- INT8 calibration -----------------------------------------------------
     def _calibrate(self, arrays: List[np.ndarray]) -> Optional[List[np.ndarray]]:
@@ -529,10 +546,10 @@ def create(node_def: bytes, function_def: bytes) -> int:
     return handle
 
 
-def run(handle: int, inputs, assets) -> Optional[List[np.ndarray]]:
+def run(handle: int, inputs, assets, allocate=None) -> Optional[List[np.ndarray]]:
     op, allow_build = _HANDLES[handle]
     arrays = [np.frombuffer(buf, dtype=dtype).reshape(shape) for dtype, shape, buf in inputs]
-    return op.run(arrays, assets, allow_build)
+    return op.run(arrays, assets, allow_build, allocate)
 
 
 def release(handle: int) -> None:

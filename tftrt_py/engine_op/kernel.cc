@@ -6,7 +6,9 @@
 // Python protocol (functions looked up by name on every call):
 //   dispatcher.create(node_def: bytes, function_def: bytes) -> int
 //   dispatcher.run(handle: int, inputs: list[(dtype name, shape, memoryview)],
-//                  assets: list[bytes]) -> list of buffers | None
+//                  assets: list[bytes], allocate) -> list of buffers | None
+//     where allocate(index, shape) -> writable memoryview allocates an output
+//     tensor; outputs returned in the buffers it gave are not copied again
 //   dispatcher.release(handle: int)
 //
 // GIL rules: TF calls kernels without the GIL (the Python caller released it),
@@ -147,19 +149,22 @@ PyObject* CallDispatcher(const char* name, Args... args) {
 }
 
 // A Python object that owns a reference to a Tensor's buffer and exports it
-// read-only through the buffer protocol. The memoryviews handed to run() are
-// made from it, so they stay valid however long Python keeps them (a bare
-// PyMemoryView_FromMemory would dangle once the kernel call ends). Zero copy.
+// through the buffer protocol (read-only for inputs, writable for outputs).
+// The memoryviews handed to run() are made from it, so they stay valid however
+// long Python keeps them (a bare PyMemoryView_FromMemory would dangle once the
+// kernel call ends). Zero copy.
 struct TensorHolder {
   PyObject_HEAD
   Tensor* tensor;  // a copy sharing the buffer (refcounted), deleted in dealloc
+  int readonly;
 };
 
 int TensorHolderGetBuffer(PyObject* self, Py_buffer* view, int flags) {
   static char empty = 0;
-  auto data = reinterpret_cast<TensorHolder*>(self)->tensor->tensor_data();
+  auto* holder = reinterpret_cast<TensorHolder*>(self);
+  auto data = holder->tensor->tensor_data();
   void* ptr = data.empty() ? &empty : const_cast<char*>(data.data());
-  return PyBuffer_FillInfo(view, self, ptr, data.size(), /*readonly=*/1, flags);
+  return PyBuffer_FillInfo(view, self, ptr, data.size(), holder->readonly, flags);
 }
 
 void TensorHolderDealloc(PyObject* self) {
@@ -176,7 +181,7 @@ PyTypeObject* TensorHolderType() {
     t.tp_name = "tftrt_py.engine_op.TensorBuffer";
     t.tp_basicsize = sizeof(TensorHolder);
     t.tp_flags = Py_TPFLAGS_DEFAULT;
-    t.tp_doc = "A TensorFlow tensor's buffer, read-only.";
+    t.tp_doc = "A TensorFlow tensor's buffer.";
     t.tp_dealloc = TensorHolderDealloc;
     t.tp_as_buffer = &procs;
     return PyType_Ready(&t) == 0 ? &t : nullptr;
@@ -187,15 +192,83 @@ PyTypeObject* TensorHolderType() {
   return type;
 }
 
-// A read-only memoryview over `t`'s bytes (format 'B', 1-D), new reference.
-PyObject* ReadOnlyView(const Tensor& t) {
+// A memoryview over `t`'s bytes (format 'B', 1-D), new reference.
+PyObject* TensorView(const Tensor& t, bool writable) {
   PyTypeObject* type = TensorHolderType();
   if (type == nullptr) return nullptr;
   auto* holder = PyObject_New(TensorHolder, type);
   if (holder == nullptr) return nullptr;
   holder->tensor = new Tensor(t);
+  holder->readonly = writable ? 0 : 1;
   PyRef owner(reinterpret_cast<PyObject*>(holder));
   return PyMemoryView_FromObject(owner.get());  // keeps `owner` alive
+}
+
+// run()'s `allocate(index, shape) -> memoryview`: allocates output `index` of
+// the running kernel (TF's own output tensor) and returns a writable view of
+// it, so the engine writes its results in place and nothing is copied back.
+// Usable only during that run() call; afterwards it raises RuntimeError.
+struct OutputAllocator {
+  PyObject_HEAD
+  OpKernelContext* ctx;           // null once run() has returned
+  std::vector<const char*>* data;  // per output: the allocated buffer, or null
+};
+
+PyObject* OutputAllocatorCall(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* a = reinterpret_cast<OutputAllocator*>(self);
+  int index = 0;
+  PyObject* dims = nullptr;
+  if (kwargs != nullptr && PyDict_Size(kwargs) > 0) {
+    PyErr_SetString(PyExc_TypeError, "allocate(index, shape) takes no keywords");
+    return nullptr;
+  }
+  if (!PyArg_ParseTuple(args, "iO", &index, &dims)) return nullptr;
+  if (a->ctx == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "allocate() is usable only while the kernel's run() call lasts");
+    return nullptr;
+  }
+  if (index < 0 || index >= static_cast<int>(a->data->size())) {
+    PyErr_Format(PyExc_IndexError, "output %d of %d", index,
+                 static_cast<int>(a->data->size()));
+    return nullptr;
+  }
+  PyRef seq(PySequence_Fast(dims, "shape must be a sequence of ints"));
+  if (!seq) return nullptr;
+  TensorShape shape;
+  for (Py_ssize_t d = 0; d < PySequence_Fast_GET_SIZE(seq.get()); ++d) {
+    const long long n = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq.get(), d));
+    if (n == -1 && PyErr_Occurred()) return nullptr;
+    const absl::Status s = shape.AddDimWithStatus(n);
+    if (!s.ok()) {
+      PyErr_SetString(PyExc_ValueError, std::string(s.message()).c_str());
+      return nullptr;
+    }
+  }
+  Tensor* out = nullptr;
+  const absl::Status s = a->ctx->allocate_output(index, shape, &out);
+  if (!s.ok()) {
+    PyErr_SetString(PyExc_RuntimeError, std::string(s.message()).c_str());
+    return nullptr;
+  }
+  (*a->data)[index] = out->tensor_data().data();
+  return TensorView(*out, /*writable=*/true);
+}
+
+PyTypeObject* OutputAllocatorType() {
+  static PyTypeObject* type = []() -> PyTypeObject* {
+    static PyTypeObject t = {PyVarObject_HEAD_INIT(nullptr, 0)};
+    t.tp_name = "tftrt_py.engine_op.OutputAllocator";
+    t.tp_basicsize = sizeof(OutputAllocator);
+    t.tp_flags = Py_TPFLAGS_DEFAULT;
+    t.tp_doc = "allocate(index, shape): a writable view of the kernel's output.";
+    t.tp_call = OutputAllocatorCall;
+    return PyType_Ready(&t) == 0 ? &t : nullptr;
+  }();
+  if (type == nullptr && !PyErr_Occurred()) {
+    PyErr_SetString(PyExc_RuntimeError, "OutputAllocator type is unusable");
+  }
+  return type;
 }
 
 // ---------------------------------------------------------------------------
@@ -344,7 +417,7 @@ class TRTEngineOp : public AsyncOpKernel {
         if (dim == nullptr) return StatusFromPyErr(Prefix());
         PyTuple_SET_ITEM(shape.get(), d, dim);  // steals `dim`
       }
-      PyRef view(ReadOnlyView(t));
+      PyRef view(TensorView(t, /*writable=*/false));
       if (!view) return StatusFromPyErr(Prefix());
       PyObject* item = Py_BuildValue("(sOO)", dtype, shape.get(), view.get());
       if (item == nullptr) return StatusFromPyErr(Prefix());
@@ -365,8 +438,18 @@ class TRTEngineOp : public AsyncOpKernel {
 
     PyRef handle(PyLong_FromLongLong(handle_));
     if (!handle) return StatusFromPyErr(Prefix());
-    PyRef result(
-        CallDispatcher("run", handle.get(), inputs.get(), assets.get()));
+    PyTypeObject* alloc_type = OutputAllocatorType();
+    if (alloc_type == nullptr) return StatusFromPyErr(Prefix());
+    std::vector<const char*> allocated(out_types_.size(), nullptr);
+    auto* alloc = PyObject_New(OutputAllocator, alloc_type);
+    if (alloc == nullptr) return StatusFromPyErr(Prefix());
+    alloc->ctx = ctx;
+    alloc->data = &allocated;
+    PyRef allocate(reinterpret_cast<PyObject*>(alloc));
+    PyRef result(CallDispatcher("run", handle.get(), inputs.get(), assets.get(),
+                                allocate.get()));
+    alloc->ctx = nullptr;  // Python may keep it: it must not reach ctx later
+    alloc->data = nullptr;
     if (!result) return StatusFromPyErr(Prefix());
     if (result.get() == Py_None) return absl::OkStatus();
 
@@ -383,11 +466,25 @@ class TRTEngineOp : public AsyncOpKernel {
                                      " outputs; expected ", out_types_.size());
     }
     for (int i = 0; i < n; ++i) {
-      TF_RETURN_IF_ERROR(
-          SetOutput(ctx, i, PySequence_Fast_GET_ITEM(seq.get(), i)));
+      PyObject* item = PySequence_Fast_GET_ITEM(seq.get(), i);
+      if (allocated[i] != nullptr && WrittenInPlace(item, allocated[i])) continue;
+      TF_RETURN_IF_ERROR(SetOutput(ctx, i, item));
     }
     *served = true;
     return absl::OkStatus();
+  }
+
+  // Whether `obj` is the output buffer allocate() returned (starting at
+  // `data`): the engine wrote the output in place. GIL held.
+  static bool WrittenInPlace(PyObject* obj, const char* data) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    const bool same = b.buf == data;
+    PyBuffer_Release(&b);
+    return same;
   }
 
   // Copies array `obj` (any C-contiguous buffer) into output i. GIL held.

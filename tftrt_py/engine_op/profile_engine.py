@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Tuple
 
 from tftrt_py.engine import EngineError
 from tftrt_py.engine.runtime import OptimizationProfile
+from tftrt_py.engine_op.pool import ContextPool
 
 __all__ = ["ProfileEngine"]
 
@@ -59,10 +60,10 @@ class ProfileEngine:
             return [context.engine for context in self._contexts.values()]
 
     def add(self, engine) -> object:
-        """Keep `engine` (built for shapes inside the profile) as a specialisation; its execution context."""
+        """Keep `engine` (built for shapes inside the profile) as a specialisation; its execution contexts."""
         key = tuple(t.shape for t in engine.inputs)
         with self._lock:
-            context = engine.create_execution_context()
+            context = ContextPool(engine)
             context.profiler = self._profiler
             self._contexts[key] = context
             return context

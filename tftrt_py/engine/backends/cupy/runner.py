@@ -1,6 +1,7 @@
 """Running a program in one execution context: its own stream, handles, workspace, activation arena
 and binding buffers; the whole engine captured as CUDA graphs on the first run and replayed after.
-Host arrays travel through per-context pinned buffers, copied asynchronously on the context's stream.
+Host arrays travel through per-context pinned buffers, copied asynchronously on the context's stream
+(see staging).
 
 Steps that synchronize with the host (TopK, NMS) split the engine into several graphs with those
 steps run eagerly between them. If capture fails the context logs it once and runs eagerly.
@@ -15,7 +16,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy import _device, staging
 from tftrt_py.engine.backends.cupy.context import RunContext
 from tftrt_py.engine.backends.cupy.memory import OutOfGpuMemory
 from tftrt_py.engine.backends.cupy.program import Program
@@ -178,44 +179,37 @@ class Runner:
             raise RuntimeExecutionError(f"engine {self.engine.name!r} failed on the GPU: {exc}") from exc
 
     # -- host bindings (ExecutionContext.execute) -------------------------------------------------------
-    def execute(self, ctx, bindings: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def execute(self, ctx, bindings: Mapping[str, np.ndarray], outputs=None) -> Dict[str, np.ndarray]:
+        """Run on host arrays: each input copied once into this context's pinned buffer and from there to the
+        device (both in chunks that overlap, see staging), each output back through pinned memory into
+        ``outputs(index, shape)`` (TensorFlow's output tensors, when TRTEngineOp runs it) or a new array.
+
+        A smaller batch of a row-wise engine moves only its rows; the rows after them keep whatever the last
+        run left (rows are independent), as for device arrays.
+        """
         if any(_is_device_array(v) for v in bindings.values()):
             return self.execute_device(bindings, profiler=ctx.profiler)
-        with ctx._lock, self.lock:
-            values, batch = ctx._check_inputs(bindings)
-            self._check_shapes({k: v.shape for k, v in values.items()})
+        with self.lock:
+            values, batch = ctx._check_inputs(bindings, pad=False)
+            eng = self.engine
+            partial = batch is not None and eng.rowwise and batch < eng.max_batch_size
+            self._check_shapes({k: (eng.max_batch_size,) + v.shape[1:] if partial else v.shape
+                                for k, v in values.items()})
 
             def go():
                 staged = self._staging()
-                for binding, slot in self.program.inputs:  # host -> pinned -> device, async on our stream
-                    np.copyto(staged[slot], values[binding], casting="no")
-                    self.views[slot].set(staged[slot], stream=self.rc.stream)
+                stream = self.rc.stream
+                rows = _first_rows(batch if partial else None)
+                for binding, slot in self.program.inputs:
+                    staging.to_device(values[binding], rows(staged[slot]), rows(self.views[slot]), stream)
                 self._run(ctx.profiler)
                 for binding, slot in self.program.outputs:
-                    self.views[slot].get(stream=self.rc.stream, out=staged[slot])
-                self.rc.stream.synchronize()
-                outs = {}
-                for binding, slot in self.program.outputs:
-                    out = staged[slot]
-                    if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
-                        out = out[:batch]
-                    outs[binding] = np.array(out, order="C")  # a copy: the pinned buffer is reused
-                return outs
+                    rows(self.views[slot]).get(stream=stream, out=rows(staged[slot]))
+                stream.synchronize()
+                return {binding: staging.from_pinned(rows(staged[slot]), i, outputs)
+                        for i, (binding, slot) in enumerate(self.program.outputs)}
 
             return self._guarded(go)
-
-    def _staging(self) -> Dict[str, np.ndarray]:
-        """Pinned host buffers for the input and output bindings (made on the first host run, kept for the
-        context's life): copies from pinned memory run asynchronously on the context's stream."""
-        if self._pinned is None:
-            cupy = _device.require()
-            pinned = {}
-            for _, slot in self.program.inputs + self.program.outputs:
-                s = self.program.slots[slot]
-                mem = cupy.cuda.alloc_pinned_memory(max(s.nbytes, 1))
-                pinned[slot] = np.ndarray(s.shape, s.dtype, buffer=mem)
-            self._pinned = pinned
-        return self._pinned
 
     # -- device bindings --------------------------------------------------------------------------------
     def execute_device(self, bindings: Mapping[str, object], outputs: Optional[Mapping[str, object]] = None,
@@ -280,6 +274,11 @@ def _refund(ledger, charged, rc) -> None:
     for kind, nbytes in charged:
         ledger.release(kind, nbytes)
     rc.close()
+
+
+def _first_rows(batch: Optional[int]):
+    """A function giving an array's first `batch` rows (the whole array for None)."""
+    return (lambda a: a) if batch is None else (lambda a: a[:batch])
 
 
 def _is_device_array(value) -> bool:
