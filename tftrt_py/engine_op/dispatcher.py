@@ -36,6 +36,7 @@ from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
+from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
 from tftrt_py.engine_op.pool import ContextPool
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
@@ -90,6 +91,8 @@ def engine_backend() -> str:
             if _backend_name == "numpy":
                 logger.warning("TRTEngineOp engines run on the CPU (numpy backend): no usable NVIDIA GPU with "
                                "cupy here; set %s=cupy to require the GPU", BACKEND_ENV)
+        if _backend_name == "cupy":  # TensorFlow's GPUs leave engines memory, or every engine op fails saying why
+            prepare_tensorflow_gpus()
         return _backend_name
 
 
