@@ -5,15 +5,19 @@ A segment is a GraphDef plus its inputs (Placeholder names, in binding order) an
 Placeholders ``TensorRTInputPH_<i>`` and Identity nodes ``TensorRTOutputPH_<i>``; a native
 segment FunctionDef (possibly renamed by a SavedModel round trip) gives them by its
 signature. Engine bindings are always named ``TensorRTInputPH_<i>`` / ``TensorRTOutputPH_<i>``.
+Inputs given in ``SegmentGraph.weights`` (variable values, see convert/variables.py) keep their binding but
+the engine reads the value given as weights, not the binding.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
 
 from tftrt_py.calibration.collector import CalibrationEngine
 from tftrt_py.calibration.ranges import apply_ranges
-from tftrt_py.convert.context import ConversionContext
+from tftrt_py.convert.context import ConversionContext, Weights
 from tftrt_py.convert.errors import ConversionError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, tensor_ref
 from tftrt_py.convert.ops import get_converter
@@ -32,6 +36,8 @@ class SegmentGraph:
     graph_def: object
     inputs: List[str]  # Placeholder node names, in binding order
     outputs: List[str]  # tensor refs, in binding order
+    #: input index -> the value engines take as weights for that input (their binding goes unread)
+    weights: Dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_graph_def(cls, graph_def) -> "SegmentGraph":
@@ -79,7 +85,8 @@ def network_from_segment(segment: SegmentGraph, input_shapes: Sequence[Sequence[
     ctx = ConversionContext(network, precision)
     for i, (node_name, shape) in enumerate(zip(segment.inputs, input_shapes)):
         node = view.nodes[node_name]
-        ctx.set_outputs(node, [network.add_input(f"{INPUT_PREFIX}{i}", node.attr("dtype"), shape)])
+        binding = network.add_input(f"{INPUT_PREFIX}{i}", node.attr("dtype"), shape)
+        ctx.set_outputs(node, [binding if i not in segment.weights else _weights(segment, i, binding)])
     needed = _needed_nodes(view, segment)
     for node in view.topological_order():
         if node.name in needed and node.name not in segment.inputs:
@@ -90,6 +97,14 @@ def network_from_segment(segment: SegmentGraph, input_shapes: Sequence[Sequence[
     for i, ref in enumerate(segment.outputs):
         network.mark_output(ctx.as_tensor(ctx.values[tensor_ref(*ref.split(":"))]), name=f"{OUTPUT_PREFIX}{i}")
     return network
+
+
+def _weights(segment: SegmentGraph, index: int, binding) -> Weights:
+    value = segment.weights[index]
+    if value.shape != tuple(binding.shape) or value.dtype.name != binding.dtype:
+        raise ConversionError(f"weight input {index} holds {value.dtype.name}{list(value.shape)}, but the engine is "
+                              f"built for {binding.dtype}{list(binding.shape)}")
+    return Weights(value)
 
 
 def _needed_nodes(view: GraphView, segment: SegmentGraph) -> set:

@@ -13,7 +13,7 @@ from tensorflow.python.saved_model import signature_constants, tag_constants
 from tensorflow.python.trackable import autotrackable
 from tqdm import tqdm
 
-from tftrt_py.convert import graph_io, profiles as profiles_lib, summary as summary_lib
+from tftrt_py.convert import graph_io, profiles as profiles_lib, summary as summary_lib, variables
 from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
@@ -80,6 +80,14 @@ class TrtGraphConverterV2:
         if self._use_dynamic_shape:
             self._profile_strategy = (profiles_lib.PROFILE_STRATEGY_RANGE if dynamic_shape_profile_strategy is None
                                       else profiles_lib.verify_profile_strategy(dynamic_shape_profile_strategy))
+        # TF-TRT's experimental feature: variables stay variables (see convert/variables.py)
+        self.freeze = not variables.is_experimental_feature_activated(variables.DISABLE_GRAPH_FREEZING)
+        if not self.freeze and not self._use_dynamic_shape:
+            logger.warning("Disabling graph freezing is only possible in dynamic shape mode. The graph will be "
+                           "frozen.")
+            self.freeze = True
+        self._variable_reads = {}  # without freezing: ReadVariableOp name -> the variable it reads
+        self._captures = {}  # Placeholder name -> the outside tensor it captures (variable handles, unfrozen)
 
     # -- convert --------------------------------------------------------------
     def convert(self, calibration_input_fn=None):
@@ -97,28 +105,33 @@ class TrtGraphConverterV2:
         library.load()
         self._saved_model, self._func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
-        frozen = graph_io.freeze(self._func)
-        self._input_names = [t.name for t in frozen.inputs]
-        output_names = [t.name for t in frozen.outputs]
-        graph_def = graph_io.inline_calls(frozen.graph.as_graph_def(), keep={t.op.name for t in frozen.outputs})
-        graph_def = graph_io.optimize(graph_def, frozen.graph, self._input_names + output_names)
-        view = GraphView(graph_def)
+        func = graph_io.freeze(self._func) if self.freeze else self._func
+        self._captures = {internal.op.name: external for external, internal in func.graph.captures}
+        self._input_names = [t.name for t in func.inputs if t.op.name not in self._captures]
+        output_names = [t.name for t in func.outputs]
+        graph_def = graph_io.inline_calls(func.graph.as_graph_def(), keep={t.op.name for t in func.outputs})
+        graph_def = graph_io.optimize(graph_def, func.graph, self._input_names + output_names)
+        self._variable_reads = variables.variable_reads(graph_def, variables.captured_variables(func))
+        view = variables.WeightsView(graph_def, self._variable_reads) if self._variable_reads else GraphView(graph_def)
         params = self._conversion_params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names,
                                precision_mode=canonical_precision(params.precision_mode))
         self._report = result.report
+        segments = variables.reads_as_inputs(result.segments, self._variable_reads)
         attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
                               max_cached_engines_count=params.maximum_cached_engines,
                               workspace_size_bytes=params.max_workspace_size_bytes,
                               use_calibration=params.use_calibration)
         if self._use_dynamic_shape:
             attrs.profile_strategy = self._profile_strategy
-        converted, fetch_map = rewrite(graph_def, view, result.segments, attrs, fetches=output_names)
+        converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
+        variables.mark_weight_inputs(converted, self._variable_reads)
         self._output_names = [fetch_map[n] for n in output_names]
         self._converted_graph_def = converted
         self._converted_func = graph_io.function_from_graph_def(self._func, converted, self._input_names,
-                                                                self._output_names)
-        logger.info("converted %s: %d engine op(s)", self._input_saved_model_dir, len(result.segments))
+                                                                self._output_names, self._captures)
+        logger.info("converted %s: %d engine op(s)%s", self._input_saved_model_dir, len(segments),
+                    "" if self.freeze else f", {len(self._variable_reads)} variable read(s) kept")
         if self._need_calibration:
             self._execute_calibration(calibration_input_fn)
         self._converted = True
@@ -144,7 +157,8 @@ class TrtGraphConverterV2:
         for node, table in zip(nodes, tables):
             node.attr["calibration_data"].s = table
         self._converted_func = graph_io.function_from_graph_def(self._func, self._converted_graph_def,
-                                                                self._input_names, self._output_names)
+                                                                self._input_names, self._output_names,
+                                                                self._captures)
         self._calibrated = True
         self._calibration_seconds = time.perf_counter() - start
         logger.info("INT8 calibration (%s) of %d engine op(s) over %d batch(es): %.2f s", algorithm, len(nodes),
@@ -213,11 +227,13 @@ class TrtGraphConverterV2:
                 self._converted_func(*args, **kwargs)
         finally:
             collected = {key: dispatcher.stop_collecting(key) for key in keys}
+        nodes = {n.attr["segment_key"].s.decode(): n for n in self._engine_nodes()}
         for key in keys:
             op = dispatcher.find(key)
             profiles = profiles_lib.make_profiles(self._profile_strategy, collected[key])
             if op is None or not profiles:
                 continue
+            self._bind_variable_values(op, nodes[key])
             if len(profiles) > self._conversion_params.maximum_cached_engines:
                 logger.warning("%s: %s makes %d profiles but maximum_cached_engines is %d: later profile "
                                "engines evict earlier ones", op.name, self._profile_strategy, len(profiles),
@@ -225,6 +241,12 @@ class TrtGraphConverterV2:
             op.add_profiles(profiles, collected[key])
             logger.info("%s: %d profile engine(s) (%s) for %d collected shape(s)", op.name, len(profiles),
                         self._profile_strategy, len(collected[key]))
+
+    def _bind_variable_values(self, op, node):
+        """Without freezing: the op's engines take the values its variable inputs hold now as weights."""
+        reads = {i: self._variable_reads[node.input[i].split(":")[0]] for i in variables.weight_inputs(node)}
+        if reads:
+            variables.bind_weights(op.segment_graph(), node, {i: v.numpy() for i, v in reads.items()})
 
     # -- save -----------------------------------------------------------------
     def _engine_nodes(self):
@@ -278,8 +300,10 @@ class TrtGraphConverterV2:
             captures[placeholder.name] = asset.asset_path
             logger.info("saving %d engine(s) of %s", len(plans) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
+        if not self.freeze:
+            root.tftrt_variables = list(self._func.variables)
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
-                                                captures)
+                                                {**captures, **self._captures})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},
                             options=options)
 
