@@ -66,8 +66,7 @@ def _hard_sigmoid(x, alpha):
 
 
 def _sigmoid(x):
-    with np.errstate(over="ignore"):  # exp overflows to inf for very negative x: sigmoid is then 0
-        return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+    return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)  # exp overflows to inf for very negative x: sigmoid is 0
 
 
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
@@ -116,14 +115,6 @@ ELEMENTWISE_FNS = {
     "bitwise_and": np.bitwise_and,
 }
 
-def _log_sum_exp(x, axis, keepdims):
-    """log(sum(exp(x))) without overflow: the maximum is taken out first."""
-    m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
-    return out if keepdims else np.squeeze(out, axis=axis)
-
-
 def _sum_squares(x, axis, keepdims):
     return np.sum(np.square(x), axis=axis, keepdims=keepdims)
 
@@ -133,7 +124,7 @@ REDUCE_FNS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "pro
               "sum_squares": _sum_squares,
               "l2": lambda x, axis, keepdims: np.sqrt(_sum_squares(x, axis, keepdims)),
               "log_sum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
-              "log_sum_exp": _log_sum_exp}
+              "log_sum_exp": lambda x, axis, keepdims: np.log(np.sum(np.exp(x), axis=axis, keepdims=keepdims))}
 
 
 def apply_activation(x, activation):
@@ -243,9 +234,8 @@ def _matmul(layer, inputs):
 @kernel("MLP")
 def _mlp(layer, inputs):
     x = inputs[0]
-    with np.errstate(over="ignore"):
-        for i, activation in enumerate(layer.params["activations"]):
-            x = apply_activation(x @ layer.weights[f"w{i}"] + layer.weights[f"b{i}"], activation)
+    for i, activation in enumerate(layer.params["activations"]):
+        x = apply_activation(x @ layer.weights[f"w{i}"] + layer.weights[f"b{i}"], activation)
     return [x.astype(layer.outputs[0].dtype, copy=False)]
 
 
@@ -262,15 +252,13 @@ def _select(layer, inputs):
 
 @kernel("Unary")
 def _unary(layer, inputs):
-    with np.errstate(all="ignore"):
-        out = UNARY_FNS[layer.params["op"]](inputs[0])
+    out = UNARY_FNS[layer.params["op"]](inputs[0])
     return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
 @kernel("Activation")
 def _activation(layer, inputs):
-    with np.errstate(over="ignore"):
-        out = apply_activation(inputs[0], layer.params)
+    out = apply_activation(inputs[0], layer.params)
     return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
@@ -293,8 +281,7 @@ def _scale(layer, inputs):
         out = out + shift
     if power is not None:
         out = out ** power
-    with np.errstate(over="ignore"):
-        out = apply_activation(out, layer.params.get("activation"))
+    out = apply_activation(out, layer.params.get("activation"))
     return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
@@ -305,9 +292,9 @@ def _pooling(layer, inputs):
     nsp = len(p["window"])
     ones = [1] * nsp
     axes = tuple(range(-nsp, 0))
-    if p["type"] == "max":
+    if p["type"] == "max":  # TF's MaxPool: NaN skipped, nothing below the dtype's lowest (all-NaN windows give it)
         win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"], -np.inf)
-        out = win.max(axis=axes)
+        out = np.fmax.reduce(win, axis=axes, initial=np.finfo(x.dtype).min)
     else:
         win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"])
         out = win.sum(axis=axes, dtype=np.float32)
@@ -326,15 +313,22 @@ def _reduce(layer, inputs):
     if layer.params.get("first_perm") is not None:
         x = np.transpose(x, layer.params["first_perm"])
     axes = tuple(a % x.ndim for a in layer.params["axes"])
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        out = REDUCE_FNS[layer.params["op"]](x, axis=axes, keepdims=bool(layer.params.get("keep_dims")))
+    out = REDUCE_FNS[layer.params["op"]](x, axis=axes, keepdims=bool(layer.params.get("keep_dims")))
     return [np.asarray(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
 @kernel("ArgReduce")
 def _argreduce(layer, inputs):
-    fn = np.argmax if layer.params["op"] == "max" else np.argmin
-    return [fn(inputs[0], axis=layer.params["axis"]).astype(np.int32)]
+    """TF's ArgMax/ArgMin: the first index of the extreme among values beyond the dtype's lowest (highest), NaN
+    skipped; 0 where there is none (a row of NaN or -Inf)."""
+    x, axis = inputs[0], layer.params["axis"]
+    if layer.params["op"] == "min":
+        x = np.negative(x) if x.dtype.kind == "f" else ~x  # ~x reverses integer order without overflow
+    if x.dtype.kind != "f":
+        return [np.argmax(x, axis=axis).astype(np.int32)]
+    beyond = x > np.finfo(x.dtype).min
+    found = np.argmax(np.where(beyond, x, -np.inf), axis=axis)
+    return [np.where(beyond.any(axis=axis), found, 0).astype(np.int32)]
 
 
 @kernel("Shuffle")
@@ -527,7 +521,7 @@ def _resize(layer, inputs):
 
 
 class NumpyBackend:
-    """Runs layers with numpy on the host."""
+    """Runs layers with numpy on the host, with IEEE semantics and no warnings: NaN and Inf propagate as in TF."""
 
     name = "numpy"
 
@@ -535,8 +529,9 @@ class NumpyBackend:
         fn = KERNELS.get(layer.kind)
         if fn is None:
             raise BackendError(f"don't know how to run layer kind {layer.kind!r} on backend 'numpy'")
-        if layer.precision in ("FP16", "INT8"):  # computed as the GPU computes them
-            from tftrt_py.engine.backends import numpy_precision
+        with np.errstate(all="ignore"):
+            if layer.precision in ("FP16", "INT8"):  # computed as the GPU computes them
+                from tftrt_py.engine.backends import numpy_precision
 
-            return numpy_precision.run(fn, layer, inputs)
-        return fn(layer, inputs)
+                return numpy_precision.run(fn, layer, inputs)
+            return fn(layer, inputs)

@@ -94,8 +94,7 @@ def _epilogue(layer, out: np.ndarray, residual=None) -> List[np.ndarray]:
         out = out + bias.astype(np.float32)
     if residual is not None:
         out = out + residual.astype(np.float32)
-    with np.errstate(over="ignore"):
-        out = apply_activation(out, layer.params.get("activation"))
+    out = apply_activation(out, layer.params.get("activation"))
     return [round_fp16(out).astype(layer.outputs[0].dtype, copy=False)]
 
 

@@ -35,9 +35,11 @@ RECOGNIZED = ({"type": "swish"}, {"type": "gelu_erf"}, {"type": "gelu_tanh"}, {"
 POINTWISE = {"ElementWise": ("sum", "sub", "prod", "div", "max", "min", "pow"),
              "Unary": tuple(op for op in UNARY_OPS if op != "not"), "Activation": ACTIVATIONS}
 MAX_REGION = 12
-#: the points where a subgraph and an activation must agree (wide, so a clamp far out does not pass)
-PROBE = np.concatenate([np.linspace(-8, 8, 321), [-100.0, -30.0, 30.0, 100.0]]).astype(np.float32)
-with np.errstate(over="ignore"):
+#: the points where a subgraph and an activation must agree (wide, so a clamp far out does not pass; NaN and ±Inf,
+#: so NaN and Inf come out where the subgraph gives them)
+PROBE = np.concatenate([np.linspace(-8, 8, 321), [-100.0, -30.0, 30.0, 100.0, np.nan, np.inf, -np.inf]]).astype(
+    np.float32)
+with np.errstate(all="ignore"):
     _EXPECTED = [(act, ACTIVATION_FNS[act["type"]](PROBE, act.get("alpha"), None)) for act in RECOGNIZED]
 
 
@@ -104,8 +106,8 @@ def recognized_activation(network, users, layer):
         if region is None or len(region) < 2:
             continue
         y = _evaluate(region, x)
-        act = next((a for a, want in _EXPECTED if np.array_equal(y, want)), None) or next(
-            (a for a, want in _EXPECTED if np.allclose(y, want, rtol=1e-5, atol=1e-6)), None)
+        act = next((a for a, want in _EXPECTED if np.array_equal(y, want, equal_nan=True)), None) or next(
+            (a for a, want in _EXPECTED if np.allclose(y, want, rtol=1e-5, atol=1e-6, equal_nan=True)), None)
         if act is not None:
             return Fused(f"{act['type']} recognized", region, "Activation", [x], dict(act), {})
     return None

@@ -26,6 +26,11 @@ __device__ __forceinline__ float tt_mod(float a, float b) {
 __device__ __forceinline__ float tt_sign(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
 __device__ __forceinline__ float tt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tt_softplus(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+// float to integer as on x86 (numpy, TF on the CPU): NaN and values out of range give the integer's minimum
+__device__ __forceinline__ int tt_f2i(float x) {
+  return (x >= -2147483648.0f && x < 2147483648.0f) ? (int)x : (-2147483647 - 1); }
+__device__ __forceinline__ long long tt_f2l(float x) {
+  return (x >= -9223372036854775808.0f && x < 9223372036854775808.0f) ? (long long)x : (-9223372036854775807LL - 1); }
 // integers (int, long long): wrapping as numpy does; division by zero gives 0
 template <typename I> __device__ __forceinline__ I tt_max(I a, I b) { return a > b ? a : b; }
 template <typename I> __device__ __forceinline__ I tt_min(I a, I b) { return a < b ? a : b; }
@@ -64,7 +69,11 @@ class Val:
     def as_kind(self, kind: str) -> str:
         if kind == "b":
             return self.b()
-        return self.expr if self.kind == kind else f"(({_CTYPE[kind]})({self.expr}))"
+        if self.kind == kind:
+            return self.expr
+        if self.kind == "f" and kind in "il":
+            return f"tt_f2{kind}({self.expr})"
+        return f"(({_CTYPE[kind]})({self.expr}))"
 
 
 def _int_kind(*vals: Val) -> str:
@@ -87,8 +96,8 @@ _ACTIVATIONS: Dict[str, Callable[[str, float, float], str]] = {
     "relu6": lambda x, a, b: f"tt_min(tt_max({x}, 0.0f), 6.0f)",
     "clip": lambda x, a, b: f"tt_min(tt_max({x}, {lit(a)}), {lit(b)})",
     "leaky_relu": lambda x, a, b: f"(({x}) >= 0.0f ? ({x}) : ({x}) * {lit(a)})",
-    "elu": lambda x, a, b: f"(({x}) > 0.0f ? ({x}) : {lit(a)} * expm1f(fminf({x}, 0.0f)))",
-    "selu": lambda x, a, b: f"({lit(_SELU_SCALE)} * (({x}) > 0.0f ? ({x}) : {lit(_SELU_ALPHA)} * expm1f(fminf({x}, 0.0f))))",
+    "elu": lambda x, a, b: f"(({x}) > 0.0f ? ({x}) : {lit(a)} * expm1f(tt_min({x}, 0.0f)))",
+    "selu": lambda x, a, b: f"({lit(_SELU_SCALE)} * (({x}) > 0.0f ? ({x}) : {lit(_SELU_ALPHA)} * expm1f(tt_min({x}, 0.0f))))",
     "sigmoid": lambda x, a, b: f"tt_sigmoid({x})",
     "tanh": lambda x, a, b: f"tanhf({x})",
     "softplus": lambda x, a, b: f"tt_softplus({x})",

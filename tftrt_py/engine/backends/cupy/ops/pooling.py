@@ -18,7 +18,7 @@ extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, l
     long long r = i;
     int c = r % C; r /= C;
     int o2 = r % O2; r /= O2; int o1 = r % O1; r /= O1; int o0 = r % O0; long long n = r / O0;
-    float acc = IS_MAX ? -TT_INF : 0.0f;
+    float acc = IS_MAX ? -3.402823466e38f : 0.0f;  // TF's max pooling: NaN skipped, never below float's lowest
     int count = 0;
     for (int k0 = 0; k0 < K0; ++k0) {
       int s0 = o0 * ST0 + k0 - PD0;
@@ -30,7 +30,7 @@ extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, l
           int s2 = o2 * ST2 + k2 - PD2;
           if (s2 < 0 || s2 >= S2) continue;
           float v = ld(x[(((n * S0 + s0) * S1 + s1) * S2 + s2) * C + c]);
-          if (IS_MAX) { if (v > acc || v != v) acc = v; } else { acc += v; }
+          if (IS_MAX) { if (v > acc) acc = v; } else { acc += v; }
           ++count;
         }
       }

@@ -7,7 +7,7 @@ from typing import List
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE
 
 __all__ = ["ReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel", "row_block"]
@@ -19,7 +19,8 @@ __device__ __forceinline__ long long tt_max(long long a, long long b) { return a
 __device__ __forceinline__ long long tt_min(long long a, long long b) { return a < b ? a : b; }
 """
 
-_FLOAT_MAP = {"l1": "fabsf((float)x)", "sum_squares": "((float)x * (float)x)", "l2": "((float)x * (float)x)"}
+_FLOAT_MAP = {"l1": "fabsf((float)x)", "sum_squares": "((float)x * (float)x)", "l2": "((float)x * (float)x)",
+              "log_sum_exp": "expf((float)x)"}
 _INT_MAP = {"l1": "llabs((long long)x)", "sum_squares": "((long long)x * (long long)x)",
             "l2": "((long long)x * (long long)x)"}
 _REDUCE = {"max": "tt_max(a, b)", "min": "tt_min(a, b)", "prod": "a * b"}
@@ -34,7 +35,8 @@ def reduce_kernel(op: str, in_dtype: str, out_dtype: str, count: int):
     mapping = (_FLOAT_MAP if is_float else _INT_MAP).get(op, f"({rt})x")
     reduce = _REDUCE.get(op, "a + b")
     identity = (_IDENTITY_F if is_float else _IDENTITY_I).get(op, "0")
-    post = {"mean": f"(a / ({rt}){count})", "l2": "sqrtf((float)a)", "log_sum": "logf((float)a)"}.get(op, "a")
+    post = {"mean": f"(a / ({rt}){count})", "l2": "sqrtf((float)a)", "log_sum": "logf((float)a)",
+            "log_sum_exp": "logf((float)a)"}.get(op, "a")
     if out_dtype == "float16":
         post = f"(float)({post})"
     return kernels.reduction(f"{in_dtype} x", f"{out_dtype} y", mapping, reduce, f"y = ({C_TYPE[out_dtype]})({post})",
@@ -52,42 +54,53 @@ class ReduceOp(Op):
         self.op = p["op"]
         count = int(np.prod([shape[a] for a in self.axes])) if self.axes else 1
         in_dtype, out_dtype = spec.in_dtypes[0], spec.out_dtypes[0]
-        self.keep_shape = tuple(1 if i in self.axes else d for i, d in enumerate(shape))
-        if self.op == "log_sum_exp":
-            self.kmax = reduce_kernel("max", in_dtype, "float32", count)
-            self.ksum = kernels.reduction(f"{in_dtype} x, float32 m", "float32 y",
-                                          "expf((float)x - (isfinite(m) ? m : 0.0f))", "a + b", "y = a", "0",
-                                          "tt_sum_exp", "float")
-            self.kfin = kernels.elementwise("float32 s, float32 m", f"{out_dtype} y",
-                                            f"y = ({C_TYPE[out_dtype]})(logf(s) + (isfinite(m) ? m : 0.0f))",
-                                            "tt_log_sum_exp")
-            self.half = align(int(np.prod(self.keep_shape)) * 4)
-            self.workspace = 2 * self.half
-        else:
-            self.kernel = reduce_kernel(self.op, in_dtype, out_dtype, count)
+        self.kernel = reduce_kernel(self.op, in_dtype, out_dtype, count)
         self.tactic = {"op": "reduction_kernel"}
 
     def run(self, rc, ins, outs):
         x = ins[0] if self.perm is None else ins[0].transpose(self.perm)
-        if self.op != "log_sum_exp":
-            self.kernel(x, out=outs[0], axis=self.axes, keepdims=self.keep)
-            return
-        m = rc.scratch(0, self.keep_shape, "float32")
-        s = rc.scratch(self.half, self.keep_shape, "float32")
-        self.kmax(x, out=m, axis=self.axes, keepdims=True)
-        self.ksum(x, m, out=s, axis=self.axes, keepdims=True)
-        self.kfin(s, m, outs[0].reshape(self.keep_shape))
+        self.kernel(x, out=outs[0], axis=self.axes, keepdims=self.keep)
+
+
+_ARG_REDUCE = r"""
+extern "C" __global__ void tt_arg_reduce(const T* __restrict__ x, int* __restrict__ y, long long rows, int len,
+                                         long long inner) {
+  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
+    const T* p = x + (r / inner) * len * inner + r % inner;
+    V best = START;
+    int at = 0;
+    for (int l = 0; l < len; ++l) { V v = LOAD(p[l * inner]); if (v BETTER best) { best = v; at = l; } }
+    y[r] = at;
+  }
+}
+"""
+#: per input dtype: (storage type, value type, load, lowest, highest)
+_ARG_TYPES = {"float32": ("float", "float", "", "-3.402823466e38f", "3.402823466e38f"),
+              "float16": ("unsigned short", "float", "ld", "-3.402823466e38f", "3.402823466e38f"),
+              "int32": ("int", "int", "", "(-2147483647 - 1)", "2147483647"),
+              "int64": ("long long", "long long", "", "(-9223372036854775807LL - 1)", "9223372036854775807LL")}
 
 
 class ArgReduceOp(Op):
+    """TF's ArgMax/ArgMin: one thread per output scans its row in order, keeping the first value beyond the
+    best so far (from the dtype's lowest/highest), so NaN never wins and a row of NaN or -Inf gives 0."""
+
     def __init__(self, spec: Spec):
-        self.axis = spec.params["axis"] % len(spec.in_shapes[0])
-        self.fn = "argmax" if spec.params["op"] == "max" else "argmin"
-        self.tactic = {"op": "cupy_" + self.fn}
+        shape = spec.in_shapes[0]
+        axis = spec.params["axis"] % len(shape)
+        self.len, self.inner = shape[axis], int(np.prod(shape[axis + 1:]))
+        self.rows = int(np.prod(shape)) // max(self.len, 1)
+        store, value, load, lowest, highest = _ARG_TYPES[spec.in_dtypes[0]]
+        is_max = spec.params["op"] == "max"
+        head = (f"#define T {store}\n#define V {value}\n#define LOAD(v) {load}(v)\n"
+                f"#define START {lowest if is_max else highest}\n#define BETTER {'>' if is_max else '<'}\n")
+        self.kernel = kernels.raw_kernel(head + _ARG_REDUCE, "tt_arg_reduce")
+        self.tactic = {"op": "arg_reduce_kernel"}
 
     def run(self, rc, ins, outs):
-        cupy = _device.require()
-        cupy.copyto(outs[0], getattr(cupy, self.fn)(ins[0], axis=self.axis), casting="unsafe")
+        if self.len:
+            kernels.launch(self.kernel, self.rows, (ins[0], outs[0], kernels.i64(self.rows), kernels.i32(self.len),
+                                                    kernels.i64(self.inner)))
 
 
 _BLOCK_REDUCE = r"""
