@@ -12,6 +12,7 @@ from harness import TOLERANCE
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert import variables
 from tftrt_py.convert.build import SegmentGraph, build_engine
+from tftrt_py.engine_op import dispatcher
 
 RNG = np.random.default_rng(1919)
 #: build()'s batches; served after loading by the engines built for them (an engine for another shape built at
@@ -154,8 +155,8 @@ def test_engines_keep_the_values_they_were_built_with(model_dir, without_freezin
 
 
 def test_a_shape_first_seen_after_loading_is_served(model_dir, without_freezing, tmp_path):
-    """Batch 5 lies outside the profile built: the loaded op builds for it (or, while it has no weights to
-    bind, runs its native segment); either way it serves what the original model computes."""
+    """Batch 5 lies outside the profile built: the loaded op takes the variables' values from its inputs and
+    builds an engine for it, no native fallback."""
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir, use_dynamic_shape=True)
     converter.convert()
     converter.build(input_fn=lambda: iter([inputs(b) for b in BATCHES]))
@@ -165,6 +166,8 @@ def test_a_shape_first_seen_after_loading_is_served(model_dir, without_freezing,
     want = tf.saved_model.load(model_dir).signatures["serving_default"]
     feeds = {k: tf.constant(v) for k, v in inputs(5).items()}
     assert_close(serve(**feeds)["output"].numpy(), want(**feeds)["output"].numpy(), "FP32")
+    served = [s for name, s in dispatcher.stats().items() if s["engine_runs"]]
+    assert served and all(s["fallback_total"] == 0 for s in served)
 
 
 def conv_segment():

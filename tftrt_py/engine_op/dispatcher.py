@@ -32,6 +32,7 @@ import numpy as np
 
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
+from tftrt_py.convert.variables import weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
@@ -175,6 +176,7 @@ class EngineOp:
         self.precision = node.attr("precision_mode", b"FP32").decode().upper()
         self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
         self._node_def = node_def
+        self._unbound_weights = bool(weight_inputs(node_def))
         self.workspace = int(node.attr("workspace_size_bytes") or 1 << 30)
         self.backend = engine_backend()
         self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
@@ -386,6 +388,8 @@ class EngineOp:
                 if shapes not in collected:
                     collected.append(shapes)
                 return None
+        if self._unbound_weights:  # variables kept as variables: engines take their values as weights
+            self._bind_weights(arrays)
         if self.calibration.active:  # INT8 calibration: an FP32 engine records its tensors
             return self._calibrate(arrays)
         context = self._context_for(shapes, allow_build)
@@ -401,6 +405,16 @@ class EngineOp:
                                  shapes)
         self.stats.engine_runs += 1
         return [o if o.dtype == dt else np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
+
+    def _bind_weights(self, arrays: List[np.ndarray]) -> None:
+        """Give the segment the values of the op's weight inputs (variables read natively, see
+        convert.variables) from its first run, so engines built at serving time have them."""
+        from tftrt_py.convert.variables import bind_weights
+
+        with self._lock:
+            if self._unbound_weights and self._function_def:
+                bind_weights(self.segment_graph(), self._node_def, arrays)
+                self._unbound_weights = False
 
     def _context_for(self, shapes, allow_build: bool):
         """The context (pool) serving `shapes`, building an engine when allowed; None after a fallback."""

@@ -211,6 +211,19 @@ class Runner:
 
             return self._guarded(go)
 
+    def _staging(self) -> Dict[str, np.ndarray]:
+        """Pinned host buffers for the input and output bindings (made on the first host run, kept for the
+        context's life): copies from pinned memory run asynchronously on the context's stream."""
+        if self._pinned is None:
+            cupy = _device.require()
+            pinned = {}
+            for _, slot in self.program.inputs + self.program.outputs:
+                s = self.program.slots[slot]
+                mem = cupy.cuda.alloc_pinned_memory(max(s.nbytes, 1))
+                pinned[slot] = np.ndarray(s.shape, s.dtype, buffer=mem)
+            self._pinned = pinned
+        return self._pinned
+
     # -- device bindings --------------------------------------------------------------------------------
     def execute_device(self, bindings: Mapping[str, object], outputs: Optional[Mapping[str, object]] = None,
                        profiler=None):

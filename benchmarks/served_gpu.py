@@ -1,0 +1,399 @@
+"""What users get on a GPU: converted SavedModels served through ``tf.saved_model.load``, against the same
+engine called directly and against PyTorch, on one GPU machine in one run.
+
+Models (random weights, nothing downloaded): Keras ResNet50 (FP16, INT8) and a keras-hub BERT-base encoder
+(FP16, sequence 128, token ids + segment ids + padding mask with padded tails). Each is exported, converted
+(engines built for every batch; the build of the first three batches is timed), saved, loaded and checked
+against native TF. Per batch it times, in milliseconds (median of single calls, wall clock):
+
+- ``tf``: native TensorFlow (the CPU build: this machine's TF has no GPU kernels);
+- ``signature``: the converted model's serving signature, host inputs in, host outputs out (what users call);
+- ``engine_host``: the engine op's engine on the same host arrays (its context pool, no TensorFlow);
+- ``engine_device``: the engine on arrays already on the GPU;
+- ``torch_host`` / ``torch_device``, ``compile_host`` / ``compile_device``: the same architecture in PyTorch
+  (fp16, eager and torch.compile), its input on the host (copied in, output copied out) or on the GPU.
+
+Then 1, 4 and 8 threads call the signature at one batch: aggregate calls/s, p50 and p99 latency.
+
+    python benchmarks/served_gpu.py --models resnet50 --json $OUT/served.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SEQ = 128
+
+
+def timed(fn, min_seconds: float = 0.4, min_iters: int = 5, max_iters: int = 300, warmup: int = 3) -> float:
+    """Median wall-clock milliseconds of `fn()` (which must finish its work before returning)."""
+    for _ in range(warmup):
+        fn()
+    times, start = [], time.perf_counter()
+    while len(times) < max_iters and (len(times) < min_iters or time.perf_counter() - start < min_seconds):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def concurrent(fn, threads: int, calls: int) -> dict:
+    """`threads` threads each calling `fn` `calls` times: aggregate calls/s and latency percentiles (ms)."""
+    lat: list = []
+    lock = threading.Lock()
+
+    def worker():
+        mine = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            mine.append((time.perf_counter() - t0) * 1e3)
+        with lock:
+            lat.extend(mine)
+    for _ in range(2):
+        fn()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"threads": threads, "calls_per_s": threads * calls / wall, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99))}
+
+
+# -- models -----------------------------------------------------------------------------------------------------
+def resnet50_keras(directory: str) -> None:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.applications.ResNet50(weights=None).export(directory, verbose=False)
+
+
+def bert_keras(directory: str) -> None:
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    keras_hub.models.BertBackbone(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768,
+                                  intermediate_dim=3072, dropout=0.0, max_sequence_length=512
+                                  ).export(directory, verbose=False)
+
+
+def resnet50_feed(batch: int, rng) -> dict:
+    return {"inputs": rng.uniform(-1, 1, (batch, 224, 224, 3)).astype(np.float32)}
+
+
+def bert_feed(batch: int, rng) -> dict:
+    lengths = rng.integers(SEQ // 2, SEQ + 1, batch)
+    mask = (np.arange(SEQ)[None, :] < lengths[:, None]).astype(np.int32)
+    return {"token_ids": (rng.integers(1, 30522, (batch, SEQ)) * mask).astype(np.int32),
+            "segment_ids": (np.arange(SEQ)[None, :] >= lengths[:, None] // 2).astype(np.int32) * mask,
+            "padding_mask": mask}
+
+
+def resnet50_torch(torch):
+    import torchvision
+
+    model = torchvision.models.resnet50().cuda().half().eval().to(memory_format=torch.channels_last)
+
+    def prepare(feed, device):
+        x = torch.from_numpy(np.ascontiguousarray(next(iter(feed.values())).transpose(0, 3, 1, 2)))
+        return (x.cuda().half().to(memory_format=torch.channels_last),) if device else (x,)
+
+    def host_call(model_):
+        def call(x):
+            y = model_(x.cuda(non_blocking=False).half().to(memory_format=torch.channels_last))
+            return y.float().cpu()
+        return call
+    return model, prepare, host_call
+
+
+def bert_torch(torch):
+    import transformers
+
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                     intermediate_size=3072, attn_implementation="sdpa")
+    model = transformers.BertModel(config).cuda().half().eval()
+
+    def prepare(feed, device):
+        args = tuple(torch.from_numpy(feed[k]).long() for k in ("token_ids", "segment_ids", "padding_mask"))
+        return tuple(a.cuda() for a in args) if device else args
+
+    def host_call(model_):
+        def call(ids, seg, mask):
+            y = model_(input_ids=ids.cuda(), token_type_ids=seg.cuda(), attention_mask=mask.cuda())
+            return y.last_hidden_state.float().cpu()
+        return call
+    return model, prepare, host_call
+
+
+MODELS = {
+    "resnet50": dict(export=resnet50_keras, feed=resnet50_feed, torch=resnet50_torch, precisions=("FP16", "INT8"),
+                     tol={"FP16": 2e-2, "INT8": None}),
+    "bert": dict(export=bert_keras, feed=bert_feed, torch=bert_torch, precisions=("FP16",),
+                 tol={"FP16": 2e-2}),
+}
+
+
+# -- conversion -------------------------------------------------------------------------------------------------
+def convert(feed, source: str, precision: str, batches, rng, out_dir: str) -> dict:
+    """Convert, build for `batches` (the first three timed together; `feed(batch, rng)` gives an input dict),
+    save and load; the loaded signature and the times."""
+    import tensorflow as tf
+
+    from tftrt_py import trt_convert as trt
+
+    params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision,
+                                                        maximum_cached_engines=len(batches) + 1)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=source, conversion_params=params)
+    t0 = time.perf_counter()
+    if precision == "INT8":
+        converter.convert(calibration_input_fn=lambda: iter([feed(8, rng) for _ in range(2)]))
+    else:
+        converter.convert()
+    convert_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    converter.build(input_fn=lambda: iter([feed(b, rng) for b in batches[:3]]))
+    build3_s = time.perf_counter() - t0
+    converter.save(out_dir, overwrite=True)
+    loaded = tf.saved_model.load(out_dir)
+    signature = loaded.signatures["serving_default"]
+    t0 = time.perf_counter()
+    for b in batches[3:]:  # built on their first call (allow_build_at_runtime)
+        signature(**{k: tf.constant(v) for k, v in feed(b, rng).items()})
+    build_rest_s = time.perf_counter() - t0
+    return {"signature": signature, "loaded": loaded, "convert_s": convert_s,
+            "build3_s": build3_s, "build_rest_s": build_rest_s}
+
+
+def trivial_signature(native, directory: str):
+    """A loaded SavedModel signature with `native`'s inputs that only sums them: TensorFlow's own cost of
+    calling a signature (argument handling, function call, outputs) with these inputs."""
+    import tensorflow as tf
+
+    specs = native.structured_input_signature[1]
+    names = list(specs)
+
+    @tf.function(input_signature=[tf.TensorSpec(specs[k].shape, specs[k].dtype, name=k) for k in names])
+    def serve(*args):
+        return {"output_0": tf.add_n([tf.reduce_sum(tf.cast(a, tf.float32)) for a in args])}
+
+    module = tf.Module()
+    module.serve = serve
+    tf.saved_model.save(module, directory, signatures={"serving_default": serve.get_concrete_function()})
+    return tf.saved_model.load(directory).signatures["serving_default"]
+
+
+def copy_ceilings(cupy, nbytes: int) -> dict:
+    """GB/s of the steps a host input takes: pageable -> pinned (1, 4, 8 threads), pinned -> device, and
+    pageable -> device directly."""
+    from tftrt_py.engine.backends.cupy import staging
+
+    src = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
+    pinned = np.frombuffer(cupy.cuda.alloc_pinned_memory(src.nbytes), np.float32, src.size)
+    dev = cupy.empty(src.size, np.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    out = {}
+    for threads in (1, 4, 8):
+        staging._pool = None
+        os.environ[staging.THREADS_ENV] = str(threads)
+        out[f"host_to_pinned_{threads}t"] = nbytes / timed(lambda: staging.copy(pinned, src)) / 1e6
+    os.environ.pop(staging.THREADS_ENV)
+    staging._pool = None
+
+    def dma(a):
+        dev.set(a, stream=stream)
+        stream.synchronize()
+    out["pinned_to_device"] = nbytes / timed(lambda: dma(pinned)) / 1e6
+    out["pageable_to_device"] = nbytes / timed(lambda: dma(src)) / 1e6
+    out["staged_to_device"] = nbytes / timed(lambda: (staging.to_device(src, pinned, dev, stream),
+                                                      stream.synchronize())) / 1e6
+    return out
+
+
+def served_ops(before: set):
+    """The engine ops the last load created (not the converter's), by engine count."""
+    from tftrt_py.engine_op import dispatcher
+
+    return [op for key, op in dispatcher.engine_ops().items() if key not in before]
+
+
+def engine_callables(ops, feed_arrays: list, cupy):
+    """(host call, device call, dispatcher call) of the engine serving these inputs in the one engine op of a
+    whole-model conversion, or None when the model has several engine ops."""
+    whole = [op for op in ops if op.stats.engine_runs]
+    if len(whole) != 1:
+        return None
+    op = whole[0]
+    arrays = feed_arrays
+    order = _op_inputs(op, arrays)
+    if order is None:
+        return None
+    shapes = tuple(tuple(a.shape) for a in order)
+    context = op._context_for(shapes, allow_build=False)
+    device = [cupy.asarray(a) for a in order]
+
+    def host():
+        context.execute_v2(order)
+
+    def dev():
+        context.execute_v2(device)
+        cupy.cuda.get_current_stream().synchronize()
+
+    def dispatch():  # what the kernel calls, less TensorFlow
+        op.run(order, [], True)
+    return host, dev, dispatch
+
+
+def _op_inputs(op, arrays):
+    """The feed arrays in the engine's binding order, matched by shape and dtype (None if ambiguous)."""
+    engine = op.engines()[0]
+    order = []
+    pool = list(arrays)
+    for t in engine.inputs:
+        match = [a for a in pool if a.dtype.name == t.dtype and a.shape[1:] == tuple(t.shape[1:])]
+        if not match:
+            return None
+        order.append(match[0])
+        pool.remove(match[0])
+    return order
+
+
+def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list) -> None:
+    import tensorflow as tf
+
+    from tftrt_py.engine_op import dispatcher
+
+    spec = MODELS[name]
+    rng = np.random.default_rng(0)
+    work = tempfile.mkdtemp(prefix=f"served_{name}_")
+    source = os.path.join(work, "source")
+    spec["export"](source)
+    native = tf.saved_model.load(source).signatures["serving_default"]
+    trivial = trivial_signature(native, os.path.join(work, "trivial"))
+    batches = args.batches if name == "resnet50" else args.bert_batches
+    names = list(native.structured_input_signature[1])
+
+    def feed(batch, rng_):
+        f = spec["feed"](batch, rng_)
+        return {names[0]: next(iter(f.values()))} if len(names) == 1 else f  # Keras's "keras_tensor..." name
+    feeds = {b: feed(b, np.random.default_rng(b)) for b in batches}
+    tf_ms = {b: timed(lambda b=b: native(**feeds[b]), min_seconds=0.2, min_iters=2, max_iters=20, warmup=1)
+             for b in batches}
+    model, prepare, host_call = spec["torch"](torch)
+    compiled = torch.compile(model, mode="reduce-overhead") if args.compile else None  # CUDA graphs
+    torch_ms = {}
+    with torch.inference_mode():
+        for b in batches:
+            row = {}
+            for label, m in (("torch", model), ("compile", compiled)):
+                if m is None or (label == "compile" and b not in args.compile_batches):
+                    continue
+                dev_args, host_args = prepare(feeds[b], True), prepare(feeds[b], False)
+                call_host = host_call(m)
+                row[f"{label}_device"] = timed(lambda: (m(*dev_args), torch.cuda.synchronize()))
+                row[f"{label}_host"] = timed(lambda: call_host(*host_args))
+            torch_ms[b] = row
+    for precision in spec["precisions"]:
+        before = set(dispatcher.engine_ops())
+        conv = convert(feed, source, precision, batches, rng, os.path.join(work, precision))
+        sig = conv["signature"]
+        ops = None
+        for b in batches:
+            feed = {k: tf.constant(v) for k, v in feeds[b].items()}
+            got = {k: v.numpy() for k, v in sig(**feed).items()}
+            want = {k: v.numpy() for k, v in native(**feed).items()}
+            err = max(float(np.max(np.abs(got[k].astype(np.float64) - want[k]))
+                            / max(1.0, float(np.max(np.abs(want[k]))))) for k in want)
+            ops = served_ops(before)
+            row = {"model": name, "precision": precision, "batch": b, "max_rel_err": err, "tf": tf_ms[b],
+                   "signature": timed(lambda: [v.numpy() for v in sig(**feed).values()]),
+                   "engine_ops": len(ops), "fallbacks": sum(sum(op.stats.fallbacks.values()) for op in ops)}
+            calls = engine_callables(ops, list(feeds[b].values()), cupy)
+            if calls is not None:
+                row["engine_host"] = timed(calls[0])
+                row["engine_device"] = timed(calls[1])
+                row["dispatch"] = timed(calls[2])
+            row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**feed).values()])
+            row.update(torch_ms.get(b, {}))
+            row.update(convert_s=conv["convert_s"], build3_s=conv["build3_s"], build_rest_s=conv["build_rest_s"])
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        b = args.thread_batch if args.thread_batch in batches else batches[0]
+        thread_feed = {k: tf.constant(v) for k, v in feeds[b].items()}
+        for n in args.threads:
+            r = concurrent(lambda: [v.numpy() for v in sig(**thread_feed).values()], n, args.thread_calls)
+            r.update(model=name, precision=precision, batch=b)
+            threads_rows.append(r)
+            print(json.dumps(r), flush=True)
+        del conv, sig
+
+
+def table(results, threads_rows) -> str:
+    cols = ["tf", "signature", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
+            "compile_device", "tf_call", "dispatch"]
+    lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols) + "   sig/host host/dev  err"]
+    for r in results:
+        cells = " ".join(f"{r[c]:14.3f}" if c in r else f"{'-':>14}" for c in cols)
+        ratio1 = f"{r['signature'] / r['engine_host']:8.2f}" if "engine_host" in r else "       -"
+        ratio2 = f"{r['engine_host'] / r['engine_device']:8.2f}" if "engine_device" in r else "       -"
+        lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratio1} {ratio2}  "
+                     f"{r['max_rel_err']:.1e}")
+    builds = {(r["model"], r["precision"]): (r["build3_s"], r["build_rest_s"]) for r in results}
+    lines.append("builds (first three batches / the rest), s: " +
+                 ", ".join(f"{m} {p} {a:.1f}/{b:.1f}" for (m, p), (a, b) in builds.items()))
+    for r in threads_rows:
+        lines.append(f"{r['model']} {r['precision']} batch {r['batch']}, {r['threads']} threads: "
+                     f"{r['calls_per_s']:.1f} calls/s, p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=sorted(MODELS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 128])
+    parser.add_argument("--bert-batches", nargs="+", type=int, default=[1, 8, 32, 128])
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--compile-batches", nargs="+", type=int, default=[1, 8, 32, 128])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 4, 8])
+    parser.add_argument("--thread-batch", type=int, default=8)
+    parser.add_argument("--thread-calls", type=int, default=100)
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "served.json"))
+    args = parser.parse_args()
+    os.environ.setdefault("TFTRT_PY_BACKEND", "cupy")
+    import cupy
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    results, threads_rows = [], []
+    ceilings = copy_ceilings(cupy, 32 * 224 * 224 * 3 * 4)  # a ResNet-50 batch of 32 (19 MB)
+    print("copy GB/s, 19 MB: " + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()), flush=True)
+    for name in args.models:
+        try:
+            bench_model(name, args, torch, cupy, results, threads_rows)
+        except Exception:
+            traceback.print_exc()
+    with open(args.json, "w") as f:
+        json.dump({"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": results,
+                   "threads": threads_rows, "copy_gb_s": ceilings}, f, indent=1)
+    print("copy GB/s, 19 MB: " + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()))
+    print(table(results, threads_rows))
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
