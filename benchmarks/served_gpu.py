@@ -150,7 +150,7 @@ MODELS = {
 
 
 # -- conversion -------------------------------------------------------------------------------------------------
-def convert(feed, source: str, precision: str, batches, rng, out_dir: str) -> dict:
+def convert(feed, source: str, precision: str, batches, rng, out_dir: str, profile_build: bool = False) -> dict:
     """Convert, build for `batches` (the first three timed together; `feed(batch, rng)` gives an input dict),
     save and load; the loaded signature and the times."""
     import tensorflow as tf
@@ -167,7 +167,16 @@ def convert(feed, source: str, precision: str, batches, rng, out_dir: str) -> di
         converter.convert()
     convert_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    converter.build(input_fn=lambda: iter([feed(b, rng) for b in batches[:3]]))
+    if profile_build:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(converter.build, input_fn=lambda: iter([feed(b, rng) for b in batches[:3]]))
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    else:
+        converter.build(input_fn=lambda: iter([feed(b, rng) for b in batches[:3]]))
     build3_s = time.perf_counter() - t0
     converter.save(out_dir, overwrite=True)
     loaded = tf.saved_model.load(out_dir)
@@ -310,25 +319,26 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
             torch_ms[b] = row
     for precision in spec["precisions"]:
         before = set(dispatcher.engine_ops())
-        conv = convert(feed, source, precision, batches, rng, os.path.join(work, precision))
+        conv = convert(feed, source, precision, batches, rng, os.path.join(work, precision),
+                       profile_build=args.profile_build and precision == spec["precisions"][0])
         sig = conv["signature"]
         ops = None
         for b in batches:
-            feed = {k: tf.constant(v) for k, v in feeds[b].items()}
-            got = {k: v.numpy() for k, v in sig(**feed).items()}
-            want = {k: v.numpy() for k, v in native(**feed).items()}
+            tensors = {k: tf.constant(v) for k, v in feeds[b].items()}
+            got = {k: v.numpy() for k, v in sig(**tensors).items()}
+            want = {k: v.numpy() for k, v in native(**tensors).items()}
             err = max(float(np.max(np.abs(got[k].astype(np.float64) - want[k]))
                             / max(1.0, float(np.max(np.abs(want[k]))))) for k in want)
             ops = served_ops(before)
             row = {"model": name, "precision": precision, "batch": b, "max_rel_err": err, "tf": tf_ms[b],
-                   "signature": timed(lambda: [v.numpy() for v in sig(**feed).values()]),
+                   "signature": timed(lambda: [v.numpy() for v in sig(**tensors).values()]),
                    "engine_ops": len(ops), "fallbacks": sum(sum(op.stats.fallbacks.values()) for op in ops)}
             calls = engine_callables(ops, list(feeds[b].values()), cupy)
             if calls is not None:
                 row["engine_host"] = timed(calls[0])
                 row["engine_device"] = timed(calls[1])
                 row["dispatch"] = timed(calls[2])
-            row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**feed).values()])
+            row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**tensors).values()])
             row.update(torch_ms.get(b, {}))
             row.update(convert_s=conv["convert_s"], build3_s=conv["build3_s"], build_rest_s=conv["build_rest_s"])
             results.append(row)
@@ -372,6 +382,7 @@ def main() -> int:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 4, 8])
     parser.add_argument("--thread-batch", type=int, default=8)
     parser.add_argument("--thread-calls", type=int, default=100)
+    parser.add_argument("--profile-build", action="store_true", help="cProfile the first precision's build")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "served.json"))
     args = parser.parse_args()
     os.environ.setdefault("TFTRT_PY_BACKEND", "cupy")

@@ -8,6 +8,7 @@ from gpu_helpers import GPU, cupy_engine, healthy_gpu, single  # noqa: F401 (aut
 from specials import finite, mismatch, poisoned
 from tftrt_py.engine import Engine
 from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine.builder.precision import fp32_reason
 
 pytestmark = GPU
 
@@ -88,21 +89,25 @@ def _engines(name, precision):
     kind, specs, params, weights, _ = CASES[name]
     specs = [s if isinstance(s[0], str) else ("float32", s) for s in specs]
     build = single(kind, specs, params, weights)
-    ref = build()
-    for layer in ref.layers:
-        layer.precision = None if layer.kind == "Constant" else precision
-    return Engine(ref, precision=precision, backend="numpy"), cupy_engine(build(), precision)
+    ref, gpu = build(), cupy_engine(build(), precision)
+    for net in (ref, gpu.network):  # as the builder assigns them: kinds such as Bitcast keep fp32
+        for layer in net.layers:
+            layer.precision = None if layer.kind == "Constant" else (
+                "FP32" if precision != "FP32" and fp32_reason(layer) else precision)
+    return Engine(ref, precision=precision, backend="numpy"), gpu
 
 
 @pytest.mark.parametrize("precision", ["FP32", "FP16"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_cupy_gives_nan_and_inf_where_numpy_does(name, precision):
+    """FP16 compares where NaN and ±Inf fall only (as tests/reliability does): fp16 overflows finite values
+    that fp32 keeps, and cuDNN's fp16 convolutions accumulate them in their own order."""
     ref, engine = _engines(name, precision)
     inputs = _inputs(CASES[name][1], CASES[name][4], seed=sum(map(ord, name)))
     want = ref.create_execution_context().execute(inputs)
     got = engine.create_execution_context().execute(inputs)
     for key in want:
-        why = mismatch(got[key], want[key], TOL[precision])
+        why = mismatch(got[key], want[key], TOL[precision] if precision == "FP32" else None)
         assert why is None, f"{name} {key} ({precision}): {why}"
 
 

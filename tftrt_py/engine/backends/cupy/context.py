@@ -28,16 +28,20 @@ class RunContext:
         self.cudnn = None
         self.cublas = None
         self._cublas_ws = None
-        if cudnn and _device.cudnn_module() is not None:
-            mod = _device.cudnn_module()
-            self.cudnn = mod.create_handle()
-            mod.set_stream(self.cudnn, self.stream.ptr)
-        if cublas:
-            from tftrt_py.engine.backends.cupy.cublas import Cublas
+        try:  # a context that cannot be made gives back what it took
+            if cudnn and _device.cudnn_module() is not None:
+                mod = _device.cudnn_module()
+                self.cudnn = mod.create_handle()
+                mod.set_stream(self.cudnn, self.stream.ptr)
+            if cublas:
+                from tftrt_py.engine.backends.cupy.cublas import Cublas
 
-            self._cublas_ws = self._alloc(cublas_workspace)
-            self.cublas = Cublas(self.stream.ptr, self._cublas_ws.data.ptr, cublas_workspace)
-        self.ensure_workspace(workspace)
+                self._cublas_ws = self._alloc(cublas_workspace)
+                self.cublas = Cublas(self.stream.ptr, self._cublas_ws.data.ptr, cublas_workspace)
+            self.ensure_workspace(workspace)
+        except BaseException:
+            self.close()
+            raise
 
     def _alloc(self, nbytes: int):
         cupy = _device.require()

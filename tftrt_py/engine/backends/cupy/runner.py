@@ -47,10 +47,11 @@ class Runner:
         self._pinned: Optional[Dict[str, np.ndarray]] = None
 
     def _setup(self, cupy, ledger, program) -> None:
+        self.rc, self._charged = None, []
         try:
             self.rc = RunContext(ledger, cudnn=program.needs_cudnn, workspace=program.workspace_bytes)
             self._arena = ledger.alloc("activations", program.arena_bytes)
-            self._charged = [("activations", max(program.arena_bytes, 1))]
+            self._charged.append(("activations", max(program.arena_bytes, 1)))
             self.views: Dict[str, object] = {}
             for slot in program.slots.values():
                 if slot.place in ("input", "output"):
@@ -61,8 +62,14 @@ class Runner:
                     self.views[slot.name] = cupy.ndarray(slot.shape, slot.dtype, self._arena + slot.offset)
                 elif slot.place == "const":
                     self.views[slot.name] = slot.array
-        except OutOfGpuMemory as exc:
-            raise RuntimeExecutionError(str(exc)) from exc
+        except BaseException as exc:  # a context that cannot be made gives back what it took
+            for kind, nbytes in self._charged:
+                ledger.release(kind, nbytes)
+            if self.rc is not None:
+                self.rc.close()
+            if isinstance(exc, OutOfGpuMemory):
+                raise RuntimeExecutionError(str(exc)) from exc
+            raise
         for slot in program.slots.values():
             if slot.place == "alias":
                 self.views[slot.name] = self._view(slot.name)
