@@ -34,7 +34,7 @@ class FakeDispatcher:
         self.respond = lambda handle, inputs, assets: None
         self.lock = threading.Lock()
 
-    def create(self, node_def, function_def):
+    def create(self, node_def, function_def, callees):
         with self.lock:
             self.created.append((node_def, function_def))
             self.handles.append(next(_handles))
@@ -337,7 +337,7 @@ def test_create_without_segment_func_gets_empty_bytes(ops, fake):
 
 
 def test_create_raising_fails_the_call(ops, fake, monkeypatch):
-    def create(node_def, function_def):
+    def create(node_def, function_def, callees):
         raise KeyError("no such engine")
     monkeypatch.setattr(dispatcher, "create", create)
 

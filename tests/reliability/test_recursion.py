@@ -72,6 +72,29 @@ def test_a_recursive_segment_is_refused_with_the_reason(functions, reason):
         model(tf.ones([2]))
 
 
+# Through another function: the kernel hands create() every function the segment reaches.
+INDIRECT = {
+    "a call to itself through another function": (
+        [function("seg5", "PartitionedCall", "mid5"), function("mid5", "PartitionedCall", "seg5")],
+        "seg5 calls itself through mid5"),
+    "an engine op inside a function it calls": (
+        [function("seg6", "PartitionedCall", "mid6"), function("mid6", "TRTEngineOp", "other6"),
+         function("other6")], r"seg6 contains a TRTEngineOp \(inner, through mid6\)"),
+}
+
+
+@pytest.mark.parametrize("functions, reason", INDIRECT.values(), ids=INDIRECT.keys())
+def test_recursion_through_other_functions_is_refused_with_the_reason(functions, reason):
+    model = engine_op_model(functions)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"RecursiveSegmentError: .*{reason}"):
+        model(tf.ones([2]))
+
+
+def test_a_segment_calling_a_plain_function_still_runs():
+    model = engine_op_model([function("seg7", "PartitionedCall", "mid7"), function("mid7")])
+    assert model(tf.constant([2.0, 3.0])).numpy().tolist() == [4.0, 9.0]
+
+
 def test_a_plain_segment_still_runs():
     model = engine_op_model([function("seg4")])
     assert model(tf.constant([2.0, 3.0])).numpy().tolist() == [4.0, 9.0]

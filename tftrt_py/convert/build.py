@@ -61,17 +61,21 @@ class SegmentGraph:
                    [names[fdef.ret[a.name]] for a in fdef.signature.output_arg])
 
 
-def segment_refusal(fdef) -> Optional[str]:
-    """Why native segment function `fdef` can back no engine op, or None: it holds a TRTEngineOp or calls
-    itself, so building from it or running it would recurse without end (converters never make such)."""
+def segment_refusal(fdef, callees: Sequence = ()) -> Optional[str]:
+    """Why native segment function `fdef` can back no engine op, or None: it holds a TRTEngineOp or reaches
+    itself again, directly or through `callees` (the FunctionDefs it reaches), so building from it or running
+    it would recurse without end (converters never make such)."""
     name = fdef.signature.name
-    for node in fdef.node_def:
-        if node.op == "TRTEngineOp":
-            return f"its native segment function {name} contains a TRTEngineOp ({node.name})"
-        called = {node.op} | {a.func.name for a in node.attr.values()} | {
-            f.name for a in node.attr.values() for f in a.list.func}
-        if name in called:
-            return f"its native segment function {name} calls itself ({node.name})"
+    for function in [fdef, *callees]:
+        for node in function.node_def:
+            if node.op == "TRTEngineOp":
+                where = "" if function is fdef else f", through {function.signature.name}"
+                return f"its native segment function {name} contains a TRTEngineOp ({node.name}{where})"
+            called = {node.op} | {a.func.name for a in node.attr.values()} | {
+                f.name for a in node.attr.values() for f in a.list.func}
+            if name in called:
+                where = "" if function is fdef else f" through {function.signature.name}"
+                return f"its native segment function {name} calls itself{where} ({node.name})"
     return None
 
 

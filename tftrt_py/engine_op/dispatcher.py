@@ -3,7 +3,8 @@
 The C++ kernel (kernel.cc) calls three functions of this module, looked up by name on
 every call:
 
-- ``create(node_def: bytes, function_def: bytes) -> int`` when a kernel is constructed;
+- ``create(node_def: bytes, function_def: bytes, callees: bytes) -> int`` when a kernel is constructed
+  (callees: the FunctionDefLibrary of the functions the native segment reaches);
 - ``run(handle, inputs, assets, allocate) -> list[np.ndarray] | None`` per execution, where inputs
   is a list of ``(dtype name, shape tuple, memoryview)`` (TensorFlow's buffers, not copied), assets
   the ``engine_assets`` strings as bytes and ``allocate(index, shape) -> memoryview`` allocates an
@@ -167,7 +168,7 @@ class EngineOp:
 
     profiler = None  # an engine.Profiler receiving layer times, see set_profiler
 
-    def __init__(self, node_def, function_def: bytes):
+    def __init__(self, node_def, function_def: bytes, callees: bytes = b""):
         from tftrt_py.convert.graph import NodeView
 
         node = NodeView(node_def)
@@ -182,7 +183,7 @@ class EngineOp:
         self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
         self.stats = Stats()
         self._segment_graph = None
-        self.set_function(function_def)
+        self.set_function(function_def, callees)
         self._contexts: Dict[tuple, object] = {}
         self._lock = threading.RLock()
         self._loaded_assets: set = set()
@@ -205,14 +206,17 @@ class EngineOp:
         """The digest engines of this op carry (see :func:`segment_binding`)."""
         return segment_binding(self._node_def, self._function_def)
 
-    def set_function(self, function_def: bytes) -> None:
-        """Take the native segment FunctionDef; one that recurses (see segment_refusal) refuses every run."""
+    def set_function(self, function_def: bytes, callees: bytes = b"") -> None:
+        """Take the native segment FunctionDef (and the FunctionDefLibrary of the functions it reaches); one that
+        recurses (see segment_refusal) refuses every run."""
         from tensorflow.core.framework import function_pb2
 
         from tftrt_py.convert.build import segment_refusal
 
         self._function_def = function_def
-        self.refused = segment_refusal(function_pb2.FunctionDef.FromString(function_def)) if function_def else None
+        reached = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
+        self.refused = segment_refusal(function_pb2.FunctionDef.FromString(function_def), reached) \
+            if function_def else None
         if self.refused:
             logger.error("TRTEngineOp %s refuses every input: %s", self.name, self.refused)
 
@@ -533,7 +537,7 @@ def finish_calibrating(segment_key: str) -> bytes:
     return op.calibration_table()
 
 
-def create(node_def: bytes, function_def: bytes) -> int:
+def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
     from tensorflow.core.framework import function_pb2, node_def_pb2
 
     node = node_def_pb2.NodeDef.FromString(node_def)
@@ -547,7 +551,7 @@ def create(node_def: bytes, function_def: bytes) -> int:
             op = _OPS[key] = latest
         calibration_data = node.attr["calibration_data"].s if "calibration_data" in node.attr else b""
         if op is None:
-            op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def)
+            op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def, callees)
             op.key = key
             algorithm = _CALIBRATING.pop(segment_key, None)
             if algorithm is not None:
@@ -555,7 +559,7 @@ def create(node_def: bytes, function_def: bytes) -> int:
         elif calibration_data and op.precision == "INT8" and not op.calibration.table:  # a calibrated graph
             op.calibration.set_table(calibration_data)
         if function_def and not op._function_def:
-            op.set_function(function_def)
+            op.set_function(function_def, callees)
             op.cache.failed.clear()  # builds that failed for want of the segment (e.g. TF constant folding)
         handle = next(_COUNTER)
         _HANDLES[handle] = (op, node.attr[ALLOW_BUILD_ATTR].b if ALLOW_BUILD_ATTR in node.attr else True)

@@ -4,7 +4,8 @@
 // "TensorRTOptimizer" (online conversion in TF1 sessions; see the end).
 //
 // Python protocol (functions looked up by name on every call):
-//   dispatcher.create(node_def: bytes, function_def: bytes) -> int
+//   dispatcher.create(node_def: bytes, function_def: bytes, callees: bytes) -> int
+//     callees: a FunctionDefLibrary of the functions function_def reaches
 //   dispatcher.run(handle: int, inputs: list[(dtype name, shape, memoryview)],
 //                  assets: list[bytes], allocate) -> list of buffers | None
 //     where allocate(index, shape) -> writable memoryview allocates an output
@@ -20,6 +21,7 @@
 
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -349,20 +351,27 @@ class TRTEngineOp : public AsyncOpKernel {
                 errors::FailedPrecondition(
                     Prefix(), "needs a Python interpreter (tftrt_py)"));
 
-    std::string function_def;
+    std::string function_def, callees;
     FunctionLibraryRuntime* lib = ctx->function_library();
     if (!func_.name().empty() && lib != nullptr) {
-      const tensorflow::FunctionDef* fdef =
-          lib->GetFunctionLibraryDefinition()->Find(func_.name());
-      if (fdef != nullptr) function_def = fdef->SerializeAsString();
+      const tensorflow::FunctionLibraryDefinition* defs =
+          lib->GetFunctionLibraryDefinition();
+      const tensorflow::FunctionDef* fdef = defs->Find(func_.name());
+      if (fdef != nullptr) {
+        function_def = fdef->SerializeAsString();
+        callees = Callees(*defs, *fdef).SerializeAsString();
+      }
     }
     const std::string node_def = def().SerializeAsString();
 
     Gil gil;
     PyRef nd(PyBytes_FromStringAndSize(node_def.data(), node_def.size()));
     PyRef fd(PyBytes_FromStringAndSize(function_def.data(), function_def.size()));
+    PyRef cd(PyBytes_FromStringAndSize(callees.data(), callees.size()));
     PyRef result;
-    if (nd && fd) result.reset(CallDispatcher("create", nd.get(), fd.get()));
+    if (nd && fd && cd) {
+      result.reset(CallDispatcher("create", nd.get(), fd.get(), cd.get()));
+    }
     OP_REQUIRES(ctx, result != nullptr,
                 StatusFromPyErr(Prefix() + "dispatcher.create failed: "));
     handle_ = PyLong_AsLongLong(result.get());
@@ -370,6 +379,35 @@ class TRTEngineOp : public AsyncOpKernel {
                 StatusFromPyErr(Prefix() + "dispatcher.create must return "
                                            "an int handle: "));
     created_ = true;
+  }
+
+  // Every function `root` reaches through its nodes (called as ops or named
+  // in func attrs), transitively, `root` itself excluded unless reached again:
+  // dispatcher.create refuses segments that would recurse through them.
+  static tensorflow::FunctionDefLibrary Callees(
+      const tensorflow::FunctionLibraryDefinition& defs,
+      const tensorflow::FunctionDef& root) {
+    tensorflow::FunctionDefLibrary out;
+    std::set<std::string> seen;
+    std::vector<const tensorflow::FunctionDef*> todo = {&root};
+    auto visit = [&](const std::string& name) {
+      const tensorflow::FunctionDef* f = defs.Find(name);
+      if (f == nullptr || !seen.insert(name).second) return;
+      *out.add_function() = *f;
+      todo.push_back(f);
+    };
+    while (!todo.empty()) {
+      const tensorflow::FunctionDef* f = todo.back();
+      todo.pop_back();
+      for (const tensorflow::NodeDef& node : f->node_def()) {
+        visit(node.op());
+        for (const auto& attr : node.attr()) {
+          if (attr.second.has_func()) visit(attr.second.func().name());
+          for (const auto& g : attr.second.list().func()) visit(g.name());
+        }
+      }
+    }
+    return out;
   }
 
   ~TRTEngineOp() override {
