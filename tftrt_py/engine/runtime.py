@@ -9,6 +9,7 @@ import numpy as np
 
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends import get_backend
+from tftrt_py.engine.backends.threads import blas_limit
 from tftrt_py.engine.errors import NetworkError, RuntimeExecutionError
 from tftrt_py.engine.network import Network, Tensor
 
@@ -317,7 +318,7 @@ class ExecutionContext:
         """
         if self._runner is not None:  # backend hook (device arrays in give device arrays out)
             return self._runner.execute(self, bindings, outputs)
-        with self._lock:
+        with self._lock, blas_limit():  # BLAS spawns no more threads than the process allows
             values, batch = self._check_inputs(bindings)
             last_use = self.engine._last_use
             for i, layer in enumerate(self.engine.network.layers):

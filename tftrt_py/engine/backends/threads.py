@@ -1,0 +1,113 @@
+"""How many threads a CPU backend may use, and a cap on BLAS's threads while an engine runs.
+
+An engine shares the process's cores with TensorFlow and whatever else runs there: a BLAS that spawns a
+thread per core beside them oversubscribes the machine (a ResNet-18 engine took 326-904 ms per run instead
+of 24-26 ms with one core held by another process). The count follows the process's own settings, first found:
+
+1. ``TFTRT_PY_CPU_THREADS``;
+2. ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``;
+3. TensorFlow's intra-op setting, when TensorFlow is imported and it was set (never imported from here);
+4. the CPUs this process may run on (its affinity mask).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from typing import Iterator, Optional
+
+__all__ = ["THREADS_ENV", "LIBRARY_ENVS", "cpu_threads", "blas_limit"]
+
+logger = logging.getLogger(__name__)
+
+THREADS_ENV = "TFTRT_PY_CPU_THREADS"
+LIBRARY_ENVS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _env_threads(name: str) -> Optional[int]:
+    """The positive count variable `name` holds (OpenMP's nested lists "4,2": the outer level), else None."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        n = int(value.split(",")[0])
+    except ValueError:
+        n = 0
+    if n < 1:
+        logger.warning("%s=%r is not a positive thread count: ignored", name, value)
+        return None
+    return n
+
+
+def _tensorflow_threads() -> Optional[int]:
+    """TensorFlow's intra-op thread count when TensorFlow is imported and it was set (0 means unset)."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        n = int(tf.config.threading.get_intra_op_parallelism_threads()) if tf is not None else 0
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # a partly imported or stubbed module
+        return None
+    return n if n > 0 else None
+
+
+def _affinity_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this platform
+        return os.cpu_count() or 1
+
+
+def cpu_threads() -> int:
+    """How many threads a CPU backend may use (see the module's docstring for the order)."""
+    for name in (THREADS_ENV, *LIBRARY_ENVS):
+        n = _env_threads(name)
+        if n is not None:
+            return n
+    return _tensorflow_threads() or _affinity_threads()
+
+
+class _BlasLimit:
+    """One process-wide cap on BLAS's threads: the first run in sets it, the last one out gives BLAS its own
+    setting back. BLAS's pool is the process's (OpenBLAS on pthreads), so concurrent engines share one cap, set
+    from whichever thread comes first or last (threadpoolctl lets only one thread set OpenBLAS's count: each
+    change here takes that role and hands it back)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limiter = None
+        self._controller = None
+
+    def _change(self, change):
+        from threadpoolctl import OpenBLASController
+
+        OpenBLASController.clear_controlling_thread(force=True)
+        try:
+            return change()
+        finally:
+            OpenBLASController.clear_controlling_thread(force=True)
+
+    @contextlib.contextmanager
+    def __call__(self, threads: Optional[int] = None) -> Iterator[int]:
+        with self._lock:
+            n = threads or cpu_threads()
+            if self._users == 0:
+                if self._controller is None:  # finds the BLAS libraries loaded, once
+                    from threadpoolctl import ThreadpoolController
+
+                    self._controller = ThreadpoolController().select(user_api="blas")
+                self._limiter = self._change(lambda: self._controller.limit(limits=n))
+            self._users += 1
+        try:
+            yield n
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._change(self._limiter.restore_original_limits)
+                    self._limiter = None
+
+
+#: ``with blas_limit():`` caps BLAS's threads at cpu_threads() (or the count given) inside the block.
+blas_limit = _BlasLimit()
