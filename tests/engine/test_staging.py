@@ -75,4 +75,4 @@ def test_copy_threads_from_the_environment(monkeypatch, value, want):
     import os
 
     monkeypatch.setenv(staging.THREADS_ENV, value)
-    assert staging.copy_threads() == (want or min(8, len(os.sched_getaffinity(0))))
+    assert staging.copy_threads() == (want or min(4, len(os.sched_getaffinity(0))))

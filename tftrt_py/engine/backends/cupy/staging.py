@@ -5,9 +5,10 @@ asynchronously at full bus speed; a DMA from pageable memory goes through the dr
 fraction of it) and the DMA itself. Large arrays go in chunks: worker threads copy the next chunks while
 the DMA of the first runs, so a transfer costs about the slower of the two steps, not their sum. numpy
 releases the GIL while it copies, so the workers copy in parallel (``TFTRT_PY_COPY_THREADS``, default: up to
-8, as many as the CPUs this process may use; 1 copies on the calling thread). On an H100 host, 19 MB: one thread
-copies into pinned memory at 11 GB/s, four at 26, eight at 28; the DMA from pinned memory runs at 52 GB/s and
-from pageable memory at 13.
+4, as many as the CPUs this process may use; 1 copies on the calling thread). Measured on H100 hosts, 19 MB: one
+thread copies into pinned memory at 10-11 GB/s, four at 17-26, eight at 14-28 (1 MiB chunks, 8 threads ran the
+served path slower than these 2 MiB chunks and 4 threads); the DMA from pinned memory runs at 47-52 GB/s, from
+pageable memory at 13.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ __all__ = ["to_device", "from_pinned", "copy", "copy_threads"]
 logger = logging.getLogger(__name__)
 
 #: Arrays up to this size are copied in one piece; larger ones in chunks of this size.
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 2 << 20
 THREADS_ENV = "TFTRT_PY_COPY_THREADS"
 
 _pool = None  # the copy workers, made on first use; False: copies run on the caller's thread
@@ -32,7 +33,7 @@ _pool_lock = threading.Lock()
 
 
 def copy_threads() -> int:
-    """``TFTRT_PY_COPY_THREADS`` when it is a positive whole number, else up to 8 (the CPUs this process may use)."""
+    """``TFTRT_PY_COPY_THREADS`` when it is a positive whole number, else up to 4 (the CPUs this process may use)."""
     value = os.environ.get(THREADS_ENV, "").strip()
     if value:
         try:
@@ -41,7 +42,7 @@ def copy_threads() -> int:
         except ValueError:
             pass
         logger.error("%s=%r is not a positive whole number; using the default", THREADS_ENV, value)
-    return min(8, len(os.sched_getaffinity(0)))
+    return min(4, len(os.sched_getaffinity(0)))
 
 
 def _workers() -> Optional[ThreadPoolExecutor]:

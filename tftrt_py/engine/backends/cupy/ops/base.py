@@ -57,7 +57,7 @@ class BuildOptions:
     allow_tf32: bool = False
     max_workspace: int = 1 << 30
     #: How many cuDNN plans (heuristics order) are built and timed per convolution.
-    cudnn_plans: int = 4
+    cudnn_plans: int = 2
     #: INT8 layers stay int8 even where the fp16 kernel is faster (TensorRT's strict types).
     strict_types: bool = False
     #: The backend's tuning context (stream, handles, workspace) for building cuDNN plans.
