@@ -1,0 +1,392 @@
+"""Native TensorFlow against converted models on the CPU, per engine backend, in one run.
+
+    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit] [--batches 1,8] [--json out.json]
+
+Models (random weights, nothing downloaded): the demo CNN, Keras ResNet50 and MobileNetV2, a keras-hub BERT-base
+encoder (sequence 128, padded masks) and ViT-B/16. Each is exported, converted (engines built for every batch),
+saved; native TF is timed here, and a fresh process per engine backend (onnxruntime when importable, numpy) loads
+the converted SavedModel and times its serving signature: per model and batch, TF ms, converted ms, speed-up and
+the largest difference from TF's outputs. Then:
+
+- INT8: ResNet50 calibrated through the converter, served by onnxruntime, against its FP32 engines; a CNN trained
+  on scikit-learn's digits, its test accuracy in TF, converted FP32 and converted INT8 (the issue's bar: INT8
+  >= 1.3x FP32 on ResNet50 with the digits accuracy within 1 point);
+- OpenVINO against ONNX Runtime on the same ONNX model (the ResNet50 and BERT engines lowered by
+  onnxruntime.lowering.lower), both with the threads tftrt_py allows (backends.threads.cpu_threads).
+
+Times are medians of single calls (served_gpu.timed); TensorFlow's threads stay at their defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "models")]
+
+import numpy as np  # noqa: E402
+
+from served_gpu import bert_feed, bert_keras, timed  # noqa: E402
+
+BACKENDS = ("onnxruntime", "numpy")
+
+
+# -- models -----------------------------------------------------------------------------------------------------
+def _keras_export(build):
+    def export(directory: str, size: int) -> None:
+        import keras
+
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(0)
+        build(size).export(directory, verbose=False)
+    return export
+
+
+def _cnn(size):
+    from sample_models import build_small_cnn
+
+    return build_small_cnn()[0]
+
+
+def _application(cls_name):
+    def build(size):
+        import keras
+
+        return getattr(keras.applications, cls_name)(weights=None, input_shape=(size, size, 3))
+    return build
+
+
+def _vit(size):
+    import keras_hub
+
+    return keras_hub.models.ViTBackbone(image_shape=(size, size, 3), patch_size=16, num_layers=12, num_heads=12,
+                                        hidden_dim=768, mlp_dim=3072)
+
+
+def image_feed(batch: int, rng, specs) -> dict:
+    (name, spec), = specs.items()
+    return {name: rng.uniform(-1, 1, (batch, *spec.shape.as_list()[1:])).astype(np.float32)}
+
+
+MODELS = {
+    "cnn": dict(export=_keras_export(_cnn), feed=image_feed),
+    "resnet50": dict(export=_keras_export(_application("ResNet50")), feed=image_feed),
+    "mobilenetv2": dict(export=_keras_export(_application("MobileNetV2")), feed=image_feed),
+    "bert": dict(export=lambda directory, size: bert_keras(directory), feed=lambda b, rng, specs: bert_feed(b, rng)),
+    "vit": dict(export=_keras_export(_vit), feed=image_feed),
+}
+
+
+def digits_cnn(directory: str) -> dict:
+    """A small CNN trained on scikit-learn's digits (8x8), exported; its test images and labels."""
+    import keras
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    digits = load_digits()
+    images = (digits.images[..., None] / 16.0).astype(np.float32)
+    x_train, x_test, y_train, y_test = train_test_split(images, digits.target, test_size=0.3, random_state=0)
+    L = keras.layers
+    model = keras.Sequential([keras.Input((8, 8, 1)), L.Conv2D(16, 3, padding="same", activation="relu"),
+                              L.Conv2D(32, 3, padding="same", activation="relu"), L.MaxPooling2D(),
+                              L.Flatten(), L.Dense(64, activation="relu"), L.Dense(10)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x_train, y_train, epochs=30, batch_size=32, verbose=0)
+    model.export(directory, verbose=False)
+    return {"x_train": x_train, "x_test": x_test, "y_test": y_test}
+
+
+# -- conversion (this process) ----------------------------------------------------------------------------------
+def signature_specs(directory: str) -> dict:
+    import tensorflow as tf
+
+    return dict(tf.saved_model.load(directory).signatures["serving_default"].structured_input_signature[1])
+
+
+def convert(native_dir: str, out_dir: str, feeds, precision="FP32", calibration=None) -> float:
+    """Convert, build an engine per feed, save; returns the seconds it took."""
+    from tftrt_py import trt_convert as trt
+
+    start = time.perf_counter()
+    params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision,
+                                                        maximum_cached_engines=len(feeds) + 1)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=native_dir, conversion_params=params)
+    if calibration is not None:
+        converter.convert(calibration_input_fn=lambda: iter(calibration))
+    else:
+        converter.convert()
+    converter.build(input_fn=lambda: iter(feeds))
+    converter.save(out_dir, overwrite=True)
+    return time.perf_counter() - start
+
+
+def native_run(directory: str, feed: dict, iters: int):
+    """(TF's outputs, median ms) of the SavedModel's serving signature on `feed`."""
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(directory).signatures["serving_default"]
+    tensors = {k: tf.constant(v) for k, v in feed.items()}
+    outputs = {k: v.numpy() for k, v in signature(**tensors).items()}
+    return outputs, timed(lambda: signature(**tensors), min_iters=iters, warmup=1)
+
+
+def prepare(args, work: str) -> dict:
+    """Export, time native TF and convert every model; the job the serving processes run, with TF's results."""
+    rng = np.random.default_rng(0)
+    job = {"entries": [], "tf": {}, "convert_s": {}}
+    for name in args.models:
+        model = MODELS[name]
+        native = os.path.join(work, name, "native")
+        model["export"](native, args.size)
+        specs = signature_specs(native)
+        feeds = {b: model["feed"](b, rng, specs) for b in args.batches}
+        precisions = ["FP32"] + (["INT8"] if name == "resnet50" and args.int8 else [])
+        for precision in precisions:
+            calibration = [model["feed"](8, rng, specs) for _ in range(2)] if precision == "INT8" else None
+            out = os.path.join(work, name, precision.lower())
+            job["convert_s"][f"{name}/{precision}"] = convert(native, out, list(feeds.values()), precision,
+                                                              calibration)
+            for b, feed in feeds.items():
+                arrays = os.path.join(work, name, f"batch{b}.npz")
+                if precision == "FP32":
+                    want, ms = native_run(native, feed, args.iters)
+                    job["tf"][f"{name}/{b}"] = ms
+                    np.savez(arrays, **{f"in/{k}": v for k, v in feed.items()},
+                             **{f"out/{k}": v for k, v in want.items()})
+                    print(f"[tf] {name} batch {b}: {ms:.2f} ms", flush=True)
+                job["entries"].append({"model": name, "precision": precision, "batch": b, "dir": out,
+                                       "arrays": arrays})
+    if args.int8:
+        native = os.path.join(work, "digits", "native")
+        data = digits_cnn(native)
+        np.savez(os.path.join(work, "digits", "test.npz"), x=data["x_test"], y=data["y_test"])
+        tf_logits, _ = native_run(native, {next(iter(signature_specs(native))): data["x_test"]}, 1)
+        job["digits_tf"] = float(np.mean(next(iter(tf_logits.values())).argmax(-1) == data["y_test"]))
+        n = len(data["x_test"])
+        name = next(iter(signature_specs(native)))
+        calibration = [{name: data["x_train"][i:i + n]} for i in range(0, len(data["x_train"]), n)]
+        for precision in ("FP32", "INT8"):
+            out = os.path.join(work, "digits", precision.lower())
+            convert(native, out, [{name: data["x_test"]}], precision,
+                    calibration if precision == "INT8" else None)
+            job["entries"].append({"model": "digits", "precision": precision, "dir": out,
+                                   "arrays": os.path.join(work, "digits", "test.npz")})
+    return job
+
+
+# -- serving (a fresh process per backend) ---------------------------------------------------------------------
+def serve(job_path: str, backend: str, iters: int) -> dict:
+    """Load each converted SavedModel on `backend` (TFTRT_PY_BACKEND, set by the caller) and time it."""
+    import tensorflow as tf
+
+    from tftrt_py import trt_convert as trt
+
+    job, results = json.load(open(job_path)), []
+    loaded = {}
+    for entry in job["entries"]:
+        if entry["precision"] == "INT8" and backend == "numpy":
+            continue  # the numpy backend emulates INT8 (a reference, not a serving path)
+        if entry["dir"] not in loaded:
+            loaded[entry["dir"]] = tf.saved_model.load(entry["dir"]).signatures["serving_default"]
+        signature, arrays = loaded[entry["dir"]], np.load(entry["arrays"])
+        before = sum(s["fallback_total"] for s in trt.engine_op_stats().values())
+        result = dict(entry, backend=backend)
+        if entry["model"] == "digits":
+            (name, _), = signature.structured_input_signature[1].items()
+            logits = next(iter(signature(**{name: tf.constant(arrays["x"])}).values())).numpy()
+            result["accuracy"] = float(np.mean(logits.argmax(-1) == arrays["y"]))
+        else:
+            feed = {k[3:]: tf.constant(arrays[k]) for k in arrays.files if k.startswith("in/")}
+            got = signature(**feed)
+            outs = [k for k in arrays.files if k.startswith("out/")]
+            result["max_error"] = max(float(np.max(np.abs(got[k[4:]].numpy() - arrays[k]))) for k in outs)
+            result["max_relative_error"] = result["max_error"] / max(float(np.max(np.abs(arrays[k]))) for k in outs)
+            result["ms"] = timed(lambda: signature(**feed), min_iters=iters, warmup=1)
+        result["fallbacks"] = sum(s["fallback_total"] for s in trt.engine_op_stats().values()) - before
+        print(f"[{backend}] {entry['model']} {entry['precision']} batch {entry.get('batch', '-')}: "
+              + ", ".join(f"{k} {result[k]:.4g}" for k in ("ms", "max_error", "accuracy") if k in result)
+              + (f", {result['fallbacks']} native fallbacks" if result["fallbacks"] else ""), flush=True)
+        results.append(result)
+    return {"results": results}
+
+
+def serve_in_fresh_process(job_path: str, backend: str, iters: int, work: str) -> list:
+    out = os.path.join(work, f"served_{backend}.json")
+    env = dict(os.environ, TFTRT_PY_BACKEND=backend)
+    command = [sys.executable, os.path.abspath(__file__), "--serve", backend, "--job", job_path, "--out", out,
+               "--iters", str(iters)]
+    if subprocess.run(command, env=env).returncode:
+        print(f"[{backend}] serving failed (see above)")
+        return []
+    return json.load(open(out))["results"]
+
+
+def available_backends() -> list:
+    names = []
+    for name in BACKENDS:
+        try:
+            from tftrt_py.engine.backends import get_backend
+
+            get_backend(name)
+            if name == "onnxruntime":
+                import onnxruntime  # noqa: F401
+            names.append(name)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is left out, said why
+            print(f"[{name}] not measured: {exc}")
+    return names
+
+
+# -- OpenVINO vs ONNX Runtime on the same ONNX model ----------------------------------------------------------
+def largest_engine(saved_dir: str, batch: int):
+    """The engine with the most layers among those a converted SavedModel saved for `batch`, and how many engines
+    it saved for that batch."""
+    from tftrt_py.engine import Runtime
+    from tftrt_py.engine_op.cache import unpack_plans
+
+    engines = [Runtime(backend="numpy").deserialize_cuda_engine(plan)
+               for path in glob.glob(os.path.join(saved_dir, "assets", "trt-serialized-engine.*"))
+               for plan in unpack_plans(open(path, "rb").read())]
+    engines = [e for e in engines if e.inputs and e.inputs[0].shape[:1] == (batch,)] or engines
+    return max(engines, key=lambda e: len(e.network.layers)), len(engines)
+
+
+def runtime_side_by_side(job: dict, iters: int) -> list:
+    import onnxruntime as ort
+    import openvino as ov
+
+    from tftrt_py.engine.backends.onnxruntime.lowering import lower
+    from tftrt_py.engine.backends.threads import cpu_threads
+
+    threads, rows = cpu_threads(), []
+    for entry in job["entries"]:
+        if entry["model"] not in ("resnet50", "bert") or entry["precision"] != "FP32":
+            continue
+        engine, count = largest_engine(entry["dir"], entry["batch"])
+        rng = np.random.default_rng(1)
+        feed = {t.name: (rng.uniform(-1, 1, t.shape) if np.dtype(t.dtype).kind == "f" else
+                         rng.integers(0, 2, t.shape)).astype(t.dtype) for t in engine.inputs}
+        reference = engine.create_execution_context().execute(feed)
+        model = lower(engine.network).SerializeToString()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.onnx")
+            open(path, "wb").write(model)
+            compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                             "PERFORMANCE_HINT": "LATENCY"})
+        request = compiled.create_infer_request()
+        ov_feed = [feed[n] for n in names]
+        got = {"onnxruntime": session.run(None, {n: feed[n] for n in names}),
+               "openvino": [request.infer(ov_feed)[o] for o in compiled.outputs]}
+        row = {"model": entry["model"], "batch": entry["batch"], "layers": len(engine.network.layers),
+               "engines": count, "threads": threads}
+        for name, fn in (("onnxruntime", lambda: session.run(None, {n: feed[n] for n in names})),
+                         ("openvino", lambda: request.infer(ov_feed))):
+            row[f"{name}_ms"] = timed(fn, min_iters=iters)
+            row[f"{name}_max_error"] = max(float(np.max(np.abs(np.asarray(g, np.float64) - r)))
+                                           for g, r in zip(got[name], reference.values()))
+        print(f"[onnx] {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+# -- report -----------------------------------------------------------------------------------------------------
+def tables(job: dict, served: list, side: list) -> str:
+    backends = sorted({r["backend"] for r in served}, key=BACKENDS.index)
+    by = {(r["model"], r["precision"], r.get("batch"), r["backend"]): r for r in served}
+    lines = ["model        batch   TF ms  " + "  ".join(f"{b:>11s} ms  speed-up  rel err" for b in backends)]
+    fallbacks = False
+    for entry in job["entries"]:
+        if entry["model"] == "digits":
+            continue
+        key = (entry["model"], entry["precision"], entry["batch"])
+        tf_ms = job["tf"][f"{entry['model']}/{entry['batch']}"]
+        cells = []
+        for b in backends:
+            r = by.get(key + (b,))
+            mark = "!" if r and r["fallbacks"] else " "
+            fallbacks |= mark == "!"
+            cells.append(f"{r['ms']:13.2f}{mark}  {tf_ms / r['ms']:7.2f}x  {r['max_relative_error']:7.1e}" if r else
+                         f"{'-':>14s}  {'-':>8s}  {'-':>7s}")
+        label = entry["model"] + ("" if entry["precision"] == "FP32" else f" {entry['precision']}")
+        lines.append(f"{label:13s}{entry['batch']:5d}{tf_ms:9.2f}  " + "  ".join(cells))
+    if fallbacks:
+        lines.append("! engines failed and native segments ran (see the log above): not a measurement of engines")
+    lines.append("rel err: largest |converted - TF| over the largest |TF output|")
+    for b in backends:
+        int8 = [(by.get(("resnet50", "INT8", n, b)), by.get(("resnet50", "FP32", n, b))) for n in job["batches"]]
+        ratios = [f"batch {q['batch']}: {f['ms'] / q['ms']:.2f}x" + (" (native fallbacks!)" if q["fallbacks"] else "")
+                  for q, f in int8 if q and f]
+        if ratios:
+            lines.append(f"ResNet50 INT8 vs FP32 on {b}: " + ", ".join(ratios))
+        digits = {p: by.get(("digits", p, None, b)) for p in ("FP32", "INT8")}
+        if all(digits.values()):
+            lines.append(f"digits CNN accuracy on {b}: TF {job['digits_tf']:.4f}, FP32 {digits['FP32']['accuracy']:.4f}, "
+                         f"INT8 {digits['INT8']['accuracy']:.4f}"
+                         + (" (native fallbacks!)" if any(d["fallbacks"] for d in digits.values()) else ""))
+    if side:
+        lines.append("same ONNX model (largest engine)  batch  layers  threads  onnxruntime ms  openvino ms  "
+                     "ORT/OV  ORT err  OV err")
+        for r in side:
+            lines.append(f"{r['model']:34s}{r['batch']:6d}{r['layers']:8d}{r['threads']:9d}{r['onnxruntime_ms']:16.2f}"
+                         f"{r['openvino_ms']:13.2f}{r['onnxruntime_ms'] / r['openvino_ms']:8.2f}"
+                         f"{r['onnxruntime_max_error']:9.1e}{r['openvino_max_error']:8.1e}")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--size", type=int, default=224, help="image models' input size (the CNN keeps 32)")
+    parser.add_argument("--iters", type=int, default=5, help="fewest timed calls per measurement")
+    parser.add_argument("--no-int8", dest="int8", action="store_false", help="skip the INT8 and digits parts")
+    parser.add_argument("--no-openvino", dest="openvino", action="store_false")
+    parser.add_argument("--workdir", default=os.path.join(ROOT, "out", "cpu_vs_tf"))
+    parser.add_argument("--json")
+    parser.add_argument("--serve", choices=BACKENDS, help=argparse.SUPPRESS)  # a serving process (see serve)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        json.dump(serve(args.job, args.serve, args.iters), open(args.out, "w"))
+        return 0
+    args.models = [m for m in args.models.split(",") if m]
+    args.batches = [int(b) for b in args.batches.split(",")]
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}")
+    os.environ["TFTRT_PY_BACKEND"] = "numpy"  # builds here only plan engines; serving processes pick theirs
+    os.makedirs(args.workdir, exist_ok=True)
+    job = prepare(args, args.workdir)
+    job["batches"] = args.batches
+    job_path = os.path.join(args.workdir, "job.json")
+    json.dump(job, open(job_path, "w"))
+    served = [r for b in available_backends() for r in serve_in_fresh_process(job_path, b, args.iters, args.workdir)]
+    side = []
+    if args.openvino:
+        try:
+            side = runtime_side_by_side(job, args.iters)
+        except ImportError as exc:
+            print(f"[onnx] OpenVINO vs ONNX Runtime not measured: {exc}")
+    print(tables(job, served, side))
+    if args.json:
+        json.dump({"job": job, "served": served, "onnx_runtimes": side}, open(args.json, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
