@@ -1,4 +1,5 @@
-"""Backends run layer kinds. ``numpy`` always works; ``cupy`` needs an NVIDIA GPU."""
+"""Backends run layer kinds. ``numpy`` always works (the reference); ``cupy`` needs an NVIDIA GPU;
+``onnxruntime`` (the CPU backend) needs the onnxruntime and onnx packages."""
 from __future__ import annotations
 
 import logging
@@ -49,16 +50,34 @@ def _cupy():
 
 register_backend("cupy", _cupy)
 
+
+# -- onnxruntime (CPU) backend: registered always, usable where onnxruntime and onnx import ------------------
+def _onnxruntime():
+    from tftrt_py.engine.backends.onnxruntime import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend()
+
+
+register_backend("onnxruntime", _onnxruntime)
+
 _DEFAULT: Optional[str] = None
 
 
 def default_backend_name() -> str:
-    """``"cupy"`` when a GPU is usable here, else ``"numpy"`` (decided and logged once)."""
+    """``"cupy"`` when a GPU is usable here, else ``"onnxruntime"`` when it imports, else ``"numpy"`` (decided
+    and logged once)."""
     global _DEFAULT
     if _DEFAULT is None:
-        from tftrt_py.engine.backends.cupy import available
+        from tftrt_py.engine.backends import cupy, onnxruntime
 
-        ok, why = available()
-        _DEFAULT = "cupy" if ok else "numpy"
-        logger.info("engine backend: %s (%s)", _DEFAULT, why)
+        reasons = []
+        for name, available in (("cupy", cupy.available), ("onnxruntime", onnxruntime.available)):
+            ok, why = available()
+            reasons.append(why)
+            if ok:
+                _DEFAULT = name
+                break
+        else:
+            _DEFAULT = "numpy"
+        logger.info("engine backend: %s (%s)", _DEFAULT, "; ".join(reasons))
     return _DEFAULT

@@ -1,0 +1,136 @@
+"""Every layer kind on the onnxruntime backend against the numpy backend: every case of the GPU layer suite
+(tests/engine/gpu/test_layers.py, its `compare` pointed at onnxruntime), INT8 layers, and a lowering (or a
+stated numpy fallback) for every kind."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from tftrt_py.engine import Engine, layers as layer_kinds
+from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, NUMPY_KINDS
+
+from gpu_helpers import normal, single
+from ort_helpers import ORT, TOL, compare, with_precision
+
+pytestmark = ORT
+
+#: GPU cases that check the cupy backend's own choices, not values.
+CUPY_ONLY = {"test_fused_pointwise_chain"}
+
+
+def _gpu_cases():
+    path = os.path.join(os.path.dirname(__file__), "..", "gpu", "test_layers.py")
+    spec = importlib.util.spec_from_file_location("gpu_layer_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.compare = compare
+    return module
+
+
+_GPU = _gpu_cases()
+globals().update({name: fn for name, fn in vars(_GPU).items() if name.startswith("test_") and name not in CUPY_ONLY})
+
+
+def test_every_kind_has_a_lowering_or_a_stated_fallback():
+    assert set(LOWERINGS) | set(NUMPY_KINDS) == set(layer_kinds.kinds())
+    assert not set(LOWERINGS) & set(NUMPY_KINDS)
+    assert set(NUMPY_KINDS) == {"NMS"}
+
+
+INT8_CASES = {name: _GPU.CONV_CASES[name] for name in ("3x3_bias_relu", "stride2_asym_pad", "depthwise", "1x1",
+                                                       "conv1d")}
+
+
+def _with_ranges(build, ranges):
+    def made():
+        net = build()
+        for t, amax in zip(net.inputs, ranges):
+            t.dynamic_range = amax
+        return net
+
+    return made
+
+
+@pytest.mark.parametrize("case", sorted(INT8_CASES))
+def test_int8_convolution(case):
+    shape, params, kshape, bias = INT8_CASES[case]
+    weights = {"kernel": _GPU.kernel(*kshape)}
+    if bias:
+        weights["bias"] = _GPU.rng0.standard_normal(kshape[-1]).astype(np.float32)
+    build = single("Convolution", [("float32", shape)], params, weights)
+    compare(_with_ranges(build, [3.0]), normal(shape, low=-3.0, high=3.0), "INT8")
+
+
+@pytest.mark.parametrize("case", ["2d", "batched", "transposes"])
+def test_int8_matrix_multiply(case):
+    sa, sb, params = _GPU.MATMUL_CASES[case]
+    build = single("MatrixMultiply", [("float32", sa), ("float32", sb)], params)
+    compare(_with_ranges(build, [2.0, 2.0]), normal(sa, sb, low=-2.0, high=2.0), "INT8")
+
+
+def test_int8_matrix_multiply_constant_weights():
+    """A constant operand is quantized per output column, as the numpy backend does."""
+    from tftrt_py.engine import Network
+
+    w, bias = _GPU.kernel(64, 48), _GPU.rng0.standard_normal(48).astype(np.float32)
+
+    def build():
+        net = Network("fc")
+        x = net.add_input("x0", "float32", (8, 64))
+        x.dynamic_range = 2.0
+        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w)], {"activation": {"type": "relu"}},
+                          {"bias": bias}).outputs[0]
+        net.mark_output(y, name="y0")
+        return net
+
+    compare(build, normal((8, 64), low=-2.0, high=2.0), "INT8")
+
+
+@pytest.mark.parametrize("act", [None, {"type": "relu"}], ids=["linear", "relu"])
+def test_int8_convolution_with_output_range(act):
+    """With a range on its output (and no residual, activation relu at most) an INT8 convolution is quantized
+    on both sides (ONNX Runtime's QLinearConv): within half an output quantum (and INT8's tolerance) of the
+    numpy backend's, which keeps the output in fp16."""
+    shape, params, kshape, _ = _GPU.CONV_CASES["3x3_bias_relu"]
+    params = dict(params, activation=act) if act else {k: v for k, v in params.items() if k != "activation"}
+    weights = {"kernel": _GPU.kernel(*kshape), "bias": _GPU.rng0.standard_normal(kshape[-1]).astype(np.float32)}
+    out_range = 10.0
+
+    def build():
+        net = single("Convolution", [("float32", shape)], params, weights)()
+        net.inputs[0].dynamic_range = 3.0
+        net.outputs[0].dynamic_range = out_range
+        return with_precision(net, "INT8")
+
+    inputs = normal(shape, low=-3.0, high=3.0)(np.random.default_rng(5))
+    ref = Engine(build(), "INT8", backend="numpy").create_execution_context().execute(inputs)["y0"]
+    got = Engine(build(), "INT8", backend="onnxruntime").create_execution_context().execute(inputs)["y0"]
+    assert np.abs(ref).max() < out_range and (ref < 0).any() == (act is None)
+    quantum = out_range / (255 if act else 127)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=quantum / 2 + TOL["INT8"] * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("pre,post", [([1, 2, 0], [2, 1, 3]), ([0, 4, 5], [2, 4, 5])])
+def test_symmetric_padding(pre, post):
+    """MirrorPad's SYMMETRIC mode (edges repeated), which ONNX's Pad lacks."""
+    params = {"pre": pre, "post": post, "mode": "symmetric"}
+    compare(single("Padding", [("float32", (3, 4, 5))], params), normal((3, 4, 5)))
+
+
+def test_float16_bindings():
+    """float16 tensors keep their dtype at the bindings; layers compute them in fp32 and round where they write."""
+    from tftrt_py.engine import Network
+
+    w = _GPU.kernel(3, 3, 8, 8)
+
+    def build():
+        net = Network("half")
+        x = net.add_input("x0", "float16", (2, 6, 6, 8))
+        y = net.add_layer("Convolution", [x], _GPU.conv_params(act={"type": "relu"}), {"kernel": w}).outputs[0]
+        s = net.add_layer("Reduce", [y], {"op": "mean", "axes": [1, 2]}).outputs[0]
+        net.mark_output(net.add_layer("Softmax", [s], {"axis": -1}).outputs[0], name="y0")
+        net.mark_output(net.add_layer("Identity", [s], {"dtype": "float32"}).outputs[0], name="y1")
+        return net
+
+    compare(build, normal((2, 6, 6, 8), dtype="float16"))

@@ -1,0 +1,192 @@
+"""The ONNX Runtime backend: an engine becomes a program of ONNX Runtime sessions (the lowered network)
+and, for the rare kinds without a lowering (registry.NUMPY_KINDS), numpy kernels between them."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+
+from tftrt_py.engine.backends.onnxruntime import available
+from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
+from tftrt_py.engine.errors import BackendError, BuildError, RuntimeExecutionError
+from tftrt_py.engine.network import Layer, Network, Tensor
+
+__all__ = ["OnnxRuntimeBackend", "Program"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Session:
+    """One ONNX Runtime session over consecutive lowered layers: engine tensors in, engine tensors out."""
+
+    def __init__(self, session, inputs: List[Tensor], outputs: List[Tensor]):
+        self.session, self.inputs, self.outputs = session, inputs, outputs
+        self.input_names = [i.name for i in session.get_inputs()]
+
+    def run(self, values: Dict[str, np.ndarray]) -> None:
+        feeds = {name: values[t.name] for name, t in zip(self.input_names, self.inputs)}
+        for t, out in zip(self.outputs, self.session.run(None, feeds)):
+            values[t.name] = out
+
+
+class _NumpyLayer:
+    """A layer run by the numpy kernel between sessions."""
+
+    def __init__(self, layer: Layer):
+        from tftrt_py.engine.backends.numpy_backend import NumpyBackend
+
+        self.layer, self.backend = layer, NumpyBackend()
+
+    def run(self, values: Dict[str, np.ndarray]) -> None:
+        outs = self.backend.run_layer(self.layer, [values[t.name] for t in self.layer.inputs])
+        for t, out in zip(self.layer.outputs, outs):
+            values[t.name] = out
+
+
+class Program:
+    """An engine's steps: sessions over runs of lowered layers, numpy layers between them."""
+
+    def __init__(self, steps: list):
+        self.steps = steps
+
+    def run(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        values = dict(inputs)
+        for step in self.steps:
+            step.run(values)
+        return values
+
+
+def _runs(layers: List[Layer]) -> List[List[Layer]]:
+    """Consecutive layers grouped by whether ONNX Runtime runs them."""
+    runs: List[List[Layer]] = []
+    for layer in layers:
+        if runs and lowerable(runs[-1][-1]) == lowerable(layer):
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return runs
+
+
+class OnnxRuntimeBackend:
+    """Runs engines on the CPU with ONNX Runtime (graph optimizations on; threads from :meth:`threads`)."""
+
+    name = "onnxruntime"
+
+    def __init__(self):
+        ok, why = available()
+        if not ok:
+            raise BackendError(why)
+        import onnxruntime
+
+        self._ort = onnxruntime
+        self._said = set()
+        self._layer_engines: Dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    def threads(self) -> Optional[int]:
+        """Intra-op threads of the sessions this backend makes; None leaves the choice to ONNX Runtime."""
+        return None
+
+    def session(self, model):
+        """An InferenceSession of ONNX `model` (from its bytes: no file), every graph optimization on."""
+        ort = self._ort
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        # QDQ propagation moves a DequantizeLinear past a Transpose by adding a QuantizeLinear whose zero point
+        # is uint8 for int8 data, which ORT then rejects (1.32): our QDQ pairs sit where they belong already.
+        options.add_session_config_entry("optimization.disable_specified_optimizers", "QDQPropagationTransformer")
+        threads = self.threads()
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        return ort.InferenceSession(model.SerializeToString(), sess_options=options,
+                                    providers=["CPUExecutionProvider"])
+
+    # -- build --------------------------------------------------------------------------------------------
+    def _program(self, network: Network) -> Program:
+        users: Dict[str, int] = {}
+        for i, layer in enumerate(network.layers):
+            for t in layer.inputs:
+                users[t.name] = i
+        for t in network.outputs:
+            users[t.name] = len(network.layers)
+        steps, start = [], 0
+        for run in _runs(network.layers):
+            end = start + len(run)
+            if not lowerable(run[0]):
+                for layer in run:
+                    if layer.kind not in self._said:
+                        self._said.add(layer.kind)
+                        logger.warning("%s layers run on numpy between ONNX Runtime sessions: %s", layer.kind,
+                                       NUMPY_KINDS.get(layer.kind, "no lowering"))
+                    steps.append(_NumpyLayer(layer))
+            else:
+                made = {t.name for layer in run for t in layer.outputs}
+                inputs = list({t.name: t for layer in run for t in layer.inputs if t.name not in made}.values())
+                outputs = list({t.name: t for layer in run for t in layer.outputs
+                                if users.get(t.name, -1) >= end}.values())
+                steps.append(_Session(self.session(lower(network, run, inputs, outputs)), inputs, outputs))
+            start = end
+        return Program(steps)
+
+    def prepare_engine(self, engine) -> None:
+        """Lower `engine` to ONNX and make its sessions (once per engine)."""
+        try:
+            engine.ort_program = self._program(engine.network)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BuildError(f"building engine {engine.name!r} for ONNX Runtime failed: {type(exc).__name__}: "
+                             f"{exc}") from exc
+
+    # -- run ------------------------------------------------------------------------------------------------
+    def create_runner(self, engine):
+        if getattr(engine, "ort_program", None) is None:
+            engine.prepare()
+        return Runner(engine, engine.ort_program)
+
+    def run_layer(self, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        """One layer on host arrays (through a cached one-layer engine)."""
+        from tftrt_py.engine.runtime import Engine
+
+        with self._lock:
+            entry = self._layer_engines.get(id(layer))
+            if entry is None or entry[0] is not layer:
+                net = Network(f"layer {layer.name}")
+                ins = [net.add_input(f"input_{i}", np.asarray(a).dtype, np.shape(a)) for i, a in enumerate(inputs)]
+                for t, old in zip(ins, layer.inputs):
+                    t.dynamic_range = old.dynamic_range
+                new = net.add_layer(layer.kind, ins, layer.params, layer.weights, name=layer.name)
+                new.precision = layer.precision
+                for t in new.outputs:
+                    net.mark_output(t)
+                engine = Engine(net, precision=layer.precision or "FP32", backend=self.name)
+                entry = (layer, engine.create_execution_context())
+                self._layer_engines[id(layer)] = entry
+        return entry[1].execute_v2([np.asarray(a) for a in inputs])
+
+
+class Runner:
+    """Runs one engine's program for one ExecutionContext (sessions are shared: ONNX Runtime runs them from
+    several threads at once)."""
+
+    def __init__(self, engine, program: Program):
+        self.engine, self.program = engine, program
+
+    def execute(self, ctx, bindings: Mapping[str, np.ndarray], outputs=None) -> Dict[str, np.ndarray]:
+        from tftrt_py.engine.runtime import deliver
+
+        eng = self.engine
+        values, batch = ctx._check_inputs(bindings)
+        try:
+            values = self.program.run(values)
+        except Exception as exc:
+            raise RuntimeExecutionError(f"engine {eng.name!r} failed in ONNX Runtime: {type(exc).__name__}: "
+                                        f"{exc}") from exc
+        partial = batch is not None and eng.rowwise and batch < eng.max_batch_size
+        return {t.name: deliver(values[t.name][:batch] if partial else values[t.name], i, outputs)
+                for i, t in enumerate(eng.outputs)}
+
+

@@ -1,0 +1,82 @@
+"""An ONNX graph under construction: unique value names, nodes, initializers and the dtype maps.
+
+Lowerings add nodes through :class:`Graph` only; ``onnx`` is imported when a graph is made, not before.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import List, Sequence, Union
+
+import numpy as np
+
+__all__ = ["Graph", "onnx_dtype", "compute_dtype", "OPSET"]
+
+#: The ONNX opset lowered graphs use (BitCast needs 26; ONNX Runtime 1.32 runs it).
+OPSET = 26
+
+
+def onnx_dtype(dtype) -> int:
+    """The TensorProto element type of a numpy dtype (or dtype name)."""
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype a layer computes a tensor of `dtype` in on the CPU: float16 widens to float32."""
+    return "float32" if dtype == "float16" else dtype
+
+
+class Graph:
+    """Nodes and initializers of one ONNX graph; every value gets a fresh name."""
+
+    def __init__(self):
+        self.nodes: list = []
+        self.initializers: list = []
+        self._ids = itertools.count()
+
+    def fresh(self, base: str = "v") -> str:
+        return f"{base}#{next(self._ids)}"
+
+    def node(self, op: str, inputs: Sequence[str], outputs: int = 1, domain: str = "", **attrs
+             ) -> Union[str, List[str]]:
+        """Add node `op`; returns its output name (a list when `outputs` > 1). Attributes are keywords."""
+        from onnx import helper
+
+        names = [self.fresh(op) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op, list(inputs), names, name=self.fresh(op), domain=domain or None,
+                                           **{k: v for k, v in attrs.items() if v is not None}))
+        return names[0] if outputs == 1 else names
+
+    def const(self, value, dtype=None) -> str:
+        """An initializer holding `value` (cast to `dtype` when given)."""
+        from onnx import numpy_helper
+
+        array = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        name = self.fresh("const")
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def ints(self, values: Sequence[int]) -> str:
+        """A 1-d int64 initializer (shapes, axes, starts...)."""
+        return self.const(np.asarray(list(values), np.int64).reshape(-1))
+
+    def scalar(self, value, dtype) -> str:
+        return self.const(np.asarray(value, dtype=dtype))
+
+    def cast(self, x: str, have: str, want: str) -> str:
+        """`x` (of dtype `have`) as `want`; no node when they are equal."""
+        return x if have == want else self.node("Cast", [x], to=onnx_dtype(want))
+
+    def transpose(self, x: str, perm: Sequence[int]) -> str:
+        perm = [int(p) for p in perm]
+        return x if perm == sorted(perm) else self.node("Transpose", [x], perm=perm)
+
+    def reshape(self, x: str, shape: Sequence[int]) -> str:
+        return self.node("Reshape", [x, self.ints(shape)], allowzero=1)
+
+    def slice(self, x: str, starts, ends, axes, steps=None) -> str:
+        ins = [x, self.ints(starts), self.ints(ends), self.ints(axes)]
+        if steps is not None:
+            ins.append(self.ints(steps))
+        return self.node("Slice", ins)

@@ -1,0 +1,161 @@
+"""Lowerings of the kinds with weights or windows (Convolution, Deconvolution, MatrixMultiply, MLP, Pooling,
+Softmax, Attention, Normalization). Engines are channels-last; ONNX convolutions and pools are channels-first,
+so those are wrapped in transposes (ONNX Runtime's layout passes cancel the pairs between them)."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype
+from tftrt_py.engine.backends.onnxruntime.pointwise import activation
+from tftrt_py.engine.backends.onnxruntime.registry import lowers, weight
+from tftrt_py.engine.layers import attention_columns
+
+__all__ = ["to_channels_first", "to_channels_last", "onnx_kernel", "conv", "conv_epilogue", "swap_last",
+           "matmul_epilogue"]
+
+
+def to_channels_first(g: Graph, x: str, nsp: int) -> str:
+    return g.transpose(x, [0, nsp + 1, *range(1, nsp + 1)])
+
+
+def to_channels_last(g: Graph, x: str, nsp: int) -> str:
+    return g.transpose(x, [0, *range(2, nsp + 2), 1])
+
+
+def onnx_kernel(layer) -> np.ndarray:
+    """The layer's kernel [*K, a, b] in ONNX's layout [b, a, *K], float32 (Conv: a = C/groups, b = Cout;
+    ConvTranspose: a = Cout, b = Cin)."""
+    k = weight(layer, "kernel")
+    nsp = k.ndim - 2
+    return np.transpose(k, [nsp + 1, nsp, *range(nsp)]).astype(np.float32)
+
+
+def conv(g: Graph, layer, x: str, kernel: str, bias: Optional[str]) -> str:
+    """The Conv node of `layer` on channels-first `x`."""
+    p = layer.params
+    nsp = layer.weights["kernel"].ndim - 2
+    return g.node("Conv", [x, kernel] + ([bias] if bias else []),
+                  kernel_shape=list(layer.weights["kernel"].shape[:nsp]), strides=p["strides"],
+                  dilations=p["dilations"], pads=p["pre_padding"] + p["post_padding"], group=p.get("groups", 1))
+
+
+def conv_epilogue(g: Graph, layer, y: str, ins) -> str:
+    """Channels-first convolution sums `y` back to channels-last, plus the residual, through the activation."""
+    out = to_channels_last(g, y, layer.weights["kernel"].ndim - 2)
+    if len(ins) > 1:
+        out = g.node("Add", [out, ins[1]])
+    return activation(g, out, layer.params.get("activation"), np.float32)
+
+
+@lowers("Convolution")
+def _convolution(g, layer, ins):
+    nsp = layer.weights["kernel"].ndim - 2
+    bias = g.const(weight(layer, "bias"), np.float32) if "bias" in layer.weights else None
+    y = conv(g, layer, to_channels_first(g, ins[0], nsp), g.const(onnx_kernel(layer)), bias)
+    return [conv_epilogue(g, layer, y, ins)]
+
+
+@lowers("Deconvolution")
+def _deconvolution(g, layer, ins):
+    """ConvTranspose without padding (the full output), zero-extended where the requested window passes its
+    end, then cropped to [pre, pre + output) as the numpy kernel does."""
+    p = layer.params
+    k = layer.weights["kernel"]
+    nsp = k.ndim - 2
+    out = g.node("ConvTranspose", [to_channels_first(g, ins[0], nsp), g.const(onnx_kernel(layer))],
+                 kernel_shape=list(k.shape[:nsp]), strides=p["strides"])
+    spatial = layer.inputs[0].shape[1:-1]
+    full = [(s - 1) * st + kk for s, st, kk in zip(spatial, p["strides"], k.shape[:nsp])]
+    ends = [b + o for b, o in zip(p["pre_padding"], p["output_spatial"])]
+    extra = [max(e - f, 0) for e, f in zip(ends, full)]
+    if any(extra):
+        out = g.node("Pad", [out, g.ints([0] * (nsp + 2) + [0, 0] + extra)])
+    out = g.slice(out, p["pre_padding"], ends, list(range(2, nsp + 2)))
+    return [to_channels_last(g, out, nsp)]
+
+
+def swap_last(g: Graph, x: str, rank: int) -> str:
+    return g.transpose(x, [*range(rank - 2), rank - 1, rank - 2])
+
+
+def matmul_operands(g: Graph, layer, ins) -> List[str]:
+    """A and B of `layer`, transposed as its params say."""
+    flags = ("transpose_a", "transpose_b")
+    return [swap_last(g, x, t.rank) if layer.params.get(f) else x for x, t, f in zip(ins, layer.inputs, flags)]
+
+
+def matmul_epilogue(g: Graph, layer, out: str) -> str:
+    if "bias" in layer.weights:
+        out = g.node("Add", [out, g.const(weight(layer, "bias"), np.float32)])
+    return activation(g, out, layer.params.get("activation"), np.float32)
+
+
+@lowers("MatrixMultiply")
+def _matmul(g, layer, ins):
+    return [matmul_epilogue(g, layer, g.node("MatMul", matmul_operands(g, layer, ins)))]
+
+
+@lowers("MLP")
+def _mlp(g, layer, ins):
+    x = ins[0]
+    for i, act in enumerate(layer.params["activations"]):
+        x = g.node("Add", [g.node("MatMul", [x, g.const(weight(layer, f"w{i}"), np.float32)]),
+                           g.const(weight(layer, f"b{i}"), np.float32)])
+        x = activation(g, x, act, np.float32)
+    return [x]
+
+
+@lowers("Pooling")
+def _pooling(g, layer, ins):
+    """Max pooling never goes below the dtype's lowest (TF's rule for windows of -Inf); average pooling
+    divides by the window or by its elements inside the input (count_include_pad)."""
+    p = layer.params
+    nsp = len(p["window"])
+    x = to_channels_first(g, ins[0], nsp)
+    attrs = dict(kernel_shape=p["window"], strides=p["strides"], pads=p["pre_padding"] + p["post_padding"])
+    if p["type"] == "max":
+        dtype = compute_dtype(layer.inputs[0].dtype)
+        out = g.node("Max", [g.node("MaxPool", [x], **attrs), g.scalar(np.finfo(dtype).min, dtype)])
+    else:
+        out = g.node("AveragePool", [x], count_include_pad=int(bool(p.get("count_include_pad", False))), **attrs)
+    return [to_channels_last(g, out, nsp)]
+
+
+@lowers("Softmax")
+def _softmax(g, layer, ins):
+    return [g.node("Softmax", ins, axis=layer.params["axis"])]
+
+
+def _heads(g: Graph, x: str, shape, heads: int) -> str:
+    """Packed [B, S, H*D] -> [B, H, S, D]."""
+    return g.transpose(g.reshape(x, [shape[0], shape[1], heads, shape[2] // heads]), [0, 2, 1, 3])
+
+
+@lowers("Attention")
+def _attention(g, layer, ins):
+    heads = layer.params.get("heads")
+    q, k, v = [], [], []
+    for x, t, (c, w), out in zip(ins, layer.inputs, attention_columns(layer), (q, k, v)):
+        x = g.cast(x, compute_dtype(t.dtype), "float32")
+        if w != t.shape[-1]:
+            x = g.slice(x, [c], [c + w], [t.rank - 1])
+        out.append(_heads(g, x, (*t.shape[:-1], w), heads) if heads else x)
+    (q,), (k,), (v,) = q, k, v
+    rank = 4 if heads else layer.inputs[0].rank
+    scores = g.node("Mul", [g.node("MatMul", [q, swap_last(g, k, rank)]),
+                            g.scalar(layer.params["scale"], np.float32)])
+    out = g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v])
+    if heads:
+        out = g.reshape(g.transpose(out, [0, 2, 1, 3]), layer.outputs[0].shape)
+    return [g.cast(out, "float32", compute_dtype(layer.outputs[0].dtype))]
+
+
+@lowers("Normalization")
+def _normalization(g, layer, ins):
+    s = ins[0] if len(ins) == 1 else g.node("Add", ins)
+    out = g.node("LayerNormalization", [s, g.const(weight(layer, "scale"), np.float32),
+                                        g.const(weight(layer, "bias"), np.float32)],
+                 axis=-1, epsilon=float(layer.params["epsilon"]))
+    return [out]
