@@ -76,3 +76,11 @@ def test_copy_threads_from_the_environment(monkeypatch, value, want):
 
     monkeypatch.setenv(staging.THREADS_ENV, value)
     assert staging.copy_threads() == (want or min(4, len(os.sched_getaffinity(0))))
+
+
+def test_scalars_keep_their_shape(threads):
+    src = np.array(2.5, np.float32)
+    pinned, device = np.empty((), np.float32), FakeDevice((), np.float32)
+    staging.to_device(src, pinned, device, stream=None)
+    assert device.data.shape == () and device.data == 2.5
+    assert staging.from_pinned(pinned, 0, None).shape == ()

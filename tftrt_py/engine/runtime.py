@@ -23,7 +23,7 @@ def deliver(out: np.ndarray, index: int, outputs: Optional[Allocate], copy: bool
     """Output `index` as the caller receives it: copied into ``outputs(index, shape)`` when given (cast as
     needed), else C-contiguous (a copy of its own with `copy`, for a buffer the engine reuses)."""
     if outputs is None:
-        return np.array(out, order="C") if copy else np.ascontiguousarray(out)
+        return np.array(out, order="C") if copy else np.asarray(out, order="C")
     dst = outputs(index, out.shape)
     np.copyto(dst, out, casting="unsafe")
     return dst

@@ -63,7 +63,7 @@ def _bounds(size: int, itemsize: int):
 def to_device(src: np.ndarray, pinned: np.ndarray, device, stream) -> None:
     """Copy host `src` into `device` (a cupy array of its shape) through `pinned`, asynchronously on `stream`:
     the DMAs are queued when this returns; `pinned` must not be reused before the stream passes them."""
-    src = np.ascontiguousarray(src)
+    src = np.asarray(src, order="C")  # (np.ascontiguousarray would make a 0-d input 1-d)
     pool = _workers()
     if src.nbytes <= CHUNK_BYTES or pool is None:
         np.copyto(pinned, src, casting="no")
