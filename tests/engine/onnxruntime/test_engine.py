@@ -89,7 +89,8 @@ def test_lower_gives_a_checked_onnx_model_and_refuses_kinds_without_lowering():
 
 def test_sessions_take_the_backends_thread_count(monkeypatch):
     backend = get_backend("onnxruntime")
-    assert backend.threads() is None
+    monkeypatch.setenv("TFTRT_PY_CPU_THREADS", "3")
+    assert backend.threads() == 3  # the process's setting (tests/engine/test_threads.py has the order)
     monkeypatch.setattr(type(backend), "threads", lambda self: 1)
     engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(conv_relu_pool_net())
     (session,) = engine.ort_program.steps

@@ -10,6 +10,7 @@ import numpy as np
 
 from tftrt_py.engine.backends.onnxruntime import available
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
+from tftrt_py.engine.backends.threads import cpu_threads
 from tftrt_py.engine.errors import BackendError, BuildError, RuntimeExecutionError
 from tftrt_py.engine.network import Layer, Network, Tensor
 
@@ -86,8 +87,8 @@ class OnnxRuntimeBackend:
         self._lock = threading.Lock()
 
     def threads(self) -> Optional[int]:
-        """Intra-op threads of the sessions this backend makes; None leaves the choice to ONNX Runtime."""
-        return None
+        """Intra-op threads of the sessions this backend makes: what the process allows (threads.cpu_threads)."""
+        return cpu_threads()
 
     def session(self, model):
         """An InferenceSession of ONNX `model` (from its bytes: no file), every graph optimization on."""
