@@ -28,7 +28,7 @@ def with_precision(network: Network, precision: str) -> Network:
 def poisoned(index, shape, engine):
     dtype = engine.get_binding_dtype(len(engine.inputs) + index)
     out = np.empty(shape, dtype)
-    out.view(np.uint8).fill(255)  # NaN for floats, -1 for ints: unwritten outputs show up
+    out.reshape(-1).view(np.uint8).fill(255)  # NaN for floats, -1 for ints: unwritten outputs show up
     return out
 
 

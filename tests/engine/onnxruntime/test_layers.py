@@ -134,3 +134,42 @@ def test_float16_bindings():
         return net
 
     compare(build, normal((2, 6, 6, 8), dtype="float16"))
+
+
+def _bools(*shapes):
+    def make(rng):
+        return {f"x{i}": rng.uniform(size=s) > 0.5 for i, s in enumerate(shapes)}
+
+    return make
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+def test_elementwise_arithmetic_of_bools(op):
+    """numpy's sum of bools is or, prod is and (ONNX's Add and Mul take no bools)."""
+    compare(single("ElementWise", [("bool", (3, 4)), ("bool", (4,))], {"op": op}), _bools((3, 4), (4,)))
+
+
+def test_select_of_bools():
+    compare(single("Select", [("bool", (3, 4)), ("bool", (3, 4)), ("bool", (1, 4))], {}),
+            _bools((3, 4), (3, 4), (1, 4)))
+
+
+@pytest.mark.parametrize("op", layer_kinds.REDUCE_OPS)
+def test_reduce_over_no_axes(op):
+    """No axes reduce nothing (ONNX's reductions would reduce every axis)."""
+    compare(single("Reduce", [("float32", (2, 3))], {"op": op, "axes": []}), normal((2, 3), low=0.5, high=2.0))
+
+
+def test_scalar_constant_output():
+    from tftrt_py.engine import Network
+
+    def build():
+        net = Network("scalar")
+        x = net.add_input("x0", "float32", (2, 3))
+        total = net.add_layer("Reduce", [x], {"op": "sum", "axes": [0, 1]}).outputs[0]
+        net.mark_output(net.add_layer("ElementWise", [total, net.add_constant(np.float32(0.5))],
+                                      {"op": "prod"}).outputs[0], name="y0")
+        net.mark_output(net.add_constant(np.float32(2.5)), name="y1")
+        return net
+
+    compare(build, normal((2, 3)))

@@ -88,13 +88,26 @@ REDUCE: Dict[str, Callable] = {
 }
 
 
+def _with_nan(g: Graph, out: str, x: str, axes: str, keep: int, dtype) -> str:
+    """`out` (a max or min over `axes` of `x`) NaN where x has a NaN, as numpy and TF (ONNX Runtime skips it)."""
+    nan = g.node("ReduceMax", [g.cast(g.node("IsNaN", [x]), "bool", "int32"), axes], keepdims=keep)
+    return g.node("Where", [g.cast(nan, "int32", "bool"), g.scalar(np.nan, dtype), out])
+
+
 @lowers("Reduce")
 def _reduce(g, layer, ins):
     p, t = layer.params, layer.inputs[0]
+    dtype = compute_dtype(t.dtype)
     x = ins[0] if p.get("first_perm") is None else g.transpose(ins[0], p["first_perm"])
     if t.dtype == "bool":  # All / Any: min / max of 0 and 1
         x = g.cast(x, "bool", "int32")
-    out = REDUCE[p["op"]](g, x, g.ints([a % t.rank for a in p["axes"]]), int(bool(p.get("keep_dims"))))
+    axes, keep = [a % t.rank for a in p["axes"]], int(bool(p.get("keep_dims")))
+    if not axes:  # numpy reduces nothing (ONNX would reduce everything): reduce a unit axis put in front
+        x, axes, keep = g.node("Unsqueeze", [x, g.ints([0])]), [0], 0
+    axes = g.ints(axes)
+    out = REDUCE[p["op"]](g, x, axes, keep)
+    if p["op"] in ("max", "min") and np.dtype(dtype).kind == "f":
+        out = _with_nan(g, out, x, axes, keep, dtype)
     return [g.cast(out, "int32", "bool") if t.dtype == "bool" else out]
 
 

@@ -52,7 +52,7 @@ class Graph:
         """An initializer holding `value` (cast to `dtype` when given)."""
         from onnx import numpy_helper
 
-        array = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        array = np.array(value, dtype=dtype, order="C")  # (ascontiguousarray makes scalars 1-d)
         name = self.fresh("const")
         self.initializers.append(numpy_helper.from_array(array, name))
         return name

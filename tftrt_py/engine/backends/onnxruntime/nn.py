@@ -109,14 +109,16 @@ def _mlp(g, layer, ins):
 
 @lowers("Pooling")
 def _pooling(g, layer, ins):
-    """Max pooling never goes below the dtype's lowest (TF's rule for windows of -Inf); average pooling
-    divides by the window or by its elements inside the input (count_include_pad)."""
+    """Max pooling as TF's: NaN skipped (read as -Inf; ONNX Runtime's MaxPool would propagate it) and never
+    below the dtype's lowest (what windows of -Inf or NaN give); average pooling divides by the window or by
+    its elements inside the input (count_include_pad)."""
     p = layer.params
     nsp = len(p["window"])
     x = to_channels_first(g, ins[0], nsp)
     attrs = dict(kernel_shape=p["window"], strides=p["strides"], pads=p["pre_padding"] + p["post_padding"])
     if p["type"] == "max":
         dtype = compute_dtype(layer.inputs[0].dtype)
+        x = g.node("Where", [g.node("IsNaN", [x]), g.scalar(-np.inf, dtype), x])
         out = g.node("Max", [g.node("MaxPool", [x], **attrs), g.scalar(np.finfo(dtype).min, dtype)])
     else:
         out = g.node("AveragePool", [x], count_include_pad=int(bool(p.get("count_include_pad", False))), **attrs)

@@ -64,10 +64,12 @@ def _bitcast(g, layer, ins):
 
 @lowers("Select")
 def _select(g, layer, ins):
-    """np.where, its result cast to the output's dtype (the values may differ in dtype)."""
+    """np.where, its result cast to the output's dtype (the values may differ in dtype; ONNX Runtime has no
+    Where of bools: they choose as uint8)."""
     want = compute_dtype(layer.outputs[0].dtype)
-    a, b = (g.cast(x, compute_dtype(t.dtype), want) for x, t in zip(ins[1:], layer.inputs[1:]))
-    return [g.node("Where", [ins[0], a, b])]
+    via = "uint8" if want == "bool" else want
+    a, b = (g.cast(x, compute_dtype(t.dtype), via) for x, t in zip(ins[1:], layer.inputs[1:]))
+    return [g.cast(g.node("Where", [ins[0], a, b]), via, want)]
 
 
 def _guarded(g: Graph, fn: Callable, a: str, b: str, dtype) -> str:
@@ -120,9 +122,17 @@ ELEMENTWISE: Dict[str, Callable] = {
 }
 
 
+#: Arithmetic numpy does on bools (sum is or, prod is and...), computed on 0 and 1 and cast back.
+BOOL_AS_INT = ("sum", "prod", "max", "min")
+
+
 @lowers("ElementWise")
 def _elementwise(g, layer, ins):
-    return [ELEMENTWISE[layer.params["op"]](g, *ins, compute_dtype(layer.inputs[0].dtype))]
+    op, dtype = layer.params["op"], compute_dtype(layer.inputs[0].dtype)
+    if dtype == "bool" and op in BOOL_AS_INT:
+        out = ELEMENTWISE[op](g, *(g.cast(x, "bool", "int32") for x in ins), "int32")
+        return [g.cast(out, "int32", "bool")]
+    return [ELEMENTWISE[op](g, *ins, dtype)]
 
 
 _ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
