@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Engine, layers as layer_kinds
+from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, NUMPY_KINDS
 
 from gpu_helpers import normal, single
-from ort_helpers import ORT, TOL, compare, with_precision
+from ort_helpers import ORT, compare
 
 pytestmark = ORT
 
@@ -87,30 +87,6 @@ def test_int8_matrix_multiply_constant_weights():
     compare(build, normal((8, 64), low=-2.0, high=2.0), "INT8")
 
 
-@pytest.mark.parametrize("act", [None, {"type": "relu"}], ids=["linear", "relu"])
-def test_int8_convolution_with_output_range(act):
-    """With a range on its output (and no residual, activation relu at most) an INT8 convolution is quantized
-    on both sides (ONNX Runtime's QLinearConv): within half an output quantum (and INT8's tolerance) of the
-    numpy backend's, which keeps the output in fp16."""
-    shape, params, kshape, _ = _GPU.CONV_CASES["3x3_bias_relu"]
-    params = dict(params, activation=act) if act else {k: v for k, v in params.items() if k != "activation"}
-    weights = {"kernel": _GPU.kernel(*kshape), "bias": _GPU.rng0.standard_normal(kshape[-1]).astype(np.float32)}
-    out_range = 10.0
-
-    def build():
-        net = single("Convolution", [("float32", shape)], params, weights)()
-        net.inputs[0].dynamic_range = 3.0
-        net.outputs[0].dynamic_range = out_range
-        return with_precision(net, "INT8")
-
-    inputs = normal(shape, low=-3.0, high=3.0)(np.random.default_rng(5))
-    ref = Engine(build(), "INT8", backend="numpy").create_execution_context().execute(inputs)["y0"]
-    got = Engine(build(), "INT8", backend="onnxruntime").create_execution_context().execute(inputs)["y0"]
-    assert np.abs(ref).max() < out_range and (ref < 0).any() == (act is None)
-    quantum = out_range / (255 if act else 127)
-    np.testing.assert_allclose(got, ref, rtol=0, atol=quantum / 2 + TOL["INT8"] * np.abs(ref).max())
-
-
 @pytest.mark.parametrize("pre,post", [([1, 2, 0], [2, 1, 3]), ([0, 4, 5], [2, 4, 5])])
 def test_symmetric_padding(pre, post):
     """MirrorPad's SYMMETRIC mode (edges repeated), which ONNX's Pad lacks."""
@@ -173,3 +149,11 @@ def test_scalar_constant_output():
         return net
 
     compare(build, normal((2, 3)))
+
+
+def test_int8_convolution_residual_and_activation():
+    shape = (2, 8, 8, 16)
+    params = _GPU.conv_params(act={"type": "swish"})
+    weights = {"kernel": _GPU.kernel(3, 3, 16, 16), "bias": _GPU.rng0.standard_normal(16).astype(np.float32)}
+    build = single("Convolution", [("float32", shape), ("float32", shape)], params, weights)
+    compare(_with_ranges(build, [3.0, None]), normal(shape, shape, low=-3.0, high=3.0), "INT8")
