@@ -64,10 +64,24 @@ bool PythonUsable() {
 // ---------------------------------------------------------------------------
 // Python helpers. All of them need the GIL held by the caller.
 
+// Gives a thread Python has never seen (TF's inter-op threads) a Python thread
+// state that lasts as long as the thread: without it every PyGILState_Ensure
+// makes a fresh one and PyGILState_Release destroys it, and the thread-local
+// data Python code keeps (threading.local: cupy's current device and stream,
+// among others) is rebuilt on every kernel call.
+void KeepThreadState() {
+  static thread_local bool kept = false;
+  if (kept) return;
+  kept = true;
+  if (PyGILState_GetThisThreadState() != nullptr) return;  // a Python thread
+  PyGILState_Ensure();  // creates the thread state, takes the GIL
+  PyEval_SaveThread();  // gives the GIL back; the thread state stays
+}
+
 // Holds the GIL for its scope (reentrant: fine on a thread that has it).
 class Gil {
  public:
-  Gil() : state_(PyGILState_Ensure()) {}
+  Gil() : state_((KeepThreadState(), PyGILState_Ensure())) {}
   ~Gil() { PyGILState_Release(state_); }
   Gil(const Gil&) = delete;
   Gil& operator=(const Gil&) = delete;
