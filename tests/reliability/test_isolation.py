@@ -78,3 +78,34 @@ def test_save_refuses_a_non_empty_directory_and_its_input(tmp_path, saved_model)
         converter.save(saved_model("mlp"), overwrite=True)
     converter.save(str(tmp_path / "out"), overwrite=True)
     assert (tmp_path / "out" / "saved_model.pb").exists()
+
+
+def test_engines_from_another_models_assets_never_reach_a_loaded_op(tmp_path, x, caplog):
+    """A crafted model whose engine op names a loaded model's native segment function shares that model's op
+    (ops are keyed by segment key, function and binding): engines from its assets, even carrying the right
+    binding, are refused, and the first model's answers stay as they were."""
+    import os
+
+    from tftrt_py.engine import Runtime
+    from tftrt_py.engine_op.cache import pack_plans, unpack_plans
+
+    src_a, trt_a, key = save_mlp(tmp_path, 0)
+    model_a = tf.saved_model.load(trt_a).signatures["serving_default"]
+    before = model_a(features=x)["logits"].numpy()
+    [op] = [op for (k, _, _), op in dispatcher.engine_ops().items() if k == key.decode() and op._asset_paths]
+    [asset] = os.listdir(os.path.join(trt_a, "assets"))
+    with open(os.path.join(trt_a, "assets", asset), "rb") as f:
+        plans = unpack_plans(f.read())
+    forged = []
+    for plan in plans:  # the same engine with every weight doubled, under the genuine binding
+        engine = Runtime(backend="numpy").deserialize_cuda_engine(plan)
+        for layer in engine.network.layers:
+            for name, w in layer.weights.items():
+                layer.weights[name] = w * 2
+        forged.append(engine.serialize())
+    path = tmp_path / "crafted.engines"
+    path.write_bytes(pack_plans(forged))
+    with caplog.at_level("ERROR", logger=dispatcher.__name__):
+        op.load_assets([str(path).encode()])
+    assert "ignoring engines from" in caplog.text
+    np.testing.assert_allclose(model_a(features=x)["logits"].numpy(), before, rtol=1e-6, atol=1e-6)

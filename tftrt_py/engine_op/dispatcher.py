@@ -187,6 +187,7 @@ class EngineOp:
         self._contexts: Dict[tuple, object] = {}
         self._lock = threading.RLock()
         self._loaded_assets: set = set()
+        self._asset_paths: Optional[set] = None  # the assets of the first run with assets (see load_assets)
         self._logged: set = set()
         self.native: Dict[tuple, str] = {}  # input shapes that ran the native segment -> why (the latest reason)
         # INT8: the calibration table, or the collector filling it (see engine_op.calibration)
@@ -250,11 +251,21 @@ class EngineOp:
             self.stats.evictions += 1
 
     def load_assets(self, assets: Sequence[bytes]) -> None:
-        for path in assets:
-            path = path.decode() if isinstance(path, bytes) else str(path)
+        """Restore the engines saved in `assets` (paths). The assets of the op's first run with assets are its own:
+        a kernel of another model naming this op's segment function (so sharing the op) cannot add engines to it."""
+        paths = [path.decode() if isinstance(path, bytes) else str(path) for path in assets]
+        with self._lock:
+            if self._asset_paths is None and paths:
+                self._asset_paths = set(paths)
+        for path in paths:
             if path in self._loaded_assets:
                 continue
             self._loaded_assets.add(path)
+            if path not in self._asset_paths:
+                logger.error("%s: ignoring engines from %s: this op serves the engines saved with its model (%s); "
+                             "another model's engine op names its native segment function", self.name, path,
+                             ", ".join(sorted(self._asset_paths)))
+                continue
             try:
                 plans = unpack_plans(read_asset(path))
             except EngineError as exc:
