@@ -4,15 +4,16 @@
 
 Models (random weights, nothing downloaded): the demo CNN, Keras ResNet50 and MobileNetV2, a keras-hub BERT-base
 encoder (sequence 128, padded masks) and ViT-B/16. Each is exported, converted (engines built for every batch),
-saved; native TF is timed here, and a fresh process per engine backend (onnxruntime when importable, numpy) loads
-the converted SavedModel and times its serving signature: per model and batch, TF ms, converted ms, speed-up and
-the largest difference from TF's outputs. Then:
+saved; a fresh process per engine backend (onnxruntime when importable, numpy) loads the converted SavedModel and
+times its serving signature between two timings of native TF's: per model and batch, TF ms, converted ms,
+speed-up and the largest difference from TF's outputs. Then:
 
 - INT8: ResNet50 calibrated through the converter, served by onnxruntime, against its FP32 engines; a CNN trained
   on scikit-learn's digits, its test accuracy in TF, converted FP32 and converted INT8 (the issue's bar: INT8
   >= 1.3x FP32 on ResNet50 with the digits accuracy within 1 point);
-- OpenVINO against ONNX Runtime on the same ONNX model (the ResNet50 and BERT engines lowered by
-  onnxruntime.lowering.lower), both with the threads tftrt_py allows (backends.threads.cpu_threads).
+- OpenVINO against ONNX Runtime on the same ONNX model (the largest ResNet50 and BERT engines lowered by
+  onnxruntime.lowering.lower; ONNX Runtime's session as the backend makes it, OpenVINO with the threads
+  backends.threads.cpu_threads allows).
 
 Times are medians of single calls (served_gpu.timed); TensorFlow's threads stay at their defaults.
 """
@@ -60,7 +61,9 @@ def _application(cls_name):
     def build(size):
         import keras
 
-        return getattr(keras.applications, cls_name)(weights=None, input_shape=(size, size, 3))
+        # logits, not probabilities: a saturated softmax would hide differences
+        return getattr(keras.applications, cls_name)(weights=None, input_shape=(size, size, 3),
+                                                     classifier_activation=None)
     return build
 
 
@@ -152,7 +155,9 @@ def prepare(args, work: str) -> dict:
         feeds = {b: model["feed"](b, rng, specs) for b in args.batches}
         precisions = ["FP32"] + (["INT8"] if name == "resnet50" and args.int8 else [])
         for precision in precisions:
-            calibration = [model["feed"](8, rng, specs) for _ in range(2)] if precision == "INT8" else None
+            # calibrated at the smallest batch: an engine built for a larger one would serve it (padded)
+            calibration = [model["feed"](min(args.batches), rng, specs)
+                           for _ in range(max(2, 16 // min(args.batches)))] if precision == "INT8" else None
             out = os.path.join(work, name, precision.lower())
             job["convert_s"][f"{name}/{precision}"] = convert(native, out, list(feeds.values()), precision,
                                                               calibration)
@@ -165,7 +170,7 @@ def prepare(args, work: str) -> dict:
                              **{f"out/{k}": v for k, v in want.items()})
                     print(f"[tf] {name} batch {b}: {ms:.2f} ms", flush=True)
                 job["entries"].append({"model": name, "precision": precision, "batch": b, "dir": out,
-                                       "arrays": arrays})
+                                       "native": native, "arrays": arrays})
     if args.int8:
         native = os.path.join(work, "digits", "native")
         data = digits_cnn(native)
@@ -185,20 +190,24 @@ def prepare(args, work: str) -> dict:
 
 
 # -- serving (a fresh process per backend) ---------------------------------------------------------------------
-def serve(job_path: str, backend: str, iters: int) -> dict:
-    """Load each converted SavedModel on `backend` (TFTRT_PY_BACKEND, set by the caller) and time it."""
+def serve(job_path: str, backend: str, model: str, iters: int) -> dict:
+    """Load `model`'s converted SavedModels on `backend` (TFTRT_PY_BACKEND, set by the caller) and time them."""
     import tensorflow as tf
 
     from tftrt_py import trt_convert as trt
 
     job, results = json.load(open(job_path)), []
     loaded = {}
+
+    def load(directory):
+        if directory not in loaded:
+            loaded[directory] = tf.saved_model.load(directory).signatures["serving_default"]
+        return loaded[directory]
+
     for entry in job["entries"]:
-        if entry["precision"] == "INT8" and backend == "numpy":
+        if entry["model"] != model or entry["precision"] == "INT8" and backend == "numpy":
             continue  # the numpy backend emulates INT8 (a reference, not a serving path)
-        if entry["dir"] not in loaded:
-            loaded[entry["dir"]] = tf.saved_model.load(entry["dir"]).signatures["serving_default"]
-        signature, arrays = loaded[entry["dir"]], np.load(entry["arrays"])
+        signature, arrays = load(entry["dir"]), np.load(entry["arrays"])
         before = sum(s["fallback_total"] for s in trt.engine_op_stats().values())
         result = dict(entry, backend=backend)
         if entry["model"] == "digits":
@@ -211,24 +220,31 @@ def serve(job_path: str, backend: str, iters: int) -> dict:
             outs = [k for k in arrays.files if k.startswith("out/")]
             result["max_error"] = max(float(np.max(np.abs(got[k[4:]].numpy() - arrays[k]))) for k in outs)
             result["max_relative_error"] = result["max_error"] / max(float(np.max(np.abs(arrays[k]))) for k in outs)
+            native = load(entry["native"])
+            # TF before and after the converted model, in this process: the machine's load changes over a run
+            before_ms = timed(lambda: native(**feed), min_iters=iters, warmup=1)
             result["ms"] = timed(lambda: signature(**feed), min_iters=iters, warmup=1)
+            result["tf_ms"] = (before_ms + timed(lambda: native(**feed), min_iters=iters, warmup=0)) / 2
         result["fallbacks"] = sum(s["fallback_total"] for s in trt.engine_op_stats().values()) - before
         print(f"[{backend}] {entry['model']} {entry['precision']} batch {entry.get('batch', '-')}: "
-              + ", ".join(f"{k} {result[k]:.4g}" for k in ("ms", "max_error", "accuracy") if k in result)
+              + ", ".join(f"{k} {result[k]:.4g}" for k in ("tf_ms", "ms", "max_error", "accuracy") if k in result)
               + (f", {result['fallbacks']} native fallbacks" if result["fallbacks"] else ""), flush=True)
         results.append(result)
     return {"results": results}
 
 
-def serve_in_fresh_process(job_path: str, backend: str, iters: int, work: str) -> list:
-    out = os.path.join(work, f"served_{backend}.json")
-    env = dict(os.environ, TFTRT_PY_BACKEND=backend)
-    command = [sys.executable, os.path.abspath(__file__), "--serve", backend, "--job", job_path, "--out", out,
-               "--iters", str(iters)]
-    if subprocess.run(command, env=env).returncode:
-        print(f"[{backend}] serving failed (see above)")
-        return []
-    return json.load(open(out))["results"]
+def serve_in_fresh_process(job: dict, job_path: str, backend: str, iters: int, work: str) -> list:
+    """serve() each model in a fresh process (one backend per process; memory given back between models)."""
+    results = []
+    for model in dict.fromkeys(e["model"] for e in job["entries"]):
+        out = os.path.join(work, f"served_{backend}_{model}.json")
+        command = [sys.executable, os.path.abspath(__file__), "--serve", backend, "--job", job_path,
+                   "--serve-model", model, "--out", out, "--iters", str(iters)]
+        if subprocess.run(command, env=dict(os.environ, TFTRT_PY_BACKEND=backend)).returncode:
+            print(f"[{backend}] serving {model} failed (see above)")
+            continue
+        results += json.load(open(out))["results"]
+    return results
 
 
 def available_backends() -> list:
@@ -261,9 +277,9 @@ def largest_engine(saved_dir: str, batch: int):
 
 
 def runtime_side_by_side(job: dict, iters: int) -> list:
-    import onnxruntime as ort
     import openvino as ov
 
+    from tftrt_py.engine.backends import get_backend
     from tftrt_py.engine.backends.onnxruntime.lowering import lower
     from tftrt_py.engine.backends.threads import cpu_threads
 
@@ -271,61 +287,66 @@ def runtime_side_by_side(job: dict, iters: int) -> list:
     for entry in job["entries"]:
         if entry["model"] not in ("resnet50", "bert") or entry["precision"] != "FP32":
             continue
-        engine, count = largest_engine(entry["dir"], entry["batch"])
-        rng = np.random.default_rng(1)
-        feed = {t.name: (rng.uniform(-1, 1, t.shape) if np.dtype(t.dtype).kind == "f" else
-                         rng.integers(0, 2, t.shape)).astype(t.dtype) for t in engine.inputs}
-        reference = engine.create_execution_context().execute(feed)
-        model = lower(engine.network).SerializeToString()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "model.onnx")
-            open(path, "wb").write(model)
-            compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                             "PERFORMANCE_HINT": "LATENCY"})
-        request = compiled.create_infer_request()
-        ov_feed = [feed[n] for n in names]
-        got = {"onnxruntime": session.run(None, {n: feed[n] for n in names}),
-               "openvino": [request.infer(ov_feed)[o] for o in compiled.outputs]}
-        row = {"model": entry["model"], "batch": entry["batch"], "layers": len(engine.network.layers),
-               "engines": count, "threads": threads}
-        for name, fn in (("onnxruntime", lambda: session.run(None, {n: feed[n] for n in names})),
-                         ("openvino", lambda: request.infer(ov_feed))):
-            row[f"{name}_ms"] = timed(fn, min_iters=iters)
-            row[f"{name}_max_error"] = max(float(np.max(np.abs(np.asarray(g, np.float64) - r)))
-                                           for g, r in zip(got[name], reference.values()))
+        row = {"model": entry["model"], "batch": entry["batch"], "threads": threads}
+        try:
+            row.update(_side_by_side(entry, ov, get_backend("onnxruntime"), lower, threads, iters))
+        except Exception as exc:  # noqa: BLE001 - a measurement: the error is the result
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"[onnx] {row}", flush=True)
         rows.append(row)
     return rows
+
+
+def _side_by_side(entry: dict, ov, backend, lower, threads: int, iters: int) -> dict:
+    engine, count = largest_engine(entry["dir"], entry["batch"])
+    rng = np.random.default_rng(1)
+    feed = {t.name: (rng.uniform(-1, 1, t.shape) if np.dtype(t.dtype).kind == "f" else
+                     rng.integers(0, 2, t.shape)).astype(t.dtype) for t in engine.inputs}
+    reference = list(engine.create_execution_context().execute(feed).values())  # the numpy backend
+    proto = lower(engine.network)
+    session = backend.session(proto)  # as the backend serves it
+    names = [i.name for i in session.get_inputs()]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        open(path, "wb").write(proto.SerializeToString())
+        compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                         "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    ort_feed, ov_feed = {n: feed[n] for n in names}, [feed[n] for n in names]
+    row = {"layers": len(engine.network.layers), "engines": count}
+    runs = {"onnxruntime": (lambda: session.run(None, ort_feed), lambda out: out),
+            "openvino": (lambda: request.infer(ov_feed), lambda out: [out[o] for o in compiled.outputs])}
+    for name, (fn, outputs) in runs.items():
+        got = outputs(fn())
+        row[f"{name}_max_error"] = max(float(np.max(np.abs(np.asarray(g, np.float64) - r)))
+                                       for g, r in zip(got, reference))
+        row[f"{name}_ms"] = timed(fn, min_iters=iters)
+    return row
 
 
 # -- report -----------------------------------------------------------------------------------------------------
 def tables(job: dict, served: list, side: list) -> str:
     backends = sorted({r["backend"] for r in served}, key=BACKENDS.index)
     by = {(r["model"], r["precision"], r.get("batch"), r["backend"]): r for r in served}
-    lines = ["model        batch   TF ms  " + "  ".join(f"{b:>11s} ms  speed-up  rel err" for b in backends)]
+    lines = ["model        batch  " + "  ".join(f"   TF ms {b:>11s} ms  speed-up  rel err" for b in backends)]
     fallbacks = False
     for entry in job["entries"]:
         if entry["model"] == "digits":
             continue
         key = (entry["model"], entry["precision"], entry["batch"])
-        tf_ms = job["tf"][f"{entry['model']}/{entry['batch']}"]
         cells = []
         for b in backends:
             r = by.get(key + (b,))
             mark = "!" if r and r["fallbacks"] else " "
             fallbacks |= mark == "!"
-            cells.append(f"{r['ms']:13.2f}{mark}  {tf_ms / r['ms']:7.2f}x  {r['max_relative_error']:7.1e}" if r else
-                         f"{'-':>14s}  {'-':>8s}  {'-':>7s}")
+            cells.append(f"{r['tf_ms']:8.2f}{r['ms']:14.2f}{mark}  {r['tf_ms'] / r['ms']:7.2f}x  "
+                         f"{r['max_relative_error']:7.1e}" if r else f"{'-':>8s}{'-':>15s}  {'-':>8s}  {'-':>7s}")
         label = entry["model"] + ("" if entry["precision"] == "FP32" else f" {entry['precision']}")
-        lines.append(f"{label:13s}{entry['batch']:5d}{tf_ms:9.2f}  " + "  ".join(cells))
+        lines.append(f"{label:13s}{entry['batch']:5d}  " + "  ".join(cells))
     if fallbacks:
         lines.append("! engines failed and native segments ran (see the log above): not a measurement of engines")
-    lines.append("rel err: largest |converted - TF| over the largest |TF output|")
+    lines.append("TF ms: native TF in the same process, before and after the converted model (mean of the two "
+                 "medians); rel err: largest |converted - TF| over the largest |TF output|")
     for b in backends:
         int8 = [(by.get(("resnet50", "INT8", n, b)), by.get(("resnet50", "FP32", n, b))) for n in job["batches"]]
         ratios = [f"batch {q['batch']}: {f['ms'] / q['ms']:.2f}x" + (" (native fallbacks!)" if q["fallbacks"] else "")
@@ -334,13 +355,16 @@ def tables(job: dict, served: list, side: list) -> str:
             lines.append(f"ResNet50 INT8 vs FP32 on {b}: " + ", ".join(ratios))
         digits = {p: by.get(("digits", p, None, b)) for p in ("FP32", "INT8")}
         if all(digits.values()):
-            lines.append(f"digits CNN accuracy on {b}: TF {job['digits_tf']:.4f}, FP32 {digits['FP32']['accuracy']:.4f}, "
-                         f"INT8 {digits['INT8']['accuracy']:.4f}"
+            lines.append(f"digits CNN accuracy on {b}: TF {job['digits_tf']:.4f}, "
+                         f"FP32 {digits['FP32']['accuracy']:.4f}, INT8 {digits['INT8']['accuracy']:.4f}"
                          + (" (native fallbacks!)" if any(d["fallbacks"] for d in digits.values()) else ""))
     if side:
         lines.append("same ONNX model (largest engine)  batch  layers  threads  onnxruntime ms  openvino ms  "
                      "ORT/OV  ORT err  OV err")
         for r in side:
+            if "error" in r:
+                lines.append(f"{r['model']:34s}{r['batch']:6d}  {r['error'][:110]}")
+                continue
             lines.append(f"{r['model']:34s}{r['batch']:6d}{r['layers']:8d}{r['threads']:9d}{r['onnxruntime_ms']:16.2f}"
                          f"{r['openvino_ms']:13.2f}{r['onnxruntime_ms'] / r['openvino_ms']:8.2f}"
                          f"{r['onnxruntime_max_error']:9.1e}{r['openvino_max_error']:8.1e}")
@@ -359,10 +383,11 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--serve", choices=BACKENDS, help=argparse.SUPPRESS)  # a serving process (see serve)
     parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        json.dump(serve(args.job, args.serve, args.iters), open(args.out, "w"))
+        json.dump(serve(args.job, args.serve, args.serve_model, args.iters), open(args.out, "w"))
         return 0
     args.models = [m for m in args.models.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -375,7 +400,8 @@ def main():
     job["batches"] = args.batches
     job_path = os.path.join(args.workdir, "job.json")
     json.dump(job, open(job_path, "w"))
-    served = [r for b in available_backends() for r in serve_in_fresh_process(job_path, b, args.iters, args.workdir)]
+    served = [r for b in available_backends() for r in serve_in_fresh_process(job, job_path, b, args.iters,
+                                                                                  args.workdir)]
     side = []
     if args.openvino:
         try:
