@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Dict, List
-
-import numpy as np
+from typing import Dict
 
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger, OutOfGpuMemory
+from tftrt_py.engine.backends.layer_engines import LayerEngines
 from tftrt_py.engine.errors import BuildError, EngineError
 
 __all__ = ["CupyBackend"]
@@ -22,18 +21,18 @@ def _flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-class CupyBackend:
+class CupyBackend(LayerEngines):
     """Runs engines on an NVIDIA GPU through cupy, cuDNN (frontend graphs) and cuBLAS."""
 
     name = "cupy"
 
     def __init__(self):
+        super().__init__()
         _device.require()
         from tftrt_py.engine.backends.cupy import ops  # noqa: F401  (registers the layer implementations)
 
         self._tuning_lock = threading.Lock()
         self._tuner = None
-        self._layer_engines: Dict[int, tuple] = {}
         self.device = _device.device_name()
 
     # -- build --------------------------------------------------------------------------------------------
@@ -106,25 +105,3 @@ class CupyBackend:
         """Device bytes the engine holds: weights, activations, workspace, io, total, peak."""
         program = getattr(engine, "cupy_program", None)
         return program.ledger.report() if program is not None else {}
-
-    def run_layer(self, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
-        """One layer on host arrays (through a cached one-layer engine)."""
-        from tftrt_py.engine.network import Network
-        from tftrt_py.engine.runtime import Engine
-
-        entry = self._layer_engines.get(id(layer))
-        if entry is None or entry[0] is not layer:
-            net = Network(f"layer {layer.name}")
-            ins = [net.add_input(f"input_{i}", np.asarray(a).dtype, np.shape(a)) for i, a in enumerate(inputs)]
-            for t, old in zip(ins, layer.inputs):
-                t.dynamic_range = old.dynamic_range
-            new = net.add_layer(layer.kind, ins, layer.params, layer.weights, name=layer.name)
-            new.precision = layer.precision
-            for t, old in zip(new.outputs, layer.outputs):
-                t.dynamic_range = old.dynamic_range
-            for t in new.outputs:
-                net.mark_output(t)
-            engine = Engine(net, precision=layer.precision or "FP32", backend=self.name)
-            entry = (layer, engine.create_execution_context())
-            self._layer_engines[id(layer)] = entry
-        return entry[1].execute_v2([np.asarray(a) for a in inputs])

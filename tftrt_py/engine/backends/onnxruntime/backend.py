@@ -3,11 +3,11 @@ and, for the rare kinds without a lowering (registry.NUMPY_KINDS), numpy kernels
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
+from tftrt_py.engine.backends.layer_engines import LayerEngines
 from tftrt_py.engine.backends.onnxruntime import available
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
 from tftrt_py.engine.backends.threads import cpu_threads
@@ -70,7 +70,7 @@ def _runs(layers: List[Layer]) -> List[List[Layer]]:
     return runs
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(LayerEngines):
     """Runs engines on the CPU with ONNX Runtime (graph optimizations on; threads from :meth:`threads`)."""
 
     name = "onnxruntime"
@@ -81,10 +81,9 @@ class OnnxRuntimeBackend:
             raise BackendError(why)
         import onnxruntime
 
+        super().__init__()
         self._ort = onnxruntime
         self._said = set()
-        self._layer_engines: Dict[int, tuple] = {}
-        self._lock = threading.Lock()
 
     def threads(self) -> Optional[int]:
         """Intra-op threads of the sessions this backend makes: what the process allows (threads.cpu_threads)."""
@@ -147,26 +146,6 @@ class OnnxRuntimeBackend:
         if getattr(engine, "ort_program", None) is None:
             engine.prepare()
         return Runner(engine, engine.ort_program)
-
-    def run_layer(self, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
-        """One layer on host arrays (through a cached one-layer engine)."""
-        from tftrt_py.engine.runtime import Engine
-
-        with self._lock:
-            entry = self._layer_engines.get(id(layer))
-            if entry is None or entry[0] is not layer:
-                net = Network(f"layer {layer.name}")
-                ins = [net.add_input(f"input_{i}", np.asarray(a).dtype, np.shape(a)) for i, a in enumerate(inputs)]
-                for t, old in zip(ins, layer.inputs):
-                    t.dynamic_range = old.dynamic_range
-                new = net.add_layer(layer.kind, ins, layer.params, layer.weights, name=layer.name)
-                new.precision = layer.precision
-                for t in new.outputs:
-                    net.mark_output(t)
-                engine = Engine(net, precision=layer.precision or "FP32", backend=self.name)
-                entry = (layer, engine.create_execution_context())
-                self._layer_engines[id(layer)] = entry
-        return entry[1].execute_v2([np.asarray(a) for a in inputs])
 
 
 class Runner:
