@@ -134,3 +134,16 @@ def test_overlapping_runs_share_one_limit_restored_by_the_last(process):
         worker.join()
         assert seen == {"both in": 1, "after first left": 1}
         assert blas_threads() == 3
+
+
+def test_an_older_threadpoolctl_still_caps_from_the_running_thread(process, monkeypatch):
+    """threadpoolctl < 3.8 (installed beside us, as on some images) has no clear_controlling_thread: engines still
+    run, capped from the thread that runs them."""
+    from threadpoolctl import OpenBLASController
+
+    monkeypatch.delattr(OpenBLASController, "clear_controlling_thread", raising=False)
+    engine, weight = matmul_engine()
+    x = np.random.default_rng(2).standard_normal((8, 96)).astype("float32")
+    with blas_limit(1):
+        out = engine.create_execution_context().execute_v2([x])[0]
+    np.testing.assert_allclose(out, x @ weight, rtol=1e-5, atol=1e-5)

@@ -82,11 +82,14 @@ class _BlasLimit:
     def _change(self, change):
         from threadpoolctl import OpenBLASController
 
-        OpenBLASController.clear_controlling_thread(force=True)
+        clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+        if clear is None:  # threadpoolctl < 3.8 (an older one installed beside us): changes from other threads
+            return change()  # may not take, but the run goes on
+        clear(force=True)
         try:
             return change()
         finally:
-            OpenBLASController.clear_controlling_thread(force=True)
+            clear(force=True)
 
     @contextlib.contextmanager
     def __call__(self, threads: Optional[int] = None) -> Iterator[int]:
