@@ -113,6 +113,8 @@ CASES = {
     # Pooling
     "pooling_max": ("Pooling", lambda x: tf.nn.max_pool2d(x, 2, 1, "VALID"), [X4]),
     "pooling_max_same": ("Pooling", lambda x: tf.nn.max_pool2d(x, 3, 2, "SAME"), [X4]),
+    "pooling_max_zero_padded": ("Pooling", lambda x: tf.nn.max_pool2d(tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]]), 3, 2,
+                                                                     "VALID"), [X4]),
     "pooling_avg": ("Pooling", lambda x: tf.nn.avg_pool2d(x, 2, 1, "SAME"), [X4]),
     "pooling_global_mean": ("Pooling", lambda x: tf.reduce_mean(x, [1, 2], keepdims=True), [X4]),
     # Softmax, TopK

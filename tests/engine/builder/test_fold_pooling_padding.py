@@ -1,5 +1,6 @@
-"""Zero padding folded into the Pooling after it: max pooling behind a non-negative activation, average
-pooling as count_include_pad."""
+"""Zero padding folded into the Pooling after it: a pooling without padding of its own as count_include_pad
+(its padding then zeros, exact for any input, NaN included), a max pooling with padding of its own behind a
+non-negative activation."""
 from unittest import mock
 
 import numpy as np
@@ -31,9 +32,9 @@ def stem(activation, pre=(0, 1, 1, 0), post=(0, 1, 1, 0), window=3, stride=2, po
 @pytest.mark.parametrize("activation", [{"type": "relu"}, {"type": "relu6"}, {"type": "sigmoid"},
                                         {"type": "clip", "alpha": 0.0, "beta": 1.0}])
 def test_padding_folds_into_max_pooling_after_a_nonnegative_activation(activation):
-    engine = build_and_compare(stem(activation), [rand(*X)])
+    engine = build_and_compare(stem(activation, pool_pad=1), [rand(*X)])
     assert layer_names(engine) == ["conv", "pad + pool"]
-    assert layer(engine, "pad + pool").params["pre_padding"] == [1, 1]
+    assert layer(engine, "pad + pool").params["pre_padding"] == [2, 2]
 
 
 @pytest.mark.parametrize("geometry", [dict(pool_pad=1), dict(pre=(0, 2, 0, 0), post=(0, 0, 2, 0)),
@@ -58,6 +59,45 @@ def test_an_activation_layer_or_another_fused_one_makes_the_input_nonnegative(ki
     assert "pad" not in layer_names(build_and_compare(make, [rand(*X)]))
 
 
+def test_any_input_folds_into_a_max_pooling_without_padding_of_its_own():
+    """The pooling's padding becomes zeros (count_include_pad): whatever the activation, and for windows of
+    padding alone."""
+    pads = dict(pre=[0, 1, 1, 0], post=[0, 1, 1, 0])
+
+    def make():
+        net, (x,) = network(X)
+        for name, act in (("none", None), ("leaky", {"type": "leaky_relu", "alpha": 0.1}), ("tanh", {"type": "tanh"})):
+            y = conv(net, x, 4, name, activation=act)
+            net.mark_output(pool(net, add(net, "Padding", [y], f"{name}_pad", **pads), f"{name}_pool"))
+        r = conv(net, x, 4, "relu", activation={"type": "relu"})
+        for name, params in (("first_window", dict(pre=[0, 3, 0, 0], post=[0, 0, 0, 0])),  # only padding
+                             ("last_window", dict(pre=[0, 0, 0, 0], post=[0, 0, 4, 0]))):
+            net.mark_output(pool(net, add(net, "Padding", [r], f"{name}_pad", **params), f"{name}_pool"))
+        return net
+
+    engine = build_and_compare(make, [rand(*X)])
+    assert not [n for n in layer_names(engine) if n.endswith("_pad")]
+    assert all(l.params.get("count_include_pad") for l in engine.network.layers if l.kind == "Pooling")
+
+
+def test_nan_inputs_give_what_the_padding_gave():
+    """An all-NaN window reaching the padding gives 0 (the zeros win over skipped NaN), as TF's MaxPool on the
+    zero-padded tensor does; one inside the input gives float32's lowest."""
+    def make():
+        net, (x,) = network((1, 4, 4, 1))
+        net.mark_output(pool(net, add(net, "Padding", [x], "pad", pre=[0, 1, 1, 0], post=[0, 1, 1, 0]), "pool",
+                             window=2, stride=2))
+        return net
+
+    x = np.full((1, 4, 4, 1), np.nan, np.float32)
+    x[0, 3, 3, 0] = -5.0  # in a window with padding: the zeros win
+    engine = Builder().build_engine(make())
+    assert layer_names(engine) == ["pad + pool"]
+    got = engine.create_execution_context().execute_v2([x])[0][0, :, :, 0]
+    lowest = np.finfo(np.float32).min
+    np.testing.assert_array_equal(got, [[0, 0, 0], [0, lowest, 0], [0, 0, 0]])
+
+
 def test_near_misses_keep_the_padding():
     pads = dict(pre=[0, 1, 1, 0], post=[0, 1, 1, 0])
 
@@ -65,15 +105,16 @@ def test_near_misses_keep_the_padding():
         net, (x,) = network(X)
         for name, act in (("none", None), ("leaky", {"type": "leaky_relu", "alpha": 0.1}), ("tanh", {"type": "tanh"}),
                           ("clip", {"type": "clip", "alpha": -1.0, "beta": 1.0})):  # may be negative
-            y = conv(net, x, 4, name, activation=act)
-            net.mark_output(pool(net, add(net, "Padding", [y], f"{name}_pad", **pads), f"{name}_pool"))
+            y = conv(net, x, 4, name, activation=act)  # into a max pooling that ignores padding of its own
+            net.mark_output(pool(net, add(net, "Padding", [y], f"{name}_pad", **pads), f"{name}_pool", pad=1))
         r = conv(net, x, 4, "relu", activation={"type": "relu"})
         for name, params in (("one", dict(pads, value=1.0)), ("reflect", dict(pads, mode="reflect")),
                              ("batch", dict(pre=[1, 1, 1, 0], post=[0, 1, 1, 0])),
-                             ("channel", dict(pre=[0, 1, 1, 0], post=[0, 1, 1, 2])),
-                             ("first_window", dict(pre=[0, 3, 0, 0], post=[0, 0, 0, 0])),  # only padding
-                             ("last_window", dict(pre=[0, 0, 0, 0], post=[0, 0, 4, 0]))):
+                             ("channel", dict(pre=[0, 1, 1, 0], post=[0, 1, 1, 2]))):
             net.mark_output(pool(net, add(net, "Padding", [r], f"{name}_pad", **params), f"{name}_pool"))
+        for name, params in (("first_window", dict(pre=[0, 3, 0, 0], post=[0, 0, 0, 0])),  # only padding
+                             ("last_window", dict(pre=[0, 0, 0, 0], post=[0, 0, 4, 0]))):
+            net.mark_output(pool(net, add(net, "Padding", [r], f"{name}_pad", **params), f"{name}_pool", pad=1))
         shared = add(net, "Padding", [r], "shared_pad", **pads)  # read twice
         net.mark_output(pool(net, shared, "shared_pool"))
         net.mark_output(add(net, "Unary", [shared], "abs", op="abs"))

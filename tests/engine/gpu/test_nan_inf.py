@@ -38,6 +38,8 @@ CASES = {
     "argreduce_min_middle": ("ArgReduce", [X3], dict(op="min", axis=1), None, True),
     "pooling_max": ("Pooling", [X4], dict(WINDOW, type="max"), None, True),
     "pooling_avg": ("Pooling", [X4], dict(WINDOW, type="avg"), None, True),
+    "pooling_max_zero_padding": ("Pooling", [X4], dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1],
+                                                       post_padding=[1, 1], count_include_pad=True), None, True),
     "softmax": ("Softmax", [X3], dict(axis=-1), None, True),
     "softmax_middle": ("Softmax", [X3], dict(axis=1), None, True),
     "topk": ("TopK", [X3], dict(k=3, axis=-1), None, False),

@@ -292,8 +292,10 @@ def _pooling(layer, inputs):
     nsp = len(p["window"])
     ones = [1] * nsp
     axes = tuple(range(-nsp, 0))
-    if p["type"] == "max":  # TF's MaxPool: NaN skipped, nothing below the dtype's lowest (all-NaN windows give it)
-        win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"], -np.inf)
+    if p["type"] == "max":  # TF's MaxPool: NaN skipped, nothing below the dtype's lowest (all-NaN windows give it);
+        # padding is ignored, or zeros with count_include_pad (a zero Padding folded in)
+        pad_value = 0.0 if p.get("count_include_pad", False) else -np.inf
+        win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"], pad_value)
         out = np.fmax.reduce(win, axis=axes, initial=np.finfo(x.dtype).min)
     else:
         win = _windows(x, p["window"], p["strides"], ones, p["pre_padding"], p["post_padding"])

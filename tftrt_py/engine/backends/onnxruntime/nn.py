@@ -110,8 +110,9 @@ def _mlp(g, layer, ins):
 @lowers("Pooling")
 def _pooling(g, layer, ins):
     """Max pooling as TF's: NaN skipped (read as -Inf; ONNX Runtime's MaxPool would propagate it) and never
-    below the dtype's lowest (what windows of -Inf or NaN give); average pooling divides by the window or by
-    its elements inside the input (count_include_pad)."""
+    below the dtype's lowest (what windows of -Inf or NaN give), its padding ignored or, with
+    count_include_pad (a zero Padding folded in), zeros; average pooling divides by the window or by its
+    elements inside the input (count_include_pad)."""
     p = layer.params
     nsp = len(p["window"])
     x = to_channels_first(g, ins[0], nsp)
@@ -119,6 +120,10 @@ def _pooling(g, layer, ins):
     if p["type"] == "max":
         dtype = compute_dtype(layer.inputs[0].dtype)
         x = g.node("Where", [g.node("IsNaN", [x]), g.scalar(-np.inf, dtype), x])
+        if p.get("count_include_pad", False):  # zeros padded in, then no padding of the pool's own
+            pads = [0, 0, *p["pre_padding"], 0, 0, *p["post_padding"]]
+            x = g.node("Pad", [x, g.ints(pads), g.scalar(0.0, dtype)])
+            attrs["pads"] = [0] * (2 * nsp)
         out = g.node("Max", [g.node("MaxPool", [x], **attrs), g.scalar(np.finfo(dtype).min, dtype)])
     else:
         out = g.node("AveragePool", [x], count_include_pad=int(bool(p.get("count_include_pad", False))), **attrs)

@@ -74,18 +74,20 @@ def _windows_reach_input(layer, pad) -> bool:
 def padding_into_pooling(network, users, layer):
     """Padding(zeros, spatial axes only) -> Pooling   =>   Pooling with the padding added to its own.
 
-    Max pooling ignores its own padding, so the padded zeros may go only where they never win:
-    the input must be >= 0 (a relu-like activation made it) and every window must hold an input
-    element. Average pooling becomes count_include_pad, which counts the zeros as the Padding did;
-    one that already has padding of its own that it does not count cannot fold.
+    A pooling without padding of its own (or counting it) becomes count_include_pad: its padding then
+    takes part as the Padding's zeros did (in the sum an average divides by the whole window, in a
+    maximum as zeros: exact for any input, NaN included). A max pooling that ignores padding of its own
+    takes the zeros only where they never win: its input is >= 0 (a relu-like activation made it) and
+    every window holds an input element (an all-NaN window there gives the dtype's lowest, where the
+    zeros would give 0). An average pooling not counting padding of its own cannot fold.
     """
     pad, p = _zero_padding(network, users, layer), layer.params
     if pad is None:
         return None
-    if p["type"] == "max" and nonnegative(pad.inputs[0]) and _windows_reach_input(layer, pad):
-        params = _with_padding(layer, pad)
-    elif p["type"] == "avg" and (p.get("count_include_pad") or not any(p["pre_padding"] + p["post_padding"])):
+    if p.get("count_include_pad") or not any(p["pre_padding"] + p["post_padding"]):
         params = _with_padding(layer, pad, count_include_pad=True)
+    elif p["type"] == "max" and nonnegative(pad.inputs[0]) and _windows_reach_input(layer, pad):
+        params = _with_padding(layer, pad)
     else:
         return None
     return Fused("Padding + Pooling", [pad, layer], "Pooling", [pad.inputs[0]], params, {})
