@@ -254,9 +254,10 @@ class EngineOp:
         """Restore the engines saved in `assets` (paths). The assets of the op's first run with assets are its own:
         a kernel of another model naming this op's segment function (so sharing the op) cannot add engines to it."""
         paths = [path.decode() if isinstance(path, bytes) else str(path) for path in assets]
-        with self._lock:
-            if self._asset_paths is None and paths:
-                self._asset_paths = set(paths)
+        if self._asset_paths is None and paths:  # once: the lock stays off the per-call path
+            with self._lock:
+                if self._asset_paths is None:
+                    self._asset_paths = set(paths)
         for path in paths:
             if path in self._loaded_assets:
                 continue
