@@ -398,27 +398,46 @@ def attention_columns(layer) -> List[Tuple[int, int]]:
     """(first column, width) of q, k and v in each input's last dim: ``columns`` of a packed Attention, else
     the whole dim (a fused projection's output read in place instead of sliced)."""
     cols = layer.params.get("columns")
-    return [tuple(c) for c in cols] if cols else [(0, t.shape[-1]) for t in layer.inputs]
+    return [tuple(c) for c in cols] if cols else [(0, t.shape[-1]) for t in layer.inputs[:3]]
+
+
+def causal_keep(sq: int, sk: int) -> np.ndarray:
+    """The scores a causal Attention keeps: [Sq, Sk] bool, key j <= query i (Keras's tril of ones)."""
+    return np.arange(sk)[None, :] <= np.arange(sq)[:, None]
+
+
+def attention_scores_shape(layer) -> Tuple[int, ...]:
+    """Shape of the scores q k^T: [B, H, Sq, Sk] packed, else [*B, Sq, Sk]."""
+    q, k = layer.inputs[:2]
+    heads = layer.params.get("heads")
+    return (q.shape[0], heads, q.shape[1], k.shape[1]) if heads else (*q.shape[:-1], k.shape[-2])
 
 
 @register("Attention", rowwise=lambda layer, batched: all(batched), params=dict(
-    scale=number(), heads=optional(integer(1)), columns=optional(list_of(ints(2, 0), 3))))
+    scale=number(), heads=optional(integer(1)), columns=optional(list_of(ints(2, 0), 3)),
+    causal=optional(boolean), mask_value=optional(number(finite=False))))
 def _attention(layer):
-    """softmax(q k^T * ``scale``, last axis) v, in fp32. ``heads`` None: q [*B, Sq, D], k [*B, Sk, D],
+    """softmax(masked(q k^T * ``scale``), last axis) v, in fp32. ``heads`` None: q [*B, Sq, D], k [*B, Sk, D],
     v [*B, Sk, Dv] -> [*B, Sq, Dv]. ``heads`` H (packed, rank 3): q [B, Sq, H*D], k [B, Sk, H*D], v [B, Sk, H*Dv]
     -> [B, Sq, H*Dv]; head h reads columns h*D:(h+1)*D of q and k, h*Dv:(h+1)*Dv of v, and writes those of the
     output (no transposes). Packed, ``columns`` [[start, width]] x 3 reads q, k, v as those columns of wider
-    inputs (a fused QKV projection's output)."""
+    inputs (a fused QKV projection's output).
+    Masks: an optional 4th input, bool, broadcasting to the scores ([B, H, Sq, Sk] packed), keeps the scores where
+    it is true; ``causal`` keeps those of keys j <= query i; the others become ``mask_value`` (as Keras's
+    where(mask, scores, large_negative): a fully masked row gives a uniform softmax)."""
     heads, scale = layer.params.get("heads"), layer.params["scale"]
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise NetworkError(f"Attention scale {scale!r} is not a number")
+    if len(layer.inputs) not in (3, 4):
+        raise NetworkError(f"Attention takes q, k, v and an optional mask, got {len(layer.inputs)} inputs")
     cols = layer.params.get("columns")
     if cols is not None and (heads is None or len(cols) != 3 or any(
             len(c) != 2 or type(c[0]) is not int or type(c[1]) is not int or c[0] < 0 or c[1] <= 0
             or c[0] + c[1] > t.shape[-1] for c, t in zip(cols, layer.inputs))):
         raise NetworkError(f"Attention columns {cols!r} are not three [start, width] windows inside the inputs' "
                            f"last dims of a packed Attention")
-    q, k, v = (_Operand(t.shape[:-1] + (w,), t.dtype) for t, (_, w) in zip(layer.inputs, attention_columns(layer)))
+    q, k, v = (_Operand(t.shape[:-1] + (w,), t.dtype)
+               for t, (_, w) in zip(layer.inputs[:3], attention_columns(layer)))
     if heads is not None and (type(heads) is not int or heads <= 0 or len(q.shape) != 3 or q.shape[-1] % heads
                               or v.shape[-1] % heads):
         raise NetworkError(f"Attention with {heads!r} heads needs rank-3 q, k, v whose last dims they divide, "
@@ -428,6 +447,14 @@ def _attention(layer):
             or k.shape[-2] != v.shape[-2] or not q.dtype == k.dtype == v.dtype):
         raise NetworkError(f"Attention needs q [*B, Sq, D], k [*B, Sk, D], v [*B, Sk, Dv] of one dtype and rank >= 3, "
                            f"got {q.shape}, {k.shape}, {v.shape}")
+    masked = len(layer.inputs) == 4 or bool(layer.params.get("causal"))
+    if masked != (layer.params.get("mask_value") is not None):
+        raise NetworkError("Attention takes a mask_value exactly when it has a mask input or is causal")
+    if len(layer.inputs) == 4:
+        mask, scores = layer.inputs[3], attention_scores_shape(layer)
+        if mask.dtype != "bool" or mask.rank != len(scores) or broadcast_shape(mask.shape, scores) != scores:
+            raise NetworkError(f"Attention mask must be bool and broadcast to the scores {list(scores)}, got "
+                               f"{mask.dtype} {list(mask.shape)}")
     return [(q.dtype, (*q.shape[:-1], v.shape[-1]))]
 
 

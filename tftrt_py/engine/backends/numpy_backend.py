@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tftrt_py.engine.errors import BackendError
-from tftrt_py.engine.layers import attention_columns
+from tftrt_py.engine.layers import attention_columns, causal_keep
 
 __all__ = ["NumpyBackend", "KERNELS", "conv_sums", "apply_activation"]
 
@@ -397,7 +397,13 @@ def _attention(layer, inputs):
     heads = layer.params.get("heads")
     if heads:
         q, k, v = (_heads(a, heads) for a in (q, k, v))
-    out = _stable_softmax(q @ np.swapaxes(k, -1, -2) * np.float32(layer.params["scale"]), -1) @ v
+    scores = q @ np.swapaxes(k, -1, -2) * np.float32(layer.params["scale"])
+    keep = inputs[3] if len(inputs) > 3 else None
+    if layer.params.get("causal"):
+        keep = causal_keep(*scores.shape[-2:]) if keep is None else keep & causal_keep(*scores.shape[-2:])
+    if keep is not None:
+        scores = np.where(keep, scores, np.float32(layer.params["mask_value"]))
+    out = _stable_softmax(scores, -1) @ v
     if heads:
         out = out.transpose(0, 2, 1, 3).reshape(layer.outputs[0].shape)
     return [out.astype(layer.outputs[0].dtype)]

@@ -10,7 +10,7 @@ import numpy as np
 from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype
 from tftrt_py.engine.backends.onnxruntime.pointwise import activation
 from tftrt_py.engine.backends.onnxruntime.registry import lowers, weight
-from tftrt_py.engine.layers import attention_columns
+from tftrt_py.engine.layers import attention_columns, attention_scores_shape, causal_keep
 
 __all__ = ["to_channels_first", "to_channels_last", "onnx_kernel", "conv", "conv_epilogue", "swap_last",
            "matmul_epilogue"]
@@ -144,7 +144,7 @@ def _heads(g: Graph, x: str, shape, heads: int) -> str:
 def _attention(g, layer, ins):
     heads = layer.params.get("heads")
     q, k, v = [], [], []
-    for x, t, (c, w), out in zip(ins, layer.inputs, attention_columns(layer), (q, k, v)):
+    for x, t, (c, w), out in zip(ins[:3], layer.inputs, attention_columns(layer), (q, k, v)):
         x = g.cast(x, compute_dtype(t.dtype), "float32")
         if w != t.shape[-1]:
             x = g.slice(x, [c], [c + w], [t.rank - 1])
@@ -153,6 +153,11 @@ def _attention(g, layer, ins):
     rank = 4 if heads else layer.inputs[0].rank
     scores = g.node("Mul", [g.node("MatMul", [q, swap_last(g, k, rank)]),
                             g.scalar(layer.params["scale"], np.float32)])
+    tril = layer.params.get("causal") and g.const(causal_keep(*attention_scores_shape(layer)[-2:]))
+    mask = ins[3] if len(ins) > 3 else None
+    keep = g.node("And", [mask, tril]) if mask and tril else mask or tril
+    if keep:
+        scores = g.node("Where", [keep, scores, g.scalar(layer.params["mask_value"], np.float32)])
     out = g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v])
     if heads:
         out = g.reshape(g.transpose(out, [0, 2, 1, 3]), layer.outputs[0].shape)

@@ -1,6 +1,11 @@
 """Attention fusion: softmax(q k^T * scale) v -- a MatrixMultiply (k read transposed, or given as k^T), scalar
 scalings, a Softmax over the last axis and a MatrixMultiply with v -- as one Attention layer.
 
+A Select(mask, scores, large negative constant) before the Softmax (Keras's masked Softmax: padding and causal
+masks, keras-hub's BERT and GPT-2) becomes the Attention's mask input and ``mask_value``; in the mask, a logical
+and with an all-true constant is dropped and one with a constant lower triangle (Keras's causal mask) becomes
+``causal``, so that a padding mask reaches the kernel as [B, 1, 1, Sk].
+
 When Shuffles split q, k and v into heads from packed [B, S, H*D] (or [B*S, H*D]) tensors ([B, S, H, D]
 transposed to [B, H, S, D]; k^T to [B, H, D, S]) and merge the context back the same way, the Attention reads and
 writes the packed tensors (``heads`` H, reshape views of 2-d ones): no head transposes. Packed q, k, v that
@@ -16,7 +21,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.engine.backends.numpy_backend import KERNELS
-from tftrt_py.engine.builder.fusions.match import FLOATS, affine, produced_by, record
+from tftrt_py.engine.builder.fusions.match import FLOATS, affine, constant_value, produced_by, record
+from tftrt_py.engine.layers import causal_keep
 from tftrt_py.engine.network import Layer, Tensor
 
 __all__ = ["fuse_attention", "read_attention_windows", "MAX_SHUFFLES"]
@@ -37,6 +43,14 @@ class _Attention:
     v: Tensor
     k_transposed: bool
     scale: float
+    mask: Optional[Tensor] = None  # bool, broadcasting to the scores
+    causal: bool = False
+    mask_value: Optional[float] = None
+
+    def params(self, heads: Optional[int]) -> dict:
+        masked = self.mask is not None or self.causal
+        return dict({"scale": self.scale, "heads": heads}, **(
+            {"causal": self.causal, "mask_value": self.mask_value} if masked else {}))
 
 
 def _plain(layer: Layer, transpose_b: Sequence[bool]) -> bool:
@@ -55,6 +69,9 @@ def _match(network, users, layer: Layer) -> Optional[_Attention]:
     if soft is None or soft.params["axis"] % probs.rank != probs.rank - 1 or not probs.shape[-1]:
         return None
     t, scale, scalings = soft.inputs[0], 1.0, []
+    select, mask = _select(t)
+    if select:
+        scalings, t = [select], select.inputs[1]
     found = t.producer and affine(t.producer)
     while found and not np.any(found[2]) and np.all(found[1] == found[1][0]):  # uniform, no shift
         scalings.insert(0, t.producer)
@@ -69,7 +86,48 @@ def _match(network, users, layer: Layer) -> Optional[_Attention]:
             or q.dtype not in FLOATS or not q.dtype == k.dtype == v.dtype == layer.outputs[0].dtype
             or any(len(users.get(l.outputs[0].name, ())) != 1 or network.is_output(l.outputs[0]) for l in layers[:-1])):
         return None
-    return _Attention(layers, q, k, v, not scores.params.get("transpose_b"), scale)
+    m = _Attention(layers, q, k, v, not scores.params.get("transpose_b"), scale)
+    if select:
+        m.mask, m.causal = _simplified(mask, t.shape)
+        m.mask_value = float(constant_value(select.inputs[2]).item())
+    return m
+
+
+def _select(t: Tensor) -> Tuple[Optional[Layer], Optional[Tensor]]:
+    """(Select, bool mask) when `t` = Select(mask, scores, scalar constant) has the scores' shape."""
+    select = produced_by(t, "Select")
+    if select is None:
+        return None, None
+    mask, scores, other = select.inputs
+    value = constant_value(other)
+    if (value is None or value.size != 1 or mask.dtype != "bool" or scores.shape != t.shape
+            or mask.rank != t.rank or np.broadcast_shapes(mask.shape, t.shape) != t.shape):
+        return None, None
+    return select, mask
+
+
+def _causal(value: np.ndarray, shape) -> bool:
+    """True when the constant `value` is Keras's causal mask (key j <= query i) broadcast to `shape`."""
+    return value.dtype == np.bool_ and np.array_equal(np.broadcast_to(value, shape),
+                                                      np.broadcast_to(causal_keep(*shape[-2:]), shape))
+
+
+def _simplified(mask: Tensor, shape) -> Tuple[Optional[Tensor], bool]:
+    """(mask, causal) keeping what `mask` keeps of scores of `shape`: logical ands with an all-true constant
+    dropped, a constant causal triangle as ``causal``; no mask where nothing else is left."""
+    causal = False
+    while True:
+        value = constant_value(mask)
+        if value is not None and (value.all() or _causal(value, shape)):
+            return None, causal or not value.all()
+        found = produced_by(mask, "ElementWise", "and")
+        for c, other in (found.inputs, found.inputs[::-1]) if found else ():
+            value = constant_value(c)
+            if value is not None and other.rank == len(shape) and (value.all() or _causal(value, shape)):
+                causal, mask = causal or not value.all(), other
+                break
+        else:
+            return mask, causal
 
 
 def _index(shape) -> np.ndarray:
@@ -153,7 +211,8 @@ def _rewrite(network, users, m: _Attention) -> str:
         with network.inserting_before(shuffles[-1]):
             inputs = [_reshaped(network, t, (batch, int(np.prod(t.shape[:-1])) // batch, t.shape[-1]),
                                 f"{name} ({role})") for t, role in zip(sources, "qkv")]
-            attention = network.add_layer("Attention", inputs, {"scale": m.scale, "heads": m.q.shape[1]}, name=name)
+            inputs += [m.mask] if m.mask is not None else []
+            attention = network.add_layer("Attention", inputs, m.params(m.q.shape[1]), name=name)
             new = _reshaped(network, attention.outputs[0], old.shape, f"{name} (rows)")
     else:
         old, layers, k = m.layers[-1].outputs[0], m.layers, m.k
@@ -161,7 +220,8 @@ def _rewrite(network, users, m: _Attention) -> str:
             if m.k_transposed:
                 perm = [*range(k.rank - 2), k.rank - 1, k.rank - 2]
                 k = network.add_layer("Shuffle", [k], {"first_perm": perm}, name=f"{name} (k)").outputs[0]
-            attention = network.add_layer("Attention", [m.q, k, m.v], {"scale": m.scale, "heads": None}, name=name)
+            inputs = [m.q, k, m.v] + ([m.mask] if m.mask is not None else [])
+            attention = network.add_layer("Attention", inputs, m.params(None), name=name)
             new = attention.outputs[0]
     network.replace_all_uses(old, new)
     for layer in reversed(layers):
@@ -198,7 +258,7 @@ def read_attention_windows(network) -> bool:
     for layer in [l for l in network.layers if l.kind == "Attention"]:
         if not layer.params.get("heads") or layer.params.get("columns"):
             continue
-        old = layer.inputs
+        old, mask = layer.inputs[:3], layer.inputs[3:]
         windows = [_window(_unviewed(t)) for t in old]
         if all(w is _unviewed(t) for (w, _), t in zip(windows, old)):
             continue
@@ -207,7 +267,7 @@ def read_attention_windows(network) -> bool:
             for (w, _), t in zip(windows, old):
                 if w.name not in views:
                     views[w.name] = _reshaped(network, w, (*t.shape[:-1], w.shape[-1]), f"{layer.name} ({w.name})")
-        layer.inputs = [views[w.name] for w, _ in windows]
+        layer.inputs = [views[w.name] for w, _ in windows] + mask
         layer.params = dict(layer.params, columns=[[c, t.shape[-1]] for (_, c), t in zip(windows, old)])
         logger.info("attention %s reads its inputs in place: columns %s", layer.name, layer.params["columns"])
         changed = True
