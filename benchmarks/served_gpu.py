@@ -1,17 +1,21 @@
 """What users get on a GPU: converted SavedModels served through ``tf.saved_model.load``, against the same
 engine called directly and against PyTorch, on one GPU machine in one run.
 
-Models (random weights, nothing downloaded): Keras ResNet50 (FP16, INT8) and a keras-hub BERT-base encoder
-(FP16, sequence 128, token ids + segment ids + padding mask with padded tails). Each is exported, converted
-(engines built for every batch; the build of the first three batches is timed), saved, loaded and checked
-against native TF. Per batch it times, in milliseconds (median of single calls, wall clock):
+Models (random weights, nothing downloaded): Keras ResNet50, a keras-hub BERT-base encoder (sequence 128, token
+ids + segment ids + padding mask with padded tails) and a keras-hub GPT-2 small (causal, padding mask), each in FP16
+and INT8. Each is exported, converted (engines built for every batch; the build of the first three batches is
+timed), saved, loaded and checked against native TF (``err``); BERT and GPT-2 also against HF ``transformers``
+models holding the same weights, run in fp32 (``vs_torch32``). Per batch it times, in milliseconds (median of
+single calls, wall clock):
 
 - ``tf``: native TensorFlow (the CPU build: this machine's TF has no GPU kernels);
 - ``signature``: the converted model's serving signature, host inputs in, host outputs out (what users call);
 - ``engine_host``: the engine op's engine on the same host arrays (its context pool, no TensorFlow);
 - ``engine_device``: the engine on arrays already on the GPU;
 - ``torch_host`` / ``torch_device``, ``compile_host`` / ``compile_device``: the same architecture in PyTorch
-  (fp16, eager and torch.compile), its input on the host (copied in, output copied out) or on the GPU.
+  (fp16, eager and torch.compile reduce-overhead), its input on the host (copied in, output copied out) or on
+  the GPU; ``cmp/dev`` = compile_device / engine_device and ``cmp/sig`` = compile_host / signature (> 1: ours is
+  faster).
 
 Then 1, 4 and 8 threads call the signature at one batch: aggregate calls/s, p50 and p99 latency.
 
@@ -76,36 +80,60 @@ def concurrent(fn, threads: int, calls: int) -> dict:
 
 
 # -- models -----------------------------------------------------------------------------------------------------
-def resnet50_keras(directory: str) -> None:
+def resnet50_keras(directory: str):
     import keras
 
     keras.utils.set_random_seed(0)
-    keras.applications.ResNet50(weights=None).export(directory, verbose=False)
+    model = keras.applications.ResNet50(weights=None)
+    model.export(directory, verbose=False)
+    return model
 
 
-def bert_keras(directory: str) -> None:
+def bert_keras(directory: str):
     import keras
     import keras_hub
 
     keras.utils.set_random_seed(0)
-    keras_hub.models.BertBackbone(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768,
-                                  intermediate_dim=3072, dropout=0.0, max_sequence_length=512
-                                  ).export(directory, verbose=False)
+    model = keras_hub.models.BertBackbone(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768,
+                                          intermediate_dim=3072, dropout=0.0, max_sequence_length=512)
+    model.export(directory, verbose=False)
+    return model
+
+
+def gpt2_keras(directory: str):
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.GPT2Backbone(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
+                                          intermediate_dim=3072, dropout=0.0, max_sequence_length=1024)
+    model.export(directory, verbose=False)
+    return model
 
 
 def resnet50_feed(batch: int, rng) -> dict:
     return {"inputs": rng.uniform(-1, 1, (batch, 224, 224, 3)).astype(np.float32)}
 
 
-def bert_feed(batch: int, rng) -> dict:
+def _padding_mask(batch: int, rng):
     lengths = rng.integers(SEQ // 2, SEQ + 1, batch)
-    mask = (np.arange(SEQ)[None, :] < lengths[:, None]).astype(np.int32)
+    return lengths, (np.arange(SEQ)[None, :] < lengths[:, None]).astype(np.int32)
+
+
+def bert_feed(batch: int, rng) -> dict:
+    lengths, mask = _padding_mask(batch, rng)
     return {"token_ids": (rng.integers(1, 30522, (batch, SEQ)) * mask).astype(np.int32),
             "segment_ids": (np.arange(SEQ)[None, :] >= lengths[:, None] // 2).astype(np.int32) * mask,
             "padding_mask": mask}
 
 
-def resnet50_torch(torch):
+def gpt2_feed(batch: int, rng) -> dict:
+    _, mask = _padding_mask(batch, rng)
+    return {"token_ids": (rng.integers(1, 50257, (batch, SEQ)) * mask).astype(np.int32), "padding_mask": mask}
+
+
+def resnet50_torch(torch, source):
+    """torchvision's ResNet-50 (random weights: timing only, its outputs are not compared)."""
     import torchvision
 
     model = torchvision.models.resnet50().cuda().half().eval().to(memory_format=torch.channels_last)
@@ -119,33 +147,148 @@ def resnet50_torch(torch):
             y = model_(x.cuda(non_blocking=False).half().to(memory_format=torch.channels_last))
             return y.float().cpu()
         return call
-    return model, prepare, host_call
+    return model, prepare, host_call, None
 
 
-def bert_torch(torch):
+def _weights(source) -> dict:
+    """The Keras model's weights by path, as numpy arrays."""
+    return {w.path: np.asarray(w.numpy()) for w in source.weights}
+
+
+def _copy(torch, module, array, transpose: bool = False):
+    a = array.reshape(module.shape[::-1] if transpose else module.shape)
+    module.data.copy_(torch.from_numpy(np.ascontiguousarray(a.T if transpose else a)))
+
+
+def bert_torch(torch, source):
+    """HF `transformers` BertModel with the Keras model's weights (keras-hub's BERT: post-norm, tanh GELU)."""
     import transformers
 
     config = transformers.BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                     intermediate_size=3072, attn_implementation="sdpa")
-    model = transformers.BertModel(config).cuda().half().eval()
+                                     intermediate_size=3072, hidden_act="gelu_new", layer_norm_eps=1e-12,
+                                     max_position_embeddings=512, type_vocab_size=2, attn_implementation="sdpa")
+    model = transformers.BertModel(config).eval()
+    w = _weights(source)
+    e = model.embeddings
+    with torch.no_grad():
+        _copy(torch, e.word_embeddings.weight, w["token_embedding/embeddings"])
+        _copy(torch, e.position_embeddings.weight, w["position_embedding/embeddings"])
+        _copy(torch, e.token_type_embeddings.weight, w["segment_embedding/embeddings"])
+        _copy(torch, e.LayerNorm.weight, w["embeddings_layer_norm/gamma"])
+        _copy(torch, e.LayerNorm.bias, w["embeddings_layer_norm/beta"])
+        for i, layer in enumerate(model.encoder.layer):
+            p = f"transformer_layer_{i}/"
+            att = layer.attention
+            for name in ("query", "key", "value"):
+                _copy(torch, getattr(att.self, name).weight, w[f"{p}self_attention_layer/{name}/kernel"], True)
+                _copy(torch, getattr(att.self, name).bias, w[f"{p}self_attention_layer/{name}/bias"])
+            _copy(torch, att.output.dense.weight, w[f"{p}self_attention_layer/attention_output/kernel"], True)
+            _copy(torch, att.output.dense.bias, w[f"{p}self_attention_layer/attention_output/bias"])
+            _copy(torch, att.output.LayerNorm.weight, w[f"{p}self_attention_layer_norm/gamma"])
+            _copy(torch, att.output.LayerNorm.bias, w[f"{p}self_attention_layer_norm/beta"])
+            _copy(torch, layer.intermediate.dense.weight, w[f"{p}feedforward_intermediate_dense/kernel"], True)
+            _copy(torch, layer.intermediate.dense.bias, w[f"{p}feedforward_intermediate_dense/bias"])
+            _copy(torch, layer.output.dense.weight, w[f"{p}feedforward_output_dense/kernel"], True)
+            _copy(torch, layer.output.dense.bias, w[f"{p}feedforward_output_dense/bias"])
+            _copy(torch, layer.output.LayerNorm.weight, w[f"{p}feedforward_layer_norm/gamma"])
+            _copy(torch, layer.output.LayerNorm.bias, w[f"{p}feedforward_layer_norm/beta"])
+        _copy(torch, model.pooler.dense.weight, w["pooled_dense/kernel"], True)
+        _copy(torch, model.pooler.dense.bias, w["pooled_dense/bias"])
+
+    class Positional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids, seg, mask):
+            y = self.m(input_ids=ids, token_type_ids=seg, attention_mask=mask)
+            return y.last_hidden_state, y.pooler_output
 
     def prepare(feed, device):
         args = tuple(torch.from_numpy(feed[k]).long() for k in ("token_ids", "segment_ids", "padding_mask"))
         return tuple(a.cuda() for a in args) if device else args
+    return Positional().cuda().half(), prepare, _host_call, ("sequence_output", "pooled_output")
 
-    def host_call(model_):
-        def call(ids, seg, mask):
-            y = model_(input_ids=ids.cuda(), token_type_ids=seg.cuda(), attention_mask=mask.cuda())
-            return y.last_hidden_state.float().cpu()
-        return call
-    return model, prepare, host_call
+
+def gpt2_torch(torch, source):
+    """HF `transformers` GPT2Model with the Keras model's weights (causal, padding mask, tanh GELU)."""
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                                     n_inner=3072, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                                     attn_implementation="sdpa")
+    model = transformers.GPT2Model(config).eval()
+    w = _weights(source)
+    with torch.no_grad():
+        _copy(torch, model.wte.weight, w["token_embedding/embeddings"])
+        _copy(torch, model.wpe.weight, w["position_embedding/embeddings"])
+        for i, block in enumerate(model.h):
+            p = f"transformer_layer_{i}/"
+            qkv = [w[f"{p}self_attention/{n}/kernel"].reshape(768, 768) for n in ("query", "key", "value")]
+            _copy(torch, block.attn.c_attn.weight, np.concatenate(qkv, axis=1))  # Conv1D: [in, out]
+            _copy(torch, block.attn.c_attn.bias, np.concatenate(
+                [w[f"{p}self_attention/{n}/bias"].reshape(-1) for n in ("query", "key", "value")]))
+            _copy(torch, block.attn.c_proj.weight, w[f"{p}self_attention/attention_output/kernel"])
+            _copy(torch, block.attn.c_proj.bias, w[f"{p}self_attention/attention_output/bias"])
+            _copy(torch, block.ln_1.weight, w[f"{p}self_attention_layer_norm/gamma"])
+            _copy(torch, block.ln_1.bias, w[f"{p}self_attention_layer_norm/beta"])
+            _copy(torch, block.mlp.c_fc.weight, w[f"{p}feedforward_intermediate_dense/kernel"])
+            _copy(torch, block.mlp.c_fc.bias, w[f"{p}feedforward_intermediate_dense/bias"])
+            _copy(torch, block.mlp.c_proj.weight, w[f"{p}feedforward_output_dense/kernel"])
+            _copy(torch, block.mlp.c_proj.bias, w[f"{p}feedforward_output_dense/bias"])
+            _copy(torch, block.ln_2.weight, w[f"{p}feedforward_layer_norm/gamma"])
+            _copy(torch, block.ln_2.bias, w[f"{p}feedforward_layer_norm/beta"])
+        _copy(torch, model.ln_f.weight, w["layer_norm/gamma"])
+        _copy(torch, model.ln_f.bias, w["layer_norm/beta"])
+
+    class Positional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids, mask, pos):
+            return (self.m(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state,)
+
+    def prepare(feed, device):
+        args = tuple(torch.from_numpy(feed[k]).long() for k in ("token_ids", "padding_mask"))
+        args += (torch.arange(SEQ).expand(args[0].shape).contiguous(),)  # keras-hub: positions from 0 in every row
+        return tuple(a.cuda() for a in args) if device else args
+    return Positional().cuda().half(), prepare, _host_call, ("sequence_output",)
+
+
+def _host_call(model_):
+    """`model_` called on host tensors: copied in, its first output copied out."""
+    def call(*args):
+        return model_(*(a.cuda() for a in args))[0].float().cpu()
+    return call
+
+
+def torch_fp32(torch, model, prepare, outputs, feed) -> dict:
+    """The PyTorch model's outputs (named `outputs`) in fp32 (no TF32) for `feed`, as float64 numpy arrays."""
+    matmul_tf32, cudnn_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.inference_mode():
+            y = model.float()(*prepare(feed, True))
+            return {k: v.double().cpu().numpy() for k, v in zip(outputs, y)}
+    finally:
+        model.half()
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul_tf32, cudnn_tf32
+
+
+def rel_err(got: dict, want: dict) -> float:
+    """Largest |got - want| over the outputs both have (a single output each: those two), relative past a
+    magnitude of 1."""
+    if len(got) == len(want) == 1:
+        got, want = {0: next(iter(got.values()))}, {0: next(iter(want.values()))}
+    return max(float(np.max(np.abs(np.asarray(got[k], np.float64) - want[k])) / max(1.0, float(np.max(np.abs(want[k])))))
+               for k in want if k in got)
 
 
 MODELS = {
-    "resnet50": dict(export=resnet50_keras, feed=resnet50_feed, torch=resnet50_torch, precisions=("FP16", "INT8"),
-                     tol={"FP16": 2e-2, "INT8": None}),
-    "bert": dict(export=bert_keras, feed=bert_feed, torch=bert_torch, precisions=("FP16",),
-                 tol={"FP16": 2e-2}),
+    "resnet50": dict(export=resnet50_keras, feed=resnet50_feed, torch=resnet50_torch, precisions=("FP16", "INT8")),
+    "bert": dict(export=bert_keras, feed=bert_feed, torch=bert_torch, precisions=("FP16", "INT8")),
+    "gpt2": dict(export=gpt2_keras, feed=gpt2_feed, torch=gpt2_torch, precisions=("FP16", "INT8")),
 }
 
 
@@ -338,10 +481,10 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
     rng = np.random.default_rng(0)
     work = tempfile.mkdtemp(prefix=f"served_{name}_")
     source = os.path.join(work, "source")
-    spec["export"](source)
+    keras_model = spec["export"](source)
     native = tf.saved_model.load(source).signatures["serving_default"]
     trivial = trivial_signature(native, os.path.join(work, "trivial"))
-    batches = args.batches if name == "resnet50" else args.bert_batches
+    batches = args.batches if name == "resnet50" else args.transformer_batches
     names = list(native.structured_input_signature[1])
 
     def feed(batch, rng_):
@@ -350,7 +493,8 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
     feeds = {b: feed(b, np.random.default_rng(b)) for b in batches}
     tf_ms = {b: timed(lambda b=b: native(**feeds[b]), min_seconds=0.2, min_iters=2, max_iters=20, warmup=1)
              for b in batches}
-    model, prepare, host_call = spec["torch"](torch)
+    model, prepare, host_call, outputs = spec["torch"](torch, keras_model)
+    torch_ref = {b: torch_fp32(torch, model, prepare, outputs, feeds[b]) for b in batches} if outputs else {}
     compiled = torch.compile(model, mode="reduce-overhead") if args.compile else None  # CUDA graphs
     torch_ms = {}
     with torch.inference_mode():
@@ -374,10 +518,11 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
             tensors = {k: tf.constant(v) for k, v in feeds[b].items()}
             got = {k: v.numpy() for k, v in sig(**tensors).items()}
             want = {k: v.numpy() for k, v in native(**tensors).items()}
-            err = max(float(np.max(np.abs(got[k].astype(np.float64) - want[k]))
-                            / max(1.0, float(np.max(np.abs(want[k]))))) for k in want)
+            err = rel_err(got, want)
             ops = served_ops(before)
             row = {"model": name, "precision": precision, "batch": b, "max_rel_err": err, "tf": tf_ms[b],
+                   "native_vs_torch32": rel_err({k: v for k, v in want.items()}, torch_ref[b]) if b in torch_ref else None,
+                   "vs_torch32": rel_err(got, torch_ref[b]) if b in torch_ref else None,
                    "signature": timed(lambda: [v.numpy() for v in sig(**tensors).values()]),
                    "engine_ops": len(ops), "fallbacks": sum(sum(op.stats.fallbacks.values()) for op in ops)}
             calls = engine_callables(ops, list(feeds[b].values()), cupy)
@@ -405,13 +550,18 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
 def table(results, threads_rows) -> str:
     cols = ["tf", "signature", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
             "compile_device", "tf_call", "dispatch"]
-    lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols) + "   sig/host host/dev  err"]
+    lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols)
+             + "   sig/host host/dev  cmp/dev cmp/sig    err  vs_torch32"]
+
+    def ratio(r, num, den):
+        return f"{r[num] / r[den]:8.2f}" if r.get(num) and r.get(den) else "       -"
     for r in results:
         cells = " ".join(f"{r[c]:14.3f}" if c in r else f"{'-':>14}" for c in cols)
-        ratio1 = f"{r['signature'] / r['engine_host']:8.2f}" if "engine_host" in r else "       -"
-        ratio2 = f"{r['engine_host'] / r['engine_device']:8.2f}" if "engine_device" in r else "       -"
-        lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratio1} {ratio2}  "
-                     f"{r['max_rel_err']:.1e}")
+        ratios = " ".join(ratio(r, *pair) for pair in (("signature", "engine_host"), ("engine_host", "engine_device"),
+                                                      ("compile_device", "engine_device"),
+                                                      ("compile_host", "signature")))
+        vs = f"{r['vs_torch32']:.1e}" if r.get("vs_torch32") is not None else "-"
+        lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratios}  {r['max_rel_err']:.1e}  {vs}")
     builds = {(r["model"], r["precision"]): (r["build3_s"], r["build_rest_s"]) for r in results}
     lines.append("builds (first three batches / the rest), s: " +
                  ", ".join(f"{m} {p} {a:.1f}/{b:.1f}" for (m, p), (a, b) in builds.items()))
@@ -425,7 +575,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=sorted(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 128])
-    parser.add_argument("--bert-batches", nargs="+", type=int, default=[1, 8, 32, 128])
+    parser.add_argument("--transformer-batches", "--bert-batches", nargs="+", type=int, default=[1, 8, 32, 128],
+                        help="batches of the transformer models (bert, gpt2)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile-batches", nargs="+", type=int, default=[1, 8, 32, 128])
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True)
