@@ -6,13 +6,15 @@ STAMP := $(VENV)/.installed
 # keras-hub's requirements pull the full `tensorflow` (through tensorflow-text): installed without them, the ones
 # it needs are in pyproject.toml's test extra.
 KERAS_HUB := keras-hub==0.32.0
+# tftrt-serve's protos; its requirements pull the full `tensorflow` too (grpcio and protobuf: the serve extra).
+SERVING_API := tensorflow-serving-api==2.21.0
 
 .PHONY: demo test clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[cpu,test]"
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "$(KERAS_HUB)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[cpu,serve,test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "$(KERAS_HUB)" "$(SERVING_API)"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,67 @@
+"""A server with batching on: concurrent REST and gRPC requests merge into padded batches that the engines
+built for batches 4 and 8 serve, and each request gets its own rows, as native TF computes them."""
+import concurrent.futures
+import re
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from conftest import reference
+from support import random_array
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _metric(text, name, **labels):
+    pattern = re.escape(name) + r"\{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + r"\} (\S+)"
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_concurrent_requests_merge_and_split_back(batching_server, models):
+    rest = batching_server.rest
+    feeds = [random_array((n, 32, 32, 3)) for n in (1, 2, 1, 3, 1, 2, 1, 1, 2, 3)]
+
+    def rest_call(x):
+        return rest.json("/v1/models/cnn:predict", {"instances": x.tolist()})
+
+    def grpc_call(x):
+        with grpc.insecure_channel(f"127.0.0.1:{batching_server.server.grpc_port}") as channel:
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "cnn"
+            request.inputs["image"].CopyFrom(tf.make_tensor_proto(x))
+            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+            (output,) = response.outputs.values()
+            return 200, {"predictions": tf.make_ndarray(output).tolist()}
+
+    before = rest.call("/monitoring/prometheus/metrics")[1].decode()
+    with concurrent.futures.ThreadPoolExecutor(len(feeds)) as pool:
+        answers = list(pool.map(lambda ix: (rest_call if ix[0] % 2 else grpc_call)(ix[1]), enumerate(feeds)))
+    for x, (status, body) in zip(feeds, answers):
+        assert status == 200
+        (want,) = reference(models, "cnn", 1, image=x).values()
+        np.testing.assert_allclose(np.array(body["predictions"]), want, **TOL)
+    after = rest.call("/monitoring/prometheus/metrics")[1].decode()
+    batches = _metric(after, "tftrt_serving_batch_size_count", model="cnn") - \
+        _metric(before, "tftrt_serving_batch_size_count", model="cnn")
+    rows = _metric(after, "tftrt_serving_batch_size_sum", model="cnn") - \
+        _metric(before, "tftrt_serving_batch_size_sum", model="cnn")
+    assert rows == sum(len(x) for x in feeds) and batches < len(feeds)  # requests merged
+    fallbacks = [float(v) for v in re.findall(r"^tftrt_engine_op_fallback_total\{[^}]*\} (\S+)", after, re.M)]
+    assert fallbacks and sum(fallbacks) == 0  # every padded batch ran on an engine (built for 4 and 8)
+
+
+def test_batched_two_input_signature(batching_server, models):
+    a, b = random_array((3, 8)), random_array((3, 8))
+    status, body = batching_server.rest.json("/v1/models/pair:predict", {
+        "signature_name": "pair", "inputs": {"a": a.tolist(), "b": b.tolist()}})
+    assert status == 200
+    for name, want in reference(models, "pair", 1, "pair", a=a, b=b).items():
+        np.testing.assert_allclose(np.array(body["outputs"][name]), want, **TOL)
+
+
+def test_a_request_over_max_batch_size_is_refused(batching_server):
+    status, body = batching_server.rest.json("/v1/models/mlp:predict", {"inputs": random_array((9, 16)).tolist()})
+    assert status == 400 and "larger than maximum input batch size 8" in body["error"]

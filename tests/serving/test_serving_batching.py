@@ -1,0 +1,165 @@
+"""The batch scheduler: requests merge, pad to allowed sizes, split back row for row; timeouts flush; a full
+queue refuses; incompatible requests never merge; errors reach every request and the threads go on."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from support import random_array
+from tftrt_py.serving.batching import BatchScheduler
+from tftrt_py.serving.config import BatchingOptions
+from tftrt_py.serving.errors import Code, ServingError
+
+
+class Model:
+    """y = 3x + row index within the batch run (so a row served from the wrong place shows); records batches."""
+
+    def __init__(self, gate=None):
+        self.batches, self.gate = [], gate
+
+    def __call__(self, arrays):
+        if self.gate is not None:
+            self.gate.wait()
+        x = arrays["x"]
+        self.batches.append(x.copy())
+        return {"y": 3 * x, "n": np.arange(len(x))}
+
+
+def scheduler(**options):
+    seen = []
+    defaults = dict(max_batch_size=8, batch_timeout_micros=200_000, num_batch_threads=1)
+    sched = BatchScheduler(BatchingOptions(**{**defaults, **options}),
+                           on_batch=lambda label, rows, padded: seen.append((label, rows, padded)))
+    return sched, seen
+
+
+def test_requests_merge_and_split_back_exactly():
+    model, (sched, seen) = Model(), scheduler(allowed_batch_sizes=(4, 8))
+    try:
+        inputs = [random_array((n, 5)) for n in (1, 3, 2, 2)]  # 8 rows: one full batch, run at once
+        futures = [sched.submit("q", model, {"x": x}, "m") for x in inputs]
+        results = [f.result(timeout=10) for f in futures]
+    finally:
+        sched.stop()
+    assert seen == [("m", 8, 8)] and len(model.batches) == 1
+    start = 0
+    for x, out in zip(inputs, results):
+        np.testing.assert_array_equal(out["y"], 3 * x)
+        np.testing.assert_array_equal(out["n"], np.arange(start, start + len(x)))
+        start += len(x)
+
+
+def test_merged_batch_is_padded_to_the_next_allowed_size_with_its_first_row():
+    model, (sched, seen) = Model(), scheduler(allowed_batch_sizes=(4, 8), batch_timeout_micros=20_000)
+    try:
+        a, b = random_array((2, 5)), random_array((3, 5))
+        fa, fb = sched.submit("q", model, {"x": a}), sched.submit("q", model, {"x": b})
+        ra, rb = fa.result(timeout=10), fb.result(timeout=10)
+    finally:
+        sched.stop()
+    (ran,) = model.batches
+    assert ran.shape == (8, 5) and [s[1:] for s in seen] == [(5, 8)]
+    np.testing.assert_array_equal(ran[:5], np.concatenate([a, b]))
+    np.testing.assert_array_equal(ran[5:], np.repeat(a[:1], 3, axis=0))
+    np.testing.assert_array_equal(ra["y"], 3 * a)
+    np.testing.assert_array_equal(rb["y"], 3 * b)
+    assert rb["y"].shape == (3, 5)  # padding rows never reach a request
+
+
+def test_timeout_flushes_a_partial_batch():
+    model, (sched, seen) = Model(), scheduler(batch_timeout_micros=300_000)
+    try:
+        x = random_array((1, 5))
+        start = time.monotonic()
+        future = sched.submit("q", model, {"x": x})
+        time.sleep(0.1)
+        assert not future.done()  # waiting for more requests
+        out = future.result(timeout=10)
+        waited = time.monotonic() - start
+    finally:
+        sched.stop()
+    assert 0.25 <= waited < 5 and [s[1:] for s in seen] == [(1, 1)]
+    np.testing.assert_array_equal(out["y"], 3 * x)
+
+
+def test_full_queue_refuses_with_unavailable_and_recovers():
+    gate = threading.Event()
+    model, (sched, _) = Model(gate), scheduler(max_batch_size=2, max_enqueued_batches=2, batch_timeout_micros=0)
+    try:
+        first = sched.submit("q", model, {"x": random_array((2, 5))})  # taken by the thread, blocked in the gate
+        deadline = time.monotonic() + 5
+        while sched.queue_depths().get("", 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued = [sched.submit("q", model, {"x": random_array((2, 5))}) for _ in range(2)]  # 2 batches: full
+        assert sched.queue_depths() == {"": 2}
+        with pytest.raises(ServingError) as info:
+            sched.submit("q", model, {"x": random_array((1, 5))})
+        assert info.value.code is Code.UNAVAILABLE and "full" in info.value.message
+        gate.set()
+        for future in [first, *queued]:
+            assert future.result(timeout=10)["y"].shape == (2, 5)
+        x = random_array((1, 5))
+        np.testing.assert_array_equal(sched.submit("q", model, {"x": x}).result(timeout=10)["y"], 3 * x)
+    finally:
+        gate.set()
+        sched.stop()
+
+
+def test_requests_with_other_dtypes_or_dims_do_not_merge():
+    model, (sched, seen) = Model(), scheduler(batch_timeout_micros=50_000)
+    try:
+        feeds = [random_array((2, 5)), random_array((2, 6)), random_array((1, 5), "float64"), random_array((1, 5))]
+        futures = [sched.submit("q", model, {"x": x}) for x in feeds]
+        for x, future in zip(feeds, futures):
+            np.testing.assert_array_equal(future.result(timeout=10)["y"], 3 * x)
+    finally:
+        sched.stop()
+    assert sorted(b.shape + (b.dtype.name,) for b in model.batches) == [
+        (1, 5, "float64"), (2, 6, "float32"), (3, 5, "float32")]
+
+
+def test_bad_requests_are_refused_at_submit():
+    model, (sched, _) = Model(), scheduler(max_batch_size=4)
+    try:
+        cases = [{"x": random_array((5, 2))}, {"x": random_array((2, 2)), "z": random_array((3, 2))},
+                 {"x": np.float32(1.5)}, {"x": random_array((0, 2))}]
+        for arrays in cases:
+            with pytest.raises(ServingError) as info:
+                sched.submit("q", model, arrays)
+            assert info.value.code is Code.INVALID_ARGUMENT
+    finally:
+        sched.stop()
+    assert model.batches == []
+
+
+def test_a_failing_batch_fails_each_request_and_the_threads_go_on():
+    calls = []
+
+    def flaky(arrays):
+        calls.append(len(arrays["x"]))
+        if len(calls) == 1:
+            raise RuntimeError("engine exploded")
+        return {"y": arrays["x"] * 2, "bad": np.ones(1)} if len(calls) == 2 else {"y": arrays["x"] * 2}
+
+    sched, _ = scheduler(batch_timeout_micros=0)
+    try:
+        with pytest.raises(ServingError) as info:
+            sched.submit("q", flaky, {"x": random_array((2, 3))}).result(timeout=10)
+        assert info.value.code is Code.INTERNAL and "engine exploded" in info.value.message
+        with pytest.raises(ServingError) as info:  # an output without the batch dimension cannot be split
+            sched.submit("q", flaky, {"x": random_array((2, 3))}).result(timeout=10)
+        assert info.value.code is Code.FAILED_PRECONDITION
+        x = random_array((2, 3))
+        np.testing.assert_array_equal(sched.submit("q", flaky, {"x": x}).result(timeout=10)["y"], 2 * x)
+    finally:
+        sched.stop()
+
+
+def test_stop_fails_queued_requests_with_unavailable():
+    sched, _ = scheduler(batch_timeout_micros=60_000_000)
+    future = sched.submit("q", Model(), {"x": random_array((1, 5))})
+    sched.stop()
+    with pytest.raises(ServingError) as info:
+        future.result(timeout=10)
+    assert info.value.code is Code.UNAVAILABLE

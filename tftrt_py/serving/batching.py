@@ -1,0 +1,178 @@
+"""Dynamic batching as TF Serving's shared batch scheduler does it: requests to one signature queue up in
+batches (only requests with equal dtypes and non-batch dimensions share one), a batch runs when full or when its
+oldest request has waited batch_timeout_micros and a batch thread is free, is padded up to the next allowed batch
+size with copies of its first row, and its outputs are split back to the requests row for row. A queue holding
+max_enqueued_batches batches refuses more (UNAVAILABLE) instead of growing."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Deque, Dict, Hashable, List, Mapping, Optional
+
+import numpy as np
+
+from tftrt_py.serving.config import BatchingOptions
+from tftrt_py.serving.errors import Code, ServingError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BatchScheduler", "RunFn"]
+
+RunFn = Callable[[Mapping[str, np.ndarray]], Dict[str, np.ndarray]]
+
+
+@dataclasses.dataclass
+class _Task:
+    arrays: Mapping[str, np.ndarray]
+    size: int
+    future: Future
+
+
+@dataclasses.dataclass
+class _Batch:
+    key: tuple  # what merging needs equal: input names, dtypes, non-batch dims
+    deadline: float
+    tasks: List[_Task] = dataclasses.field(default_factory=list)
+    size: int = 0
+    closed: bool = False
+
+
+@dataclasses.dataclass
+class _Queue:
+    run: RunFn
+    label: str  # the model name, for metrics
+    batches: Deque[_Batch] = dataclasses.field(default_factory=collections.deque)
+
+
+def _rows(arrays: Mapping[str, np.ndarray]) -> int:
+    sizes = {a.shape[0] if a.ndim else None for a in arrays.values()}
+    if len(sizes) != 1 or None in sizes:
+        raise ServingError(Code.INVALID_ARGUMENT, "Batching session Run() input tensors must have equal "
+                                                  "0th-dimension size (and rank >= 1)")
+    return sizes.pop()
+
+
+class BatchScheduler:
+    """Queues (one per servable signature) sharing num_batch_threads batch threads.
+
+    `on_batch(label, rows, padded_rows)` is called for each batch run (metrics).
+    """
+
+    def __init__(self, options: BatchingOptions, on_batch: Optional[Callable[[str, int, int], None]] = None):
+        self.options = options
+        self._on_batch = on_batch
+        self._queues: Dict[Hashable, _Queue] = {}
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._threads = [threading.Thread(target=self._work, name=f"tftrt-batch-{i}", daemon=True)
+                         for i in range(options.num_batch_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray], label: str = "") -> Future:
+        """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`."""
+        size = _rows(arrays)
+        limit = self.options.max_batch_size
+        if size == 0:
+            raise ServingError(Code.INVALID_ARGUMENT, "a request with 0 rows cannot be batched")
+        if size > limit:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Task size {size} is larger than maximum input batch size "
+                                                      f"{limit}")
+        task = _Task(arrays, size, Future())
+        key = tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in arrays.items()))
+        with self._cond:
+            if self._stopped:
+                raise ServingError(Code.UNAVAILABLE, "the server is shutting down")
+            queue = self._queues.setdefault(queue_id, _Queue(run, label))
+            batch = next((b for b in reversed(queue.batches) if b.key == key and not b.closed), None)
+            if batch is None or batch.size + size > limit:
+                if batch is not None:
+                    batch.closed = True
+                if len(queue.batches) >= self.options.max_enqueued_batches:
+                    raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task was "
+                                                         "submitted is full")
+                batch = _Batch(key, time.monotonic() + self.options.batch_timeout_micros / 1e6)
+                queue.batches.append(batch)
+            batch.tasks.append(task)
+            batch.size += size
+            batch.closed = batch.size == limit
+            self._cond.notify()
+        return task.future
+
+    def queue_depths(self) -> Dict[str, int]:
+        """Requests waiting (not yet running), by label."""
+        depths: Dict[str, int] = collections.Counter()
+        with self._cond:
+            for queue in self._queues.values():
+                depths[queue.label] += sum(len(b.tasks) for b in queue.batches)
+        return dict(depths)
+
+    def stop(self) -> None:
+        """Stop the batch threads; requests still queued fail with UNAVAILABLE."""
+        with self._cond:
+            self._stopped = True
+            pending = [t for q in self._queues.values() for b in q.batches for t in b.tasks]
+            for queue in self._queues.values():
+                queue.batches.clear()
+            self._cond.notify_all()
+        for task in pending:
+            task.future.set_exception(ServingError(Code.UNAVAILABLE, "the server is shutting down"))
+        for thread in self._threads:
+            thread.join()
+
+    def _next_batch(self):
+        """(queue, batch) of the first batch ready to run, else (None, seconds until one may be)."""
+        now, wait = time.monotonic(), None
+        for queue in self._queues.values():
+            for i, batch in enumerate(queue.batches):
+                if batch.closed or batch.deadline <= now:
+                    del queue.batches[i]
+                    return queue, batch
+                wait = batch.deadline - now if wait is None else min(wait, batch.deadline - now)
+        return None, wait
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopped:
+                        return
+                    queue, found = self._next_batch()
+                    if queue is not None:
+                        break
+                    self._cond.wait(found)
+            self._run(queue, found)
+
+    def _run(self, queue: _Queue, batch: _Batch) -> None:
+        tasks = batch.tasks
+        padded = self.options.padded_size(batch.size)
+        merged = {}
+        for name in tasks[0].arrays:
+            parts = [t.arrays[name] for t in tasks]
+            if padded > batch.size:  # copies of the first row: real data, whatever the model does with it
+                parts.append(np.repeat(parts[0][:1], padded - batch.size, axis=0))
+            merged[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if self._on_batch is not None:
+            self._on_batch(queue.label, batch.size, padded)
+        try:
+            outputs = queue.run(merged)
+            for name, value in outputs.items():
+                if value.ndim == 0 or value.shape[0] != padded:
+                    raise ServingError(Code.FAILED_PRECONDITION, f"Batched output tensor {name!r} has shape "
+                                                                 f"{list(value.shape)}: its 0th dimension is not "
+                                                                 f"the batch's size {padded}; the signature cannot "
+                                                                 f"be batched")
+        except Exception as exc:  # every request of the batch gets the error; the thread goes on
+            error = exc if isinstance(exc, ServingError) else ServingError(Code.INTERNAL, f"{type(exc).__name__}: "
+                                                                                          f"{exc}")
+            for task in tasks:
+                task.future.set_exception(error)
+            return
+        start = 0
+        for task in tasks:
+            task.future.set_result({k: v[start:start + task.size] for k, v in outputs.items()})
+            start += task.size

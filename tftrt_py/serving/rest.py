@@ -1,0 +1,115 @@
+"""TF Serving's REST API as an ASGI app (starlette): predict, model status and metadata under /v1/models, plus
+/healthz (live), /readyz (models loaded) and /monitoring/prometheus/metrics. Errors answer {"error": message}
+with TF Serving's HTTP status for the code."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Optional
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.metrics import CONTENT_TYPE
+from tftrt_py.serving.service import Service
+from tftrt_py.serving.tensors import rest_inputs, rest_outputs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["create_app", "METRICS_PATH"]
+
+METRICS_PATH = "/monitoring/prometheus/metrics"
+# TF Serving's URL grammar (http_rest_api_handler.cc)
+PREDICT_URL = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)",
+                         re.IGNORECASE)
+STATUS_URL = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?", re.IGNORECASE)
+
+
+def _json(body, status: int = 200) -> Response:
+    return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(exc: ServingError) -> Response:
+    return _json({"error": exc.message}, exc.code.http_status)
+
+
+def _version(text: Optional[str]) -> Optional[int]:
+    return None if text is None else int(text)
+
+
+def create_app(service: Service, threads: int = 64) -> Starlette:
+    """The REST app over `service`; request bodies are decoded and predictions run on up to `threads` threads."""
+    limiter = anyio.CapacityLimiter(threads)
+
+    def predict(model: str, version: Optional[int], label: Optional[str], body: bytes) -> Response:
+        with service.request(model, "rest_predict"):
+            try:
+                request = json.loads(body)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ServingError(Code.INVALID_ARGUMENT, f"JSON Parse error: {exc}") from None
+            signature_name = request.get("signature_name", "") if isinstance(request, dict) else ""
+            if not isinstance(signature_name, str):
+                raise ServingError(Code.INVALID_ARGUMENT, "'signature_name' must be a string")
+            servable, signature = service.resolve(model, version, label, signature_name)
+            arrays, row_format = rest_inputs(request, signature)
+            outputs = service.predict(servable, signature, arrays)
+            return _json(rest_outputs(outputs, row_format))
+
+    def status(model: str, version: Optional[int], label: Optional[str], metadata: bool) -> Response:
+        from google.protobuf import json_format
+
+        def as_dict(message):
+            return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                             always_print_fields_with_no_presence=True)
+
+        with service.request(model, "rest_metadata" if metadata else "rest_status"):
+            if not metadata:
+                return _json(as_dict(service.status(model, version, label)))
+            response, signature_defs = service.metadata(model, version, label)
+            spec = as_dict(response.model_spec)
+            spec["version"] = str(response.model_spec.version.value)
+            return _json({"model_spec": spec, "metadata": {"signature_def": as_dict(signature_defs)}})
+
+    async def models(request: Request) -> Response:
+        path = request.url.path
+        try:
+            if request.method == "POST":
+                match = PREDICT_URL.fullmatch(path)
+                if match is None:
+                    raise ServingError(Code.NOT_FOUND, f"Malformed request: POST {path}")
+                model, version, label, verb = match.groups()
+                if verb.lower() != "predict":
+                    raise ServingError(Code.UNIMPLEMENTED, f"{verb} is not served: only predict")
+                body = await request.body()
+                return await anyio.to_thread.run_sync(predict, model, _version(version), label, body, limiter=limiter)
+            match = STATUS_URL.fullmatch(path)
+            if match is None:
+                raise ServingError(Code.NOT_FOUND, f"Malformed request: GET {path}")
+            model, version, label, metadata = match.groups()
+            return await anyio.to_thread.run_sync(status, model, _version(version), label, bool(metadata),
+                                                  limiter=limiter)
+        except ServingError as exc:
+            return _error(exc)
+        except Exception as exc:  # a bug here answers 500 and is logged; the server goes on
+            logger.exception("REST request %s %s failed", request.method, path)
+            return _error(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        ready = service.manager.ready
+        return PlainTextResponse("ready" if ready else "loading", status_code=200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    return Starlette(routes=[
+        Route("/healthz", healthz), Route("/readyz", readyz), Route(METRICS_PATH, metrics),
+        Route("/v1/models/{rest:path}", models, methods=["GET", "POST"]),
+    ])

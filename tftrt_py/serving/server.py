@@ -1,0 +1,108 @@
+"""A tftrt-serve server in-process: `Server(models, ...).start()` serves REST and gRPC (port 0: an ephemeral
+port, read back from `rest_port` / `grpc_port`; None: that API off) until `stop()`; also a context manager."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import threading
+import time
+from typing import Optional, Sequence
+
+from tftrt_py.serving.config import BatchingOptions, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Server"]
+
+GRPC_MAX_MESSAGE = 2 ** 31 - 1  # TF Serving takes requests of any size
+
+
+class Server:
+    """Serves `models` over REST and gRPC; `batching` (None: off) batches predict calls."""
+
+    def __init__(self, models: Sequence[ModelSpec], *, grpc_port: Optional[int] = 0, rest_port: Optional[int] = 0,
+                 host: str = "127.0.0.1", batching: Optional[BatchingOptions] = None, grpc_threads: int = 64,
+                 rest_threads: int = 64):
+        if grpc_port is None and rest_port is None:
+            raise ValueError("serve at least one API: give a gRPC or a REST port")
+        self.models, self.host, self.batching = list(models), host, batching
+        self.grpc_port, self.rest_port = grpc_port, rest_port
+        self._grpc_threads, self._rest_threads = grpc_threads, rest_threads
+        self.service = None
+        self._grpc = self._rest = self._rest_thread = None
+
+    def start(self) -> "Server":
+        """REST first (/healthz answers, /readyz says loading), then load the models, then gRPC."""
+        from tftrt_py.serving.models import ModelManager
+        from tftrt_py.serving.service import Service
+
+        self.service = Service(ModelManager(self.models), self.batching)
+        try:
+            if self.rest_port is not None:
+                self._start_rest()
+            self.service.manager.load()
+            if self.grpc_port is not None:
+                self._start_grpc()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("serving %s (gRPC port %s, REST port %s, batching %s)",
+                       ", ".join(m.name for m in self.models), self.grpc_port, self.rest_port,
+                       "on" if self.batching else "off")
+        return self
+
+    def _start_rest(self) -> None:
+        import uvicorn
+
+        from tftrt_py.serving.rest import create_app
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.rest_port))
+        self.rest_port = sock.getsockname()[1]
+        config = uvicorn.Config(create_app(self.service, self._rest_threads), log_level="warning",
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+        self._rest = uvicorn.Server(config)
+        self._rest_thread = threading.Thread(target=self._rest.run, kwargs={"sockets": [sock]},
+                                             name="tftrt-serve-rest", daemon=True)
+        self._rest_thread.start()
+        while not self._rest.started:
+            if not self._rest_thread.is_alive():
+                raise RuntimeError(f"the REST server on {self.host}:{self.rest_port} did not start")
+            time.sleep(0.01)
+
+    def _start_grpc(self) -> None:
+        import grpc
+
+        from tftrt_py.serving.grpc_service import add_services
+
+        options = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+                   ("grpc.max_send_message_length", GRPC_MAX_MESSAGE)]
+        self._grpc = grpc.server(concurrent.futures.ThreadPoolExecutor(self._grpc_threads,
+                                                                       thread_name_prefix="tftrt-serve-grpc"),
+                                 options=options)
+        add_services(self._grpc, self.service)
+        address = f"[{self.host}]" if ":" in self.host else self.host
+        self.grpc_port = self._grpc.add_insecure_port(f"{address}:{self.grpc_port}")
+        if not self.grpc_port:
+            raise RuntimeError(f"gRPC could not bind {self.host}")
+        self._grpc.start()
+
+    def stop(self) -> None:
+        """Stop listening, fail queued requests (UNAVAILABLE), end the batch threads."""
+        if self._grpc is not None:
+            self._grpc.stop(grace=1).wait()
+            self._grpc = None
+        if self._rest is not None:
+            self._rest.should_exit = True
+            self._rest_thread.join()
+            self._rest = self._rest_thread = None
+        if self.service is not None:
+            self.service.close()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,99 @@
+"""What both front ends (REST and gRPC) serve: model resolution, predict (batched or not), status and metadata
+as TF Serving's protos, with each request counted and timed."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tftrt_py.serving.batching import BatchScheduler
+from tftrt_py.serving.config import BatchingOptions
+from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.metrics import Metrics
+from tftrt_py.serving.models import ModelManager, Servable, Signature
+
+__all__ = ["Service"]
+
+STATUS_CODES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}  # ModelVersionStatus.State
+
+
+class Service:
+    """Requests to the models of `manager`; with `batching`, predict calls of one signature run in batches."""
+
+    def __init__(self, manager: ModelManager, batching: Optional[BatchingOptions] = None):
+        self.manager = manager
+        self.scheduler: Optional[BatchScheduler] = None
+        self.metrics = Metrics(lambda: self.scheduler.queue_depths() if self.scheduler else {})
+        if batching is not None:
+            self.scheduler = BatchScheduler(batching, on_batch=self.metrics.observe_batch)
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
+
+    @contextlib.contextmanager
+    def request(self, model: str, api: str):
+        """Count and time the request in the block by its outcome (status code name)."""
+        start, status = time.perf_counter(), "OK"
+        try:
+            yield
+        except ServingError as exc:
+            status = exc.code.name
+            raise
+        except Exception:
+            status = "INTERNAL"
+            raise
+        finally:  # unknown model names share one label: clients cannot grow the metrics without bound
+            label = model if model in self.manager.specs else ""
+            self.metrics.observe_request(label, api, status, time.perf_counter() - start)
+
+    def resolve(self, model: str, version: Optional[int], label: Optional[str],
+                signature_name: str) -> Tuple[Servable, Signature]:
+        servable = self.manager.servable(model, version, label)
+        return servable, servable.signature(signature_name)
+
+    def predict(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
+                output_filter: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+        """The signature's outputs (those in `output_filter`, else all) for `arrays`."""
+        arrays = signature.check(arrays)
+        names = signature.output_names(output_filter)
+        if self.scheduler is None:
+            outputs = signature.run(arrays)
+        else:
+            queue = (servable.name, servable.version, signature.name)
+            outputs = self.scheduler.submit(queue, signature.run, arrays, servable.name).result()
+        return {k: outputs[k] for k in names}
+
+    def status(self, model: str, version: Optional[int] = None, label: Optional[str] = None):
+        """A GetModelStatusResponse."""
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for status in self.manager.status(model, version, label):
+            entry = response.model_version_status.add(version=status.version, state=STATUS_CODES[status.state])
+            entry.status.SetInParent()  # TF Serving always writes it: error_code OK, error_message ""
+            if status.error:
+                entry.status.error_code = 13  # tensorflow.error.Code.INTERNAL
+                entry.status.error_message = status.error
+        return response
+
+    def metadata(self, model: str, version: Optional[int] = None, label: Optional[str] = None,
+                 fields: Sequence[str] = ("signature_def",)):
+        """(GetModelMetadataResponse, SignatureDefMap): TF Serving's only metadata field is signature_def."""
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        unsupported = sorted(set(fields) - {"signature_def"})
+        if unsupported or not fields:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field(s) {unsupported or '(none)'} not supported: "
+                                                      f"ask for signature_def")
+        servable = self.manager.servable(model, version, label)
+        signature_defs = get_model_metadata_pb2.SignatureDefMap()
+        for key, value in servable.signature_defs.items():
+            signature_defs.signature_def[key].CopyFrom(value)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.metadata["signature_def"].Pack(signature_defs)
+        return response, signature_defs
