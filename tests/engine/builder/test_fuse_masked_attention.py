@@ -132,3 +132,20 @@ def test_keras_hub_backbones(name):
     # mask (its int min is not causal-and-padding for negative mask values)
     shape = (3, 1, 1, 8) if name == "bert" else (3, 1, 8, 8)
     assert_matches_tf(fn, [feed[k] for k in order], [(shape, False)] * 2)
+
+
+@pytest.mark.parametrize("mask, params, message", [
+    (("float32", (B, 1, 1, S)), {"causal": False, "mask_value": BIG}, "must be bool"),
+    (("bool", (B, 1, 2, S)), {"causal": False, "mask_value": BIG}, "broadcast"),
+    (("bool", (B, 1, S)), {"causal": False, "mask_value": BIG}, "broadcast"),
+    (("bool", (B, 1, 1, S)), {}, "mask_value exactly"),
+    (None, {"causal": True}, "mask_value exactly"),
+    (None, {"causal": False, "mask_value": BIG}, "mask_value exactly"),
+])
+def test_malformed_masks_are_refused(mask, params, message):
+    from tftrt_py.engine.errors import NetworkError
+
+    net, (q, k, v) = network((B, H, S, D), (B, H, S, D), (B, H, S, D))
+    inputs = [q, k, v] + ([net.add_input("mask", *mask)] if mask else [])
+    with pytest.raises(NetworkError, match=message):
+        net.add_layer("Attention", inputs, {"scale": 0.5, "heads": None, **params}, name="attention")
