@@ -5,8 +5,9 @@ saved as a SavedModel whose ``serving_default`` maps ``image`` [N, 32, 32, 1] to
 
 Training takes a few seconds on a CPU and is seeded. :func:`load_split` gives the same train / held-out
 split to evaluate a converted model on and to calibrate INT8 with (training images only). ``--evaluate``
-converts the model in FP32, FP16 and INT8 (each calibrator) and prints held-out accuracy and calibration
-time as a Markdown table (:func:`evaluate`).
+converts the model in FP32, FP16, INT8 (each calibrator) and FP8 (minmax ranges: E4M3's range covers the
+outliers that entropy clipping is for) and prints held-out accuracy and calibration time as a Markdown table
+(:func:`evaluate`).
 """
 from __future__ import annotations
 
@@ -79,9 +80,10 @@ def save(out_dir: str, seed: int = 0, epochs: int = 10) -> float:
 
 
 def evaluate(saved_dir: str, seed: int = 0, calibration_batches: int = 10, batch_size: int = 32):
-    """Held-out accuracy of the SavedModel run by TensorFlow and converted in FP32, FP16 and INT8 with each
-    calibrator (over `calibration_batches` batches of training images). One dict per row: precision,
-    calibrator, accuracy (percent), calibration_s (seconds of INT8 calibration, tables and engines included)."""
+    """Held-out accuracy of the SavedModel run by TensorFlow and converted in FP32, FP16, INT8 with each
+    calibrator and FP8 with minmax (over `calibration_batches` batches of training images). One dict per row:
+    precision, calibrator, accuracy (percent), calibration_s (seconds of calibration, tables and engines
+    included)."""
     import tensorflow as tf
 
     from tftrt_py import trt_convert as trt
@@ -91,7 +93,7 @@ def evaluate(saved_dir: str, seed: int = 0, calibration_batches: int = 10, batch
     native = tf.saved_model.load(saved_dir).signatures["serving_default"]
     rows = [{"precision": "TensorFlow", "calibrator": None, "calibration_s": None,
              "accuracy": accuracy(native(image=tf.constant(x_test))["output_0"], y_test)}]
-    runs = [("FP32", None), ("FP16", None)] + [("INT8", c) for c in CALIBRATORS]
+    runs = [("FP32", None), ("FP16", None)] + [("INT8", c) for c in CALIBRATORS] + [("FP8", "minmax")]
     for precision, calibrator in runs:
         params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision,
                                                             calibration_algorithm=calibrator or "entropy")

@@ -19,7 +19,8 @@ def test_replace_works_as_in_the_seed():
 
 
 def test_precision_modes_accept_lower_case():
-    assert trt.TrtPrecisionMode.supported_precision_modes() == ["FP32", "FP16", "INT8", "fp32", "fp16", "int8"]
+    assert trt.TrtPrecisionMode.supported_precision_modes() == ["FP32", "FP16", "INT8", "FP8", "fp32", "fp16", "int8",
+                                                                "fp8"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -20,7 +20,7 @@ from tftrt_py.convert.build import SegmentGraph, build_engine
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
-                                     canonical_precision, check_conversion_params)
+                                     canonical_precision, check_conversion_params, quantized)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite, segment_max_batch_size
 from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine_op import dispatcher, library
@@ -67,8 +67,7 @@ class TrtGraphConverter:
         self._nodes_denylist = list(nodes_denylist if nodes_denylist is not None else nodes_blacklist or [])
         self._session_config = session_config or config_pb2.ConfigProto()
 
-        self._need_calibration = (canonical_precision(precision_mode) == TrtPrecisionMode.INT8
-                                  and use_calibration)
+        self._need_calibration = quantized(precision_mode) and use_calibration
         if self._need_calibration and not use_function_backup:
             raise ValueError("Calibration requires enabling fallback to TF function execution.")
         if self._need_calibration and not is_dynamic_op:

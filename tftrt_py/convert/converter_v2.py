@@ -18,7 +18,7 @@ from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
-                                     canonical_precision, check_conversion_params)
+                                     canonical_precision, check_conversion_params, quantized)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.cache import engine_asset_name, pack_plans
@@ -65,8 +65,8 @@ class TrtGraphConverterV2:
         self._input_saved_model_signature_key = (input_saved_model_signature_key
                                                  or signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
         precision = canonical_precision(conversion_params.precision_mode)
-        self._int8_without_calibration = precision == TrtPrecisionMode.INT8 and not conversion_params.use_calibration
-        self._need_calibration = precision == TrtPrecisionMode.INT8 and conversion_params.use_calibration
+        self._int8_without_calibration = quantized(precision) and not conversion_params.use_calibration
+        self._need_calibration = quantized(precision) and conversion_params.use_calibration
         self._calibrated = False
         self._calibration_seconds = None
         self._converted = False

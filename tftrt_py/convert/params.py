@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import collections
 
+from tftrt_py.engine.builder import PRECISIONS
+from tftrt_py.engine.builder.precision import QUANTIZED
+
 __all__ = ["TrtPrecisionMode", "TrtConversionParams", "DEFAULT_TRT_CONVERSION_PARAMS",
            "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "CALIBRATION_ALGORITHMS", "check_conversion_params",
-           "canonical_precision"]
+           "canonical_precision", "quantized"]
 
 DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES = 1 << 30
 
@@ -17,11 +20,13 @@ class TrtPrecisionMode:
     FP32 = "FP32"
     FP16 = "FP16"
     INT8 = "INT8"
+    #: Our extension, not TF-TRT's: Convolution and MatrixMultiply layers in FP8 (E4M3) with the ranges INT8
+    #: uses (calibration or quantization ops), on GPUs of compute capability 8.9 or later.
+    FP8 = "FP8"
 
     @staticmethod
     def supported_precision_modes():
-        precisions = [TrtPrecisionMode.FP32, TrtPrecisionMode.FP16, TrtPrecisionMode.INT8]
-        return precisions + [p.lower() for p in precisions]
+        return list(PRECISIONS) + [p.lower() for p in PRECISIONS]
 
 
 class TrtConversionParams(collections.namedtuple("TrtConversionParams", [
@@ -46,6 +51,11 @@ DEFAULT_TRT_CONVERSION_PARAMS = TrtConversionParams()
 
 def canonical_precision(mode: str) -> str:
     return str(mode).upper()
+
+
+def quantized(mode: str) -> bool:
+    """The precision quantizes with dynamic ranges (INT8, FP8): it calibrates, or takes quantization ops' ranges."""
+    return canonical_precision(mode) in QUANTIZED
 
 
 def check_conversion_params(params: TrtConversionParams) -> None:

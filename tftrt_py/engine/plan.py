@@ -26,6 +26,7 @@ import numpy as np
 
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine import params as param_schemas
+from tftrt_py.engine.builder import PRECISIONS
 from tftrt_py.engine.errors import BackendError, PlanError
 from tftrt_py.engine.network import DTYPES, Layer, Network, Tensor, dtype_name
 
@@ -223,7 +224,7 @@ def _weight(ref, path: str, blob_bytes: int) -> None:
 def _check_header(header: dict, blob_bytes: int) -> None:
     """Types and ranges of every field deserialize() reads; PlanError names the first bad one."""
     _of(header.get("name"), str, "name")
-    _of(header.get("precision"), str, "precision")
+    _dtype(header.get("precision"), "precision", PRECISIONS)
     _of(header.get("backend", "numpy"), str, "backend")
     _of(header.get("device"), str, "device", optional=True)
     _of(header.get("build_config"), dict, "build_config", optional=True)
@@ -244,7 +245,8 @@ def _check_header(header: dict, blob_bytes: int) -> None:
         _of(spec, dict, path)
         _of(spec.get("name"), str, f"{path}.name")
         _of(spec.get("kind"), str, f"{path}.kind")
-        _of(spec.get("precision"), str, f"{path}.precision", optional=True)
+        if spec.get("precision") is not None:
+            _dtype(spec["precision"], f"{path}.precision", PRECISIONS)
         for j, name in enumerate(_of(spec.get("inputs"), list, f"{path}.inputs")):
             _of(name, str, f"{path}.inputs[{j}]")
         for j, t in enumerate(_of(spec.get("outputs"), list, f"{path}.outputs")):

@@ -35,6 +35,7 @@ from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
 from tftrt_py.convert.variables import weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
+from tftrt_py.engine.builder.precision import QUANTIZED
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
@@ -190,11 +191,11 @@ class EngineOp:
         self._asset_paths: Optional[set] = None  # the assets of the first run with assets (see load_assets)
         self._logged: set = set()
         self.native: Dict[tuple, str] = {}  # input shapes that ran the native segment -> why (the latest reason)
-        # INT8: the calibration table, or the collector filling it (see engine_op.calibration)
-        int8 = self.precision == "INT8"
-        self.calibration = OpCalibration(self.name, int8 and bool(node.attr("use_calibration")),
-                                         (node.attr("calibration_data") or b"") if int8 else b"")
-        self.missing_ranges: Dict[tuple, List[str]] = {}  # input shapes -> tensors their INT8 build lacked ranges for
+        # INT8 and FP8: the calibration table, or the collector filling it (see engine_op.calibration)
+        ranged = self.precision in QUANTIZED
+        self.calibration = OpCalibration(self.name, ranged and bool(node.attr("use_calibration")),
+                                         (node.attr("calibration_data") or b"") if ranged else b"")
+        self.missing_ranges: Dict[tuple, List[str]] = {}  # input shapes -> tensors their INT8/FP8 build lacked
         static = node.attr("serialized_segment") or b""
         if static and not static.startswith(PLAN_MAGIC) and self._segment_from_serialized(static):
             static = b""  # a dynamic op without function backup carries its segment GraphDef (TF-TRT 1.x)
@@ -568,7 +569,7 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
             algorithm = _CALIBRATING.pop(segment_key, None)
             if algorithm is not None:
                 op.calibration.start(algorithm)
-        elif calibration_data and op.precision == "INT8" and not op.calibration.table:  # a calibrated graph
+        elif calibration_data and op.precision in QUANTIZED and not op.calibration.table:  # a calibrated graph
             op.calibration.set_table(calibration_data)
         if function_def and not op._function_def:
             op.set_function(function_def, callees)

@@ -16,12 +16,11 @@ import sys
 from typing import List, Optional, Sequence
 
 from tftrt_py.convert.params import CALIBRATION_ALGORITHMS
+from tftrt_py.engine.builder import PRECISIONS
 from tftrt_py.tools.cli import ToolError, add_common_flags, run_tool, shape_str
 from tftrt_py.tools.inputs import load_arrays
 
 __all__ = ["build_parser", "converter_kwargs", "main"]
-
-PRECISIONS = ("FP32", "FP16", "INT8")
 
 
 def _positive(text: str) -> int:

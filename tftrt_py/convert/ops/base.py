@@ -19,6 +19,7 @@ import logging
 from typing import Optional, Sequence, Tuple, Union
 
 from tftrt_py.convert.errors import InvalidNodeError
+from tftrt_py.engine.builder import PRECISIONS
 
 __all__ = ["OpConverter", "WEIGHT", "STATIC", "ANY", "FLOAT", "INT", "BOOL", "FLOAT_INT", "FLOAT_INT_BOOL", "INT64", "EXACT_INT64",
            "ALL_PRECISIONS", "NO_PRECISION"]
@@ -39,7 +40,7 @@ INT64 = ("int64",)
 EXACT_INT64 = FLOAT_INT_BOOL + INT64
 
 #: Builder precisions a converter's layers run in; NO_PRECISION: exact (data movement, int/bool, folded).
-ALL_PRECISIONS = ("FP32", "FP16", "INT8")
+ALL_PRECISIONS = PRECISIONS
 NO_PRECISION: Tuple[str, ...] = ()
 
 

@@ -1,7 +1,8 @@
 """Quantization ops (QuantizeAndDequantizeV2/V3/V4, FakeQuantWithMinMaxVars/Args) as INT8 ranges (user
 guide 2.9.2): in precision_mode INT8 each gives its input tensor a symmetric dynamic range and passes the
-value through (the engine quantizes where a layer runs in int8); in FP32 and FP16 they do not convert, so
-they stay native and split the graph.
+value through (the engine quantizes where a layer runs in int8); FP8 (our extension) takes the same ranges
+(scale range / 448 instead of / 127); in FP32 and FP16 they do not convert, so they stay native and split
+the graph.
 
 A range on a tensor that a fusion removes is ignored; a second range on one tensor widens it.
 """
@@ -12,6 +13,7 @@ import numpy as np
 from tftrt_py.calibration.ranges import set_range
 from tftrt_py.convert.ops.base import ANY, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.engine.builder.precision import QUANTIZED
 from tftrt_py.engine.network import Tensor
 
 __all__ = ["QuantizeAndDequantizeConverter", "FakeQuantWithMinMaxVarsConverter", "FakeQuantWithMinMaxArgsConverter",
@@ -27,9 +29,9 @@ def _scalar(value) -> Optional[float]:
 
 
 class _RangeConverter(OpConverter):
-    """Shared: INT8 only, 8 bits, a finite per-tensor range; convert sets the range and forwards input 0."""
+    """Shared: INT8 or FP8 only, 8 bits, a finite per-tensor range; convert sets the range and forwards input 0."""
 
-    precisions = ("INT8",)
+    precisions = QUANTIZED
 
     def range(self, node, ctx) -> Tuple[Optional[float], Optional[float]]:
         """(min, max) the node gives, None where it is not a finite scalar."""
@@ -39,8 +41,9 @@ class _RangeConverter(OpConverter):
         return node.attr("num_bits", NUM_BITS)
 
     def validate(self, node, ctx):
-        if ctx.precision != "INT8":
-            return f"{node.op} only gives an INT8 quantization range; it converts with precision_mode='INT8'"
+        if ctx.precision not in QUANTIZED:
+            return (f"{node.op} only gives a quantization range; it converts with precision_mode "
+                    f"{' or '.join(repr(p) for p in QUANTIZED)}")
         if self.num_bits(node, ctx) != NUM_BITS:
             return f"{node.op} with num_bits={self.num_bits(node, ctx)} is not supported (INT8 needs {NUM_BITS})"
         if node.attr("axis", -1) != -1:

@@ -3,7 +3,7 @@
 One short function per layer kind, registered in ``KERNELS``. Each takes the layer and
 its input arrays and returns the output arrays. Accumulation is in float32 (float64 for
 the few ops numpy would otherwise lose accuracy on), results cast to the layer's dtype. Layers the
-builder set to FP16 or INT8 run through :mod:`numpy_precision`, which computes them as the GPU does.
+builder set to FP16, INT8 or FP8 run through :mod:`numpy_precision`, which computes them as the GPU does.
 """
 from __future__ import annotations
 
@@ -538,7 +538,7 @@ class NumpyBackend:
         if fn is None:
             raise BackendError(f"don't know how to run layer kind {layer.kind!r} on backend 'numpy'")
         with np.errstate(all="ignore"):
-            if layer.precision in ("FP16", "INT8"):  # computed as the GPU computes them
+            if layer.precision in ("FP16", "INT8", "FP8"):  # computed as the GPU computes them
                 from tftrt_py.engine.backends import numpy_precision
 
                 return numpy_precision.run(fn, layer, inputs)

@@ -1,4 +1,4 @@
-"""FP16 and INT8 layers on the numpy backend, computed the way the GPU computes them, so that accuracy
+"""FP16, INT8 and FP8 layers on the numpy backend, computed the way the GPU computes them, so that accuracy
 measured on the CPU predicts accuracy on the GPU.
 
 * FP16: float inputs and weights are rounded to fp16, the layer's fp32 kernel runs on them (fp32
@@ -8,6 +8,9 @@ measured on the CPU predicts accuracy on the GPU.
   (max abs / 127); the integer products are summed exactly (TensorRT's int32 accumulation; the sums are
   carried in float64, exact for integers below 2**53, so BLAS does the work), dequantized, then bias,
   residual and activation apply in fp32 and the output is rounded to fp16.
+* FP8 (Convolution, MatrixMultiply): as INT8 with E4M3FN values instead of integers: scales range / 448 per
+  tensor and max abs / 448 per output channel, values rounded to E4M3 (:func:`round_e4m3`: nearest, ties
+  to even, saturated to +-448); the products are exact in fp32 and summed in fp32 (the GPU's accumulation).
 """
 from __future__ import annotations
 
@@ -20,10 +23,15 @@ import numpy as np
 from tftrt_py.engine.backends.numpy_backend import apply_activation, conv_sums
 from tftrt_py.engine.errors import BackendError
 
-__all__ = ["run", "round_fp16", "quantize", "quantize_per_channel", "QMAX"]
+__all__ = ["run", "round_fp16", "round_e4m3", "quantize", "quantize_per_channel", "QMAX", "E4M3_MAX"]
 
 #: The largest int8 magnitude used: ranges are symmetric, so -128 is never produced.
 QMAX = 127
+
+#: The largest finite E4M3FN value (1.75 * 2**8); E4M3FN has no infinities.
+E4M3_MAX = 448.0
+#: E4M3: 3 mantissa bits; normal exponents from -6, below that subnormal steps of 2**-9.
+_E4M3_MANTISSA_BITS, _E4M3_MIN_EXP = 3, -6
 
 _CACHE: Dict[int, Tuple[object, object]] = {}  # id(layer) -> (layer, prepared weights)
 
@@ -36,25 +44,51 @@ def round_fp16(a: np.ndarray) -> np.ndarray:
         return a.astype(np.float16).astype(a.dtype)
 
 
-def _scale(amax) -> float:
+def round_e4m3(a: np.ndarray) -> np.ndarray:
+    """`a` rounded to the nearest E4M3FN values (ties to even), saturated to +-448 (infinities too), NaN kept;
+    in float64, which holds every E4M3 value exactly (the GPU's ``cvt.rn.satfinite.e4m3``)."""
+    a = np.asarray(a, np.float64)
+    _, exp = np.frexp(a)  # |a| = m * 2**exp with m in [0.5, 1): the binade's exponent is exp - 1
+    step = np.ldexp(1.0, np.maximum(exp - 1, _E4M3_MIN_EXP) - _E4M3_MANTISSA_BITS)
+    return np.clip(np.rint(a / step) * step, -E4M3_MAX, E4M3_MAX)
+
+
+def _round_int8(a: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(a), -QMAX, QMAX)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantFormat:
+    """How a quantized precision rounds: the largest magnitude (a range maps to it), the rounding, and the
+    dtype its products are summed in (int8: exactly, in float64; fp8: in fp32, as the GPU accumulates)."""
+
+    qmax: float
+    round: Callable[[np.ndarray], np.ndarray]
+    sum_dtype: type
+
+
+FORMATS = {"INT8": QuantFormat(QMAX, _round_int8, np.float64), "FP8": QuantFormat(E4M3_MAX, round_e4m3, np.float32)}
+
+
+def _scale(amax, qmax: float = QMAX) -> float:
     amax = float(amax)
-    return amax / QMAX if amax > 0 and np.isfinite(amax) else 1.0
+    return amax / qmax if amax > 0 and np.isfinite(amax) else 1.0
 
 
-def quantize(x: np.ndarray, amax: float) -> Tuple[np.ndarray, float]:
-    """(int8 values of x held in float64, scale) for the symmetric range [-amax, amax]."""
-    scale = _scale(amax)
-    q = np.clip(np.rint(np.asarray(x, np.float64) / scale), -QMAX, QMAX)
-    return q, scale
+def quantize(x: np.ndarray, amax: float, fmt: QuantFormat = FORMATS["INT8"]) -> Tuple[np.ndarray, float]:
+    """(quantized values of x held in float64, scale) for the symmetric range [-amax, amax]."""
+    scale = _scale(amax, fmt.qmax)
+    return fmt.round(np.asarray(x, np.float64) / scale), scale
 
 
-def quantize_per_channel(w: np.ndarray, axis: int = -1) -> Tuple[np.ndarray, np.ndarray]:
-    """(int8 values of w held in float64, scale per index of `axis`): one scale per output channel."""
+def quantize_per_channel(w: np.ndarray, axis: int = -1,
+                         fmt: QuantFormat = FORMATS["INT8"]) -> Tuple[np.ndarray, np.ndarray]:
+    """(quantized values of w held in float64, scale per index of `axis`): one scale per output channel."""
     w = np.asarray(w, np.float64)
     axis = axis % w.ndim
     amax = np.max(np.abs(w), axis=tuple(i for i in range(w.ndim) if i != axis), keepdims=True)
-    scale = np.where(amax > 0, amax / QMAX, 1.0)
-    return np.clip(np.rint(w / scale), -QMAX, QMAX), scale
+    scale = np.where(amax > 0, amax / fmt.qmax, 1.0)
+    return fmt.round(w / scale), scale
 
 
 def _cached(layer, make: Callable):
@@ -78,12 +112,12 @@ def _run_fp16(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]
     return [round_fp16(np.asarray(o)) for o in outs]
 
 
-# -- INT8 ----------------------------------------------------------------------------------------------------
+# -- INT8 and FP8 ----------------------------------------------------------------------------------------------
 def _activation_operand(layer, i: int, value: np.ndarray) -> Tuple[np.ndarray, object]:
     t = layer.inputs[i]
     if t.dynamic_range is None:
-        raise BackendError(f"INT8 layer {layer.name!r}: its input {t.name!r} has no dynamic range")
-    return quantize(value, t.dynamic_range)
+        raise BackendError(f"{layer.precision} layer {layer.name!r}: its input {t.name!r} has no dynamic range")
+    return quantize(value, t.dynamic_range, FORMATS[layer.precision])
 
 
 def _epilogue(layer, out: np.ndarray, residual=None) -> List[np.ndarray]:
@@ -98,10 +132,16 @@ def _epilogue(layer, out: np.ndarray, residual=None) -> List[np.ndarray]:
     return [round_fp16(out).astype(layer.outputs[0].dtype, copy=False)]
 
 
-def _int8_convolution(layer, inputs):
+def _sums(layer, a: np.ndarray, b: np.ndarray, fn: Callable) -> np.ndarray:
+    """fn(a, b) of quantized operands in their format's sum dtype, as float64."""
+    dtype = FORMATS[layer.precision].sum_dtype
+    return np.asarray(fn(a.astype(dtype, copy=False), b.astype(dtype, copy=False)), np.float64)
+
+
+def _quantized_convolution(layer, inputs):
     qx, sx = _activation_operand(layer, 0, inputs[0])
-    qk, sk = _cached(layer, lambda l: quantize_per_channel(l.weights["kernel"], axis=-1))
-    sums = conv_sums(qx, qk, layer.params)
+    qk, sk = _cached(layer, lambda l: quantize_per_channel(l.weights["kernel"], -1, FORMATS[l.precision]))
+    sums = _sums(layer, qx, qk, lambda x, k: conv_sums(x, k, layer.params))
     return _epilogue(layer, sums * (sx * sk.reshape(-1)), inputs[1] if len(inputs) > 1 else None)
 
 
@@ -112,11 +152,12 @@ def _matmul_weights(layer):
         t = layer.inputs[i]
         if t.producer is not None and t.producer.kind == "Constant":
             w = t.producer.weights["value"]
-            prepared[i] = quantize_per_channel(np.swapaxes(w, -1, -2) if p.get(flag) else w, axis=axis)
+            prepared[i] = quantize_per_channel(np.swapaxes(w, -1, -2) if p.get(flag) else w, axis,
+                                               FORMATS[layer.precision])
     return prepared
 
 
-def _int8_matmul(layer, inputs):
+def _quantized_matmul(layer, inputs):
     p = layer.params
     weights = _cached(layer, _matmul_weights)
     operands = []
@@ -127,18 +168,19 @@ def _int8_matmul(layer, inputs):
         value = np.swapaxes(inputs[i], -1, -2) if p.get(flag) else inputs[i]
         operands.append(_activation_operand(layer, i, value))
     (qa, sa), (qb, sb) = operands
-    return _epilogue(layer, np.matmul(qa, qb) * sa * sb)
+    return _epilogue(layer, _sums(layer, qa, qb, np.matmul) * sa * sb)
 
 
-INT8_KERNELS = {"Convolution": _int8_convolution, "MatrixMultiply": _int8_matmul}
+#: Layer kinds that run quantized (INT8, FP8); the others of such engines run in FP16.
+QUANTIZED_KERNELS = {"Convolution": _quantized_convolution, "MatrixMultiply": _quantized_matmul}
 
 
 def run(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
-    """Outputs of `layer` (precision FP16 or INT8) whose fp32 numpy kernel is `fn`."""
-    if layer.precision == "INT8":
-        int8 = INT8_KERNELS.get(layer.kind)
-        if int8 is None:
-            raise BackendError(f"layer {layer.name!r}: no int8 kernel for layer kind {layer.kind!r} on backend "
-                               f"'numpy' (int8 kinds: {', '.join(INT8_KERNELS)})")
-        return int8(layer, [np.asarray(a) for a in inputs])
+    """Outputs of `layer` (precision FP16, INT8 or FP8) whose fp32 numpy kernel is `fn`."""
+    if layer.precision in FORMATS:
+        kernel = QUANTIZED_KERNELS.get(layer.kind)
+        if kernel is None:
+            raise BackendError(f"layer {layer.name!r}: no {layer.precision.lower()} kernel for layer kind "
+                               f"{layer.kind!r} on backend 'numpy' (quantized kinds: {', '.join(QUANTIZED_KERNELS)})")
+        return kernel(layer, [np.asarray(a) for a in inputs])
     return _run_fp16(fn, layer, inputs)

@@ -20,7 +20,8 @@ __all__ = ["BuilderConfig", "Builder", "PIPELINE", "PRECISIONS"]
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("FP32", "FP16", "INT8")
+#: FP8 (E4M3 Convolution and MatrixMultiply layers, see precision.py) is our extension.
+PRECISIONS = ("FP32", "FP16", "INT8", "FP8")
 
 #: (name, pass) in the order they run; the whole list repeats until no pass changes anything.
 #: Biases and scales fold into a layer before its residual sum and activation do (they must not

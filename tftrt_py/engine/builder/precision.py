@@ -13,6 +13,8 @@ Run once after the fusion passes have settled (a layer's kind and inputs decide 
   too. An int8 layer reading a tensor without a range is an error naming those tensors
   (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range at all: then the network
   builds without int8 layers, with a warning.
+* FP8 (our extension): as INT8, the same layers and ranges, quantized to E4M3 (scale = range / 448)
+  instead of int8.
 
 Tensors keep their dtypes, so engine bindings keep the graph's dtypes; backends cast where a tensor
 meets a layer of another precision (the numpy backend rounds on read, the cupy backend stores fp16).
@@ -29,14 +31,19 @@ import numpy as np
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.network import Layer, Network, Tensor
 
-__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "LARGE_REDUCTION", "display_name"]
+__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "QUANTIZED", "LARGE_REDUCTION",
+           "display_name"]
 
 logger = logging.getLogger(__name__)
 
 FLOATS = ("float32", "float16")
 
-#: Layer kinds with int8 kernels (TensorRT's int8 convolution and GEMM).
+#: Layer kinds with int8 (and fp8) kernels (TensorRT's int8 convolution and GEMM).
 INT8_KINDS = ("Convolution", "MatrixMultiply")
+
+#: Precisions whose INT8_KINDS layers quantize their operands with dynamic ranges (calibration or QDQ ops);
+#: the other layers of such engines run as in FP16.
+QUANTIZED = ("INT8", "FP8")
 
 #: Sum-like reductions over more elements than this keep fp32 (fp16 sums lose precision and overflow).
 LARGE_REDUCTION = 256
@@ -129,13 +136,14 @@ def _int8_candidates(network: Network) -> List[Layer]:
             and fp32_reason(l) is None]
 
 
-def _check_ranges(network: Network, candidates: List[Layer]) -> bool:
-    """True when the candidates can run in int8; raises when some of their inputs lack a range."""
+def _check_ranges(network: Network, candidates: List[Layer], precision: str) -> bool:
+    """True when the candidates can run quantized; raises when some of their inputs lack a range."""
     if not candidates:
         return False
     if all(t.dynamic_range is None for t in _all_tensors(network)):
-        logger.warning("INT8 engine %r: no tensor has a dynamic range (no calibration table and no quantization "
-                       "ops in the graph), so it builds without int8 layers (FP16)", network.name)
+        logger.warning("%s engine %r: no tensor has a dynamic range (no calibration table and no quantization "
+                       "ops in the graph), so it builds without %s layers (FP16)", precision, network.name,
+                       precision.lower())
         return False
     missing: Dict[str, List[str]] = {}
     for layer in candidates:
@@ -145,7 +153,8 @@ def _check_ranges(network: Network, candidates: List[Layer]) -> bool:
     if missing:
         names = sorted(missing)
         raise MissingDynamicRangeError(
-            f"INT8 engine {network.name!r}: no quantization range for tensor(s) {', '.join(names)} (read by int8 "
+            f"{precision} engine {network.name!r}: no quantization range for tensor(s) {', '.join(names)} (read by "
+            f"{precision.lower()} "
             f"layer(s) {', '.join(sorted({l for ls in missing.values() for l in ls}))}); give each a range with a "
             f"QuantizeAndDequantizeV2/V3 or FakeQuantWithMinMaxVars/Args op on it, or calibrate "
             f"(use_calibration=True)", tensors=names)
@@ -175,7 +184,7 @@ def _saturate_fp16_constants(network: Network) -> None:
         value = layer.weights.get("value") if layer.kind == "Constant" else None
         readers = users.get(layer.outputs[0].name, []) if value is not None else []
         if (value is not None and value.dtype == np.float32 and readers and not network.is_output(layer.outputs[0])
-                and all(r.precision in ("FP16", "INT8") for r in readers)):
+                and all(r.precision in ("FP16",) + QUANTIZED for r in readers)):
             layer.weights["value"] = _saturate(value)
 
 
@@ -185,11 +194,11 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
     Logs a summary (INFO) and each layer's choice (DEBUG); returns how many layers got each precision.
     """
     precision = precision.upper()
-    int8 = set()
-    if precision == "INT8":
+    quantized = set()
+    if precision in QUANTIZED:
         candidates = _int8_candidates(network)
-        if _check_ranges(network, candidates):
-            int8 = {id(l) for l in candidates}
+        if _check_ranges(network, candidates, precision):
+            quantized = {id(l) for l in candidates}
     counts: collections.Counter = collections.Counter()
     reasons: collections.Counter = collections.Counter()
     for layer in network.layers:
@@ -199,8 +208,8 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
         reason = None
         if precision == "FP32":
             layer.precision = "FP32"
-        elif id(layer) in int8:
-            layer.precision = "INT8"
+        elif id(layer) in quantized:
+            layer.precision = precision
         else:
             reason = fp32_reason(layer)
             layer.precision = "FP32" if reason else "FP16"

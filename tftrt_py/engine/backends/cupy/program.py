@@ -21,6 +21,7 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
+from tftrt_py.engine.backends.cupy.ops import fp8
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.int8 import (PAD, QuantizeOp, conv_channels, matmul_constant, padded,
                                                     quantized_shape, tensor_scale)
@@ -32,7 +33,7 @@ __all__ = ["Program", "Slot", "Step", "compile_program"]
 logger = logging.getLogger(__name__)
 
 FLOATS = ("float32", "float16")
-LOW = ("FP16", "INT8")
+LOW = ("FP16", "INT8", "FP8")
 
 
 @dataclasses.dataclass
@@ -295,6 +296,8 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     """Program for `engine`; `prefer` holds tactics recorded by an earlier build on this GPU."""
     cupy = _device.require()
     net, precision = engine.network, engine.precision
+    fp8.check_device(net.name, precision, cupy.cuda.Device().compute_capability, _device.device_name())
+    fp8.run_fp8_layers_in_fp16(net)
     prog = Program()
     prog.ledger = ledger
     tuner = Tuner(tuner_ctx, options, check=os.environ.get("TFTRT_PY_CHECK_TACTICS") == "1")

@@ -3,7 +3,9 @@
 :func:`lower` is the whole lowering: ONNX Runtime runs its models (the backend) and other ONNX runtimes can
 too. Precisions follow the CPU's: FP16 layers compute in fp32 (said once, as TensorRT says of precisions a
 device lacks), float16 tensors are widened to float32 where layers read them and rounded back where they are
-written (so bindings keep their dtypes); INT8 layers are lowered by :mod:`.int8` (QDQ pairs).
+written (so bindings keep their dtypes); INT8 layers are lowered by :mod:`.int8` (QDQ pairs); FP8 layers
+compute in fp32 (said once: ORT's CPU has float8 Quantize/DequantizeLinear but no float8 kernels, so
+emulating FP8 there would only be slower).
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ def _lower_layer(g: Graph, values: _Values, layer: Layer) -> None:
     ins = [values.read(t) for t in layer.inputs]
     if layer.precision == "FP16":
         _once("fp16", "FP16 requested: the CPU runs FP32 (ONNX Runtime's CPU kernels compute in fp32)")
+    elif layer.precision == "FP8":
+        _once("fp8", "FP8 requested: the CPU runs FP32 (no FP8 kernels on ONNX Runtime's CPU; the numpy backend "
+                     "computes FP8 as the GPU does)")
     outs = fn(g, layer, ins)
     for t, out in zip(layer.outputs, outs):
         values.names[t.name] = g.cast(out, compute_dtype(t.dtype), t.dtype)
