@@ -87,6 +87,8 @@ class Cublas:
         handle = ctypes.c_void_p()
         _check(self.lib.cublasCreate_v2(ctypes.byref(handle)), "create")
         self.handle = handle
+        #: The workspace, also lent to the context's cuBLASLt calls (same stream, so never at once).
+        self.workspace_ptr, self.workspace_bytes = workspace_ptr, workspace_bytes
         _check(self.lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "set stream")
         _check(self.lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace_ptr), workspace_bytes), "set workspace")
         _check(self.lib.cublasSetMathMode(handle, _DEFAULT_MATH), "set math mode")

@@ -1,5 +1,5 @@
 """INT8 Convolution and MatrixMultiply: int8 x int8 products accumulated in int32 (cuDNN int8 graphs,
-cuBLAS int8 GEMMs with both operands K-contiguous), dequantized, biased, summed and activated in fp32.
+cuBLAS or cuBLASLt int8 GEMMs with both operands K-contiguous), dequantized, biased, summed and activated in fp32.
 
 The contract (numpy_precision.py computes the same on the CPU): an activation operand is quantized
 with its tensor's symmetric scale s_x = dynamic_range / 127, ``q = clamp(rint(x / s_x), -127, 127)``
@@ -512,15 +512,50 @@ class Int8MatMulOp(Op):
 
     def run(self, rc, ins, outs):
         acc = rc.scratch(0, (self.batch, self.m, self.np), "int32")
-        rc.cublas.gemm("int8", self.m, self.n, self.kp, self._ptr(self.sources[0], ins), self.kp, False,
-                       self._ptr(self.sources[1], ins), self.kp, True, acc.data.ptr, self.np, batch=self.batch,
-                       stride_a=self.strides[0], stride_b=self.strides[1], stride_c=self.m * self.np,
-                       out_dtype="int32")
+        self._gemm(rc, self._ptr(self.sources[0], ins), self._ptr(self.sources[1], ins), acc.data.ptr)
         self.deq.run(acc[:, :, :self.n], None, outs[0].reshape(self.batch, self.m, self.n))
+
+    def _gemm(self, rc, a: int, b: int, acc: int) -> None:
+        rc.cublas.gemm("int8", self.m, self.n, self.kp, a, self.kp, False, b, self.kp, True, acc, self.np,
+                       batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1],
+                       stride_c=self.m * self.np, out_dtype="int32")
+
+
+class LtInt8MatMulOp(Int8MatMulOp):
+    """The same int8 GEMM (int32 accumulators) through one cuBLASLt algorithm."""
+
+    def __init__(self, spec: Spec, algo: int, plan=None):
+        from tftrt_py.engine.backends.cupy import cublaslt
+        from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
+
+        super().__init__(spec)
+        self.plan = plan or cublaslt.LtGemm(
+            self.m, self.n, self.kp, "int8", out_dtype="int32", trans_b=True, lda=self.kp, ldb=self.kp, ldd=self.np,
+            batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1], stride_d=self.m * self.np,
+            max_workspace=CUBLAS_WORKSPACE, algos=2)
+        self.algo = algo
+        self.tactic = {"op": "cublaslt_gemm_int8", "plan": algo, "workspace": self.workspace}
+
+    def _gemm(self, rc, a: int, b: int, acc: int) -> None:
+        ws = rc.cublas
+        self.plan.run(self.algo, a, b, acc, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr)
 
 
 def int8_matmul_candidates(spec: Spec) -> List[Op]:
-    return [Int8MatMulOp(spec)]
+    """The cuBLAS int8 GEMM and cuBLASLt's first algorithms (see matmul.gemm_paths)."""
+    from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
+
+    want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_gemm_int8", "cublaslt_gemm_int8")
+    lt: List[Op] = []
+    if want_lt:
+        try:
+            first = LtInt8MatMulOp(spec, 0)
+            lt = [first] + [LtInt8MatMulOp(spec, i, first.plan) for i in range(1, len(first.plan.algos))]
+            want = (spec.prefer or {}).get("plan")
+            lt = [op for op in lt if want in (None, op.algo)]
+        except Exception as exc:
+            logger.debug("no cuBLASLt int8 candidate for %s: %s", spec.layer.name, exc)
+    return ([Int8MatMulOp(spec)] if want_cublas or not lt else []) + lt
 
 
 def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):

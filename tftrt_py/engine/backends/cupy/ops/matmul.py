@@ -1,16 +1,40 @@
-"""MatrixMultiply and MLP: batched cuBLAS GEMMs (captured in CUDA graphs through our own handle)
-with bias + activation applied by one in-place epilogue kernel."""
+"""MatrixMultiply and MLP: batched GEMMs captured in CUDA graphs, either cuBLAS (our own handle) with bias +
+activation applied by one in-place epilogue kernel, or cuBLASLt (cublaslt.py) with bias and tanh GELU in its
+epilogue (other activations, erf GELU and ReLU among them, still take the epilogue kernel). Both are candidates:
+the tactic timer keeps the faster. ``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only that one (tests)."""
 from __future__ import annotations
 
-from typing import List
+import logging
+import os
+from typing import List, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy import _device, cublaslt
+from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
 
-__all__ = ["MatMulOp", "MLPOp"]
+__all__ = ["MatMulOp", "LtMatMulOp", "MLPOp", "LtMLPOp", "gemm_paths", "LT_ALGOS"]
+
+logger = logging.getLogger(__name__)
+
+#: cuBLASLt algorithms (heuristics order) offered as candidates of one MatrixMultiply.
+LT_ALGOS = 3
+
+
+def gemm_paths(prefer: Optional[dict], cublas_op: str, lt_op: str) -> tuple:
+    """(build the cuBLAS op, build the cuBLASLt ops): what a recorded tactic and TFTRT_PY_GEMM allow."""
+    force = os.environ.get("TFTRT_PY_GEMM")
+    op = (prefer or {}).get("op")
+    lt = cublaslt.available() and force in (None, "cublaslt") and op in (None, lt_op)
+    return force in (None, "cublas") and op in (None, cublas_op), lt
+
+
+def _lt_epilogue(has_bias: bool, activation) -> tuple:
+    """(cuBLASLt epilogue, whether it also adds the bias and applies the activation)."""
+    fused = cublaslt.fused_epilogue(has_bias, activation)
+    return (fused, True) if fused is not None else ("DEFAULT", False)
 
 
 class MatMulOp(Op):
@@ -44,11 +68,11 @@ class MatMulOp(Op):
                 offset += align(int(np.prod(full)) * np.dtype(self.dtype).itemsize)
                 self.strides.append(size)
         self.workspace = offset
-        bias = spec.weights.get("bias")
-        self.bias = cupy.asarray(bias.astype(np.float32)) if bias is not None else None
-        act = p.get("activation")
-        self.epilogue = epilogue_op(self.dtype, self.bias is not None, False, act) if (
-            self.bias is not None or act) else None
+        self.bias_np = spec.weights.get("bias")
+        self.activation = p.get("activation")
+        self.bias = cupy.asarray(self.bias_np.astype(np.float32)) if self.bias_np is not None else None
+        self.epilogue = epilogue_op(self.dtype, self.bias is not None, False, self.activation) if (
+            self.bias is not None or self.activation) else None
         self.device_bytes = int(self.bias.nbytes) if self.bias is not None else 0
         self.tactic = {"op": "cublas_gemm", "expand": len(self.expand), "workspace": self.workspace}
 
@@ -60,11 +84,46 @@ class MatMulOp(Op):
             cupy.copyto(view, cupy.broadcast_to(ins[i], full))
             ptrs[i] = view.data.ptr
         y = outs[0]
-        rc.cublas.gemm(self.dtype, self.m, self.n, self.k, ptrs[0], self.lda, self.ta, ptrs[1], self.ldb, self.tb,
-                       y.data.ptr, self.n, batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1],
-                       stride_c=self.m * self.n, allow_tf32=self.allow_tf32)
+        self._gemm(rc, ptrs[0], ptrs[1], y.data.ptr)
         if self.epilogue is not None:
             self.epilogue(*([self.bias] if self.bias is not None else []), y)
+
+    def _gemm(self, rc, a: int, b: int, y: int) -> None:
+        rc.cublas.gemm(self.dtype, self.m, self.n, self.k, a, self.lda, self.ta, b, self.ldb, self.tb, y, self.n,
+                       batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1],
+                       stride_c=self.m * self.n, allow_tf32=self.allow_tf32)
+
+
+class LtMatMulOp(MatMulOp):
+    """The same product through one cuBLASLt algorithm of `plan`; a single (unbatched) product takes bias
+    and activation in cuBLASLt's epilogue where it has them (the bias then in the output's dtype)."""
+
+    def __init__(self, spec: Spec, plan: cublaslt.LtGemm, algo: int, fused: bool):
+        super().__init__(spec)
+        self.plan, self.algo = plan, algo
+        if fused:
+            self.epilogue = self.bias = None
+            self.device_bytes = int(plan.bias.nbytes) if plan.bias is not None else 0
+        self.tactic = {"op": "cublaslt_gemm", "plan": algo, "epilogue": plan.epilogue, "expand": len(self.expand),
+                       "workspace": self.workspace}
+
+    def _gemm(self, rc, a: int, b: int, y: int) -> None:
+        ws = rc.cublas
+        self.plan.run(self.algo, a, b, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr)
+
+
+def _lt_matmul_ops(spec: Spec, base: MatMulOp) -> List[Op]:
+    cupy = _device.require()
+    epilogue, fused = ("DEFAULT", False)
+    if base.batch == 1:
+        epilogue, fused = _lt_epilogue(base.bias_np is not None, base.activation)
+    bias = cupy.asarray(base.bias_np.astype(base.dtype)) if fused and base.bias_np is not None else None
+    plan = cublaslt.LtGemm(base.m, base.n, base.k, base.dtype, trans_a=base.ta, trans_b=base.tb, lda=base.lda,
+                           ldb=base.ldb, batch=base.batch, stride_a=base.strides[0], stride_b=base.strides[1],
+                           epilogue=epilogue, bias=bias, allow_tf32=base.allow_tf32, max_workspace=CUBLAS_WORKSPACE,
+                           algos=LT_ALGOS)
+    want = (spec.prefer or {}).get("plan")
+    return [LtMatMulOp(spec, plan, i, fused) for i in range(len(plan.algos)) if want in (None, i)]
 
 
 class MLPOp(Op):
@@ -75,9 +134,9 @@ class MLPOp(Op):
         self.dtype = spec.cdt
         self.allow_tf32 = spec.options.allow_tf32
         self.rows = spec.in_shapes[0][0]
-        acts = spec.params["activations"]
+        self.acts = spec.params["activations"]
         self.layers = []
-        for i, act in enumerate(acts):
+        for i, act in enumerate(self.acts):
             w = spec.weights[f"w{i}"]
             self.layers.append((cupy.asarray(w.astype(self.dtype)), cupy.asarray(spec.weights[f"b{i}"].astype(np.float32)),
                                 epilogue_op(self.dtype, True, False, act), w.shape[0], w.shape[1]))
@@ -92,10 +151,48 @@ class MLPOp(Op):
         last = len(self.layers) - 1
         for i, (w, b, epilogue, k, n) in enumerate(self.layers):
             y = outs[0] if i == last else rc.scratch((i % 2) * self.half, (self.rows, n), self.dtype)
-            rc.cublas.gemm(self.dtype, self.rows, n, k, x.data.ptr, k, False, w.data.ptr, n, False, y.data.ptr, n,
-                           allow_tf32=self.allow_tf32)
-            epilogue(b, y)
+            self._gemm(rc, i, x.data.ptr, y.data.ptr)
+            if epilogue is not None:
+                epilogue(*([b] if b is not None else []), y)
             x = y
+
+    def _gemm(self, rc, i: int, x: int, y: int) -> None:
+        w, _, _, k, n = self.layers[i]
+        rc.cublas.gemm(self.dtype, self.rows, n, k, x, k, False, w.data.ptr, n, False, y, n,
+                       allow_tf32=self.allow_tf32)
+
+
+class LtMLPOp(MLPOp):
+    """The same chain through cuBLASLt (each GEMM's first heuristic algorithm), bias and activation in the
+    epilogue where cuBLASLt has them."""
+
+    def __init__(self, spec: Spec):
+        super().__init__(spec)
+        cupy = _device.require()
+        self.plans = []
+        for i, (w, b, epilogue, k, n) in enumerate(self.layers):
+            name, fused = _lt_epilogue(True, self.acts[i])
+            bias = cupy.asarray(spec.weights[f"b{i}"].astype(self.dtype)) if fused else None
+            self.plans.append(cublaslt.LtGemm(self.rows, n, k, self.dtype, epilogue=name, bias=bias,
+                                              allow_tf32=self.allow_tf32, max_workspace=CUBLAS_WORKSPACE, algos=1))
+            if fused:
+                self.layers[i] = (w, None, None, k, n)
+        self.device_bytes = sum(int(w.nbytes) + (int(b.nbytes) if b is not None else 0) for w, b, *_ in self.layers)
+        self.device_bytes += sum(int(p.bias.nbytes) for p in self.plans if p.bias is not None)
+        self.tactic = {"op": "cublaslt_mlp", "layers": len(self.layers), "epilogues": [p.epilogue for p in self.plans]}
+
+    def _gemm(self, rc, i: int, x: int, y: int) -> None:
+        ws = rc.cublas
+        self.plans[i].run(0, x, self.layers[i][0].data.ptr, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr)
+
+
+def _lt_or_skip(what: str, build) -> List[Op]:
+    """`build()`'s cuBLASLt ops, or none where cuBLASLt refuses this product (logged)."""
+    try:
+        return build()
+    except Exception as exc:
+        logger.debug("no cuBLASLt candidate for %s: %s", what, exc)
+        return []
 
 
 @register("MatrixMultiply")
@@ -104,9 +201,14 @@ def matmul_candidates(spec: Spec) -> List[Op]:
         from tftrt_py.engine.backends.cupy.ops.int8 import int8_matmul_candidates
 
         return int8_matmul_candidates(spec)
-    return [MatMulOp(spec)]
+    base = MatMulOp(spec)
+    want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_gemm", "cublaslt_gemm")
+    lt = _lt_or_skip(spec.layer.name, lambda: _lt_matmul_ops(spec, base)) if want_lt else []
+    return ([base] if want_cublas or not lt else []) + lt
 
 
 @register("MLP")
 def mlp_candidates(spec: Spec) -> List[Op]:
-    return [MLPOp(spec)]
+    want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_mlp", "cublaslt_mlp")
+    lt = _lt_or_skip(spec.layer.name, lambda: [LtMLPOp(spec)]) if want_lt else []
+    return ([MLPOp(spec)] if want_cublas or not lt else []) + lt
