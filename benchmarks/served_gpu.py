@@ -89,26 +89,25 @@ def resnet50_keras(directory: str):
     return model
 
 
-def bert_keras(directory: str):
+def _keras_hub_base(directory: str, backbone: str, vocabulary_size: int, max_sequence_length: int):
+    """A 12-layer, 768-wide keras-hub backbone with random weights, exported to `directory`."""
     import keras
     import keras_hub
 
     keras.utils.set_random_seed(0)
-    model = keras_hub.models.BertBackbone(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768,
-                                          intermediate_dim=3072, dropout=0.0, max_sequence_length=512)
+    model = getattr(keras_hub.models, backbone)(
+        vocabulary_size=vocabulary_size, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072,
+        dropout=0.0, max_sequence_length=max_sequence_length)
     model.export(directory, verbose=False)
     return model
+
+
+def bert_keras(directory: str):
+    return _keras_hub_base(directory, "BertBackbone", 30522, 512)
 
 
 def gpt2_keras(directory: str):
-    import keras
-    import keras_hub
-
-    keras.utils.set_random_seed(0)
-    model = keras_hub.models.GPT2Backbone(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
-                                          intermediate_dim=3072, dropout=0.0, max_sequence_length=1024)
-    model.export(directory, verbose=False)
-    return model
+    return _keras_hub_base(directory, "GPT2Backbone", 50257, 1024)
 
 
 def resnet50_feed(batch: int, rng) -> dict:
