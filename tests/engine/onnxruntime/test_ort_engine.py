@@ -143,3 +143,11 @@ def test_converted_keras_model_served_on_onnxruntime(saved_model, monkeypatch):
     assert len(runs) == 2
     (name,) = [n.name for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
     assert trt.engine_op_stats()[name]["fallback_total"] == 0
+
+
+def test_sessions_sleep_when_idle_and_skip_slow_fusions():
+    session = get_backend("onnxruntime").session(lower(conv_relu_pool_net()))
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    disabled = options.get_session_config_entry("optimization.disable_specified_optimizers").split(";")
+    assert {"SkipLayerNormFusion", "WeightBiasQuantization", "QDQSelectorActionTransformer"} <= set(disabled)

@@ -9,14 +9,32 @@ import numpy as np
 
 from tftrt_py.engine.backends.layer_engines import LayerEngines
 from tftrt_py.engine.backends.onnxruntime import available
+from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
 from tftrt_py.engine.backends.threads import cpu_threads
 from tftrt_py.engine.errors import BackendError, BuildError, RuntimeExecutionError
 from tftrt_py.engine.network import Layer, Network, Tensor
 
-__all__ = ["OnnxRuntimeBackend", "Program"]
+__all__ = ["OnnxRuntimeBackend", "Program", "DISABLED_OPTIMIZERS", "SESSION_CONFIG"]
 
 logger = logging.getLogger(__name__)
+
+#: ONNX Runtime (1.32) graph optimizers turned off, and why:
+DISABLED_OPTIMIZERS = (
+    # moves a DequantizeLinear past a Transpose by adding a QuantizeLinear whose zero point is uint8 for int8
+    # data, which ORT then rejects: our QDQ pairs sit where they belong already
+    "QDQPropagationTransformer",
+    # quantize the fp32 weights of a convolution fed by a DequantizeLinear (per tensor), then fuse it into
+    # QLinearConv: the int8 lowering's fp32 convolutions on dequantized values must stay as written
+    "WeightBiasQuantization", "QDQSelectorActionTransformer",
+    # its SkipLayerNormalization ran 10-20x slower than the Add + LayerNormalization it replaces on an AVX2
+    # x86 CPU ([8, 128, 768]: 9.6-16.7 ms against 0.74-0.87 ms; BERT-base batch 8 lost ~10% to it)
+    "SkipLayerNormFusion",
+)
+
+#: Session settings: threads sleep when idle instead of spinning (on a machine whose cores other processes also
+#: use, spinning workers took 1.2-1.5x longer per run: Keras ResNet50 and BERT-base on 2 shared CPUs).
+SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 
 
 class _Session:
@@ -90,18 +108,19 @@ class OnnxRuntimeBackend(LayerEngines):
         return cpu_threads()
 
     def session(self, model):
-        """An InferenceSession of ONNX `model` (from its bytes: no file), every graph optimization on."""
+        """An InferenceSession of ONNX `model` (pruned, from its bytes: no file), every graph optimization on but
+        those DISABLED_OPTIMIZERS names, with SESSION_CONFIG."""
         ort = self._ort
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        # QDQ propagation moves a DequantizeLinear past a Transpose by adding a QuantizeLinear whose zero point
-        # is uint8 for int8 data, which ORT then rejects (1.32): our QDQ pairs sit where they belong already.
-        options.add_session_config_entry("optimization.disable_specified_optimizers", "QDQPropagationTransformer")
+        options.add_session_config_entry("optimization.disable_specified_optimizers", ";".join(DISABLED_OPTIMIZERS))
+        for key, value in SESSION_CONFIG.items():
+            options.add_session_config_entry(key, value)
         threads = self.threads()
         if threads:
             options.intra_op_num_threads = int(threads)
-        return ort.InferenceSession(model.SerializeToString(), sess_options=options,
+        return ort.InferenceSession(prune(model).SerializeToString(), sess_options=options,
                                     providers=["CPUExecutionProvider"])
 
     # -- build --------------------------------------------------------------------------------------------

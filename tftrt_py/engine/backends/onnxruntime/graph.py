@@ -5,11 +5,11 @@ Lowerings add nodes through :class:`Graph` only; ``onnx`` is imported when a gra
 from __future__ import annotations
 
 import itertools
-from typing import List, Sequence, Union
+from typing import Callable, Dict, List, Sequence, Union
 
 import numpy as np
 
-__all__ = ["Graph", "onnx_dtype", "compute_dtype", "OPSET"]
+__all__ = ["Graph", "onnx_dtype", "compute_dtype", "prune", "OPSET"]
 
 #: The ONNX opset lowered graphs use (BitCast needs 26; ONNX Runtime 1.32 runs it).
 OPSET = 26
@@ -34,6 +34,8 @@ class Graph:
         self.nodes: list = []
         self.initializers: list = []
         self._ids = itertools.count()
+        #: uint8 forms of engine tensors by tensor name (see :mod:`.int8`): value names, or makers of them
+        self.uint8: Dict[str, Union[str, Callable[[], str]]] = {}
 
     def fresh(self, base: str = "v") -> str:
         return f"{base}#{next(self._ids)}"
@@ -80,3 +82,21 @@ class Graph:
         if steps is not None:
             ins.append(self.ints(steps))
         return self.node("Slice", ins)
+
+
+def prune(model):
+    """`model` (changed in place) without the nodes and initializers no graph output depends on: ONNX Runtime
+    keeps and runs them (the int8 lowering leaves float forms of tensors that only quantized layers read)."""
+    graph = model.graph
+    live, kept = {o.name for o in graph.output}, []
+    for node in reversed(graph.node):
+        if any(name in live for name in node.output):
+            kept.append(node)
+            live.update(node.input)
+    if len(kept) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(reversed(kept))
+        weights = [w for w in graph.initializer if w.name in live]
+        del graph.initializer[:]
+        graph.initializer.extend(weights)
+    return model

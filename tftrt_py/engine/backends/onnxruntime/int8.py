@@ -1,32 +1,47 @@
-"""INT8 Convolution and MatrixMultiply layers on ONNX Runtime's integer kernels, quantized as the numpy backend
-does (numpy_precision): activations symmetric per tensor (scale = dynamic range / 127), constant weights per
-output channel; the int32 sums are exact, then scaled, biased and activated in fp32.
+"""INT8 Convolution and MatrixMultiply layers, quantized as the numpy backend does (numpy_precision):
+activations symmetric per tensor (scale = dynamic range / 127, values clipped to +-127), constant weights per
+output channel; sums exact (or, in fp32 convolutions of dequantized values, within fp32 rounding), then bias,
+residual and activation in fp32.
 
-The int8 values travel as uint8 with zero point 128 (QuantizeLinear, ConvInteger, MatMulInteger): ONNX Runtime's
-u8 x u8 kernels sum exactly on every x86 CPU, where its u8 x s8 ones (what QDQ convolutions and matmuls become)
-saturate int16 pair sums without VNNI, and its QDQ convolution fusion needs the output quantized too, which the
-numpy and cupy backends do not do. Values below -127.5 scales quantize to -128 here, to -127 on numpy.
+Convolutions take the fast path of ONNX Runtime's CPU, QLinearConv on uint8 activations and int8 weights
+(MLAS's u8 x s8 kernels, about 2x an fp32 convolution on AVX2), where that is exact: activations that cannot be
+negative (behind a relu, say: their int8 values 0..127 are their uint8 ones with zero point 0) and, for its
+quantized output, a relu convolution without residual whose output only INT8 convolutions read. Without VNNI those
+kernels sum pairs of products in int16 with saturation: 2 * 127 * 127 fits, 255 * 127 does not, hence the
+clip of every uint8 form to 127 (numpy's clip). A tensor's uint8 form is made on demand (Graph.uint8): by its
+producer's QLinearConv when it has one (its float form is then left unread and pruned), else quantized from its
+float form. Other convolutions run in fp32 on dequantized activations and weights (exact values; ONNX Runtime's
+fused NCHWc convolution with residual and activation): int8 there would buy nothing on this CPU (ConvInteger is
+no faster than fp32, QuantizeLinear -> QLinearConv saturates on signed activations). Signed activations go
+through QuantizeLinear to int8, which gives -128 where numpy's clip gives -127 (values below -127.5 scales).
+
+MatrixMultiply: uint8 with zero point 128 through MatMulInteger (exact u8 x u8 sums on every x86 CPU).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import numpy as np
 
 from tftrt_py.engine.backends.numpy_precision import _scale, quantize_per_channel
 from tftrt_py.engine.backends.onnxruntime import nn
 from tftrt_py.engine.backends.onnxruntime.graph import Graph
-from tftrt_py.engine.backends.onnxruntime.pointwise import activation
 from tftrt_py.engine.backends.onnxruntime.registry import weight
 from tftrt_py.engine.errors import BackendError
+from tftrt_py.engine.network import Layer, Tensor
 
-__all__ = ["INT8_LOWERINGS"]
+__all__ = ["INT8_LOWERINGS", "nonnegative"]
 
 #: layer kind -> lowering of its INT8 layers
 INT8_LOWERINGS: Dict[str, Callable] = {}
 
-#: The zero point that carries int8 values as uint8.
+#: The zero point that carries int8 values as uint8 in MatMulInteger.
 ZERO = 128
+#: numpy's int8 clip, and the largest uint8 activation MLAS's u8 x s8 pair sums hold exactly without VNNI.
+QMAX = 127
+
+#: Activations whose outputs are never negative.
+NONNEGATIVE = ("relu", "relu6", "sigmoid", "hard_sigmoid", "softplus")
 
 
 def _int8(kind: str):
@@ -37,38 +52,94 @@ def _int8(kind: str):
     return wrap
 
 
-def _quantized(g: Graph, layer, i: int, x: str):
-    """(activation `x` of input `i` as uint8 around 128, its scale)."""
-    t = layer.inputs[i]
+def _range_scale(t: Tensor, layer: Layer) -> float:
     if t.dynamic_range is None:
-        raise BackendError(f"INT8 layer {layer.name!r}: its input {t.name!r} has no dynamic range")
-    scale = _scale(t.dynamic_range)
-    return g.node("QuantizeLinear", [x, g.scalar(scale, np.float32), g.scalar(ZERO, np.uint8)]), scale
+        raise BackendError(f"INT8 layer {layer.name!r}: its tensor {t.name!r} has no dynamic range")
+    return _scale(t.dynamic_range)
 
 
-def _weight(g: Graph, q: np.ndarray) -> str:
-    """int8 values `q` (held in floats) as a uint8 initializer around 128."""
-    return g.const(q + ZERO, np.uint8)
+def _activation(layer: Layer) -> Optional[dict]:
+    return layer.params if layer.kind == "Activation" else layer.params.get("activation")
+
+
+def nonnegative(t: Tensor) -> bool:
+    """Whether `t`'s producer makes only values >= 0 (or NaN): a non-negative activation, or pooling of such."""
+    p = t.producer
+    if p is None:
+        return False
+    if p.kind == "Pooling":
+        return nonnegative(p.inputs[0])
+    act = _activation(p) if p.kind in ("Activation", "Convolution", "MatrixMultiply", "Scale") else None
+    return bool(act) and act.get("type") in NONNEGATIVE
+
+
+def _clip(g: Graph, x: str) -> str:
+    return g.node("Clip", [x, g.scalar(0, np.uint8), g.scalar(QMAX, np.uint8)])
+
+
+def _uint8(g: Graph, t: Tensor, x: str, layer: Layer) -> str:
+    """Non-negative `t` (float value `x`, channels-last) as uint8: zero point 0, its range's scale, <= 127."""
+    made = g.uint8.get(t.name)
+    if callable(made):
+        made = made()
+    if made is None:
+        scale = _range_scale(t, layer)
+        made = _clip(g, g.node("QuantizeLinear", [x, g.scalar(scale, np.float32), g.scalar(0, np.uint8)]))
+    g.uint8[t.name] = made
+    return made
+
+
+def _kernel(layer: Layer):
+    """(int8 values of the kernel in ONNX's layout, held in floats; scale per output channel, shape [Cout])."""
+    q, scale = quantize_per_channel(nn.onnx_kernel(layer), axis=0)
+    return q, scale.reshape(-1)
+
+
+def _qlinear(g: Graph, layer: Layer, x_uint8: str) -> str:
+    """The relu convolution on uint8 `x_uint8` as QLinearConv: its output quantized to uint8 at its range."""
+    p, nsp = layer.params, layer.weights["kernel"].ndim - 2
+    q, sw = _kernel(layer)
+    sx, sy = _range_scale(layer.inputs[0], layer), _range_scale(layer.outputs[0], layer)
+    ins = [nn.to_channels_first(g, x_uint8, nsp), g.scalar(sx, np.float32), g.scalar(0, np.uint8),
+           g.const(q, np.int8), g.const(sw, np.float32), g.const(np.zeros(len(sw)), np.int8),
+           g.scalar(sy, np.float32), g.scalar(0, np.uint8)]
+    if "bias" in layer.weights:
+        bias = np.rint(weight(layer, "bias").astype(np.float64) / (sx * sw.astype(np.float64)))
+        ins.append(g.const(np.clip(bias, -2 ** 31, 2 ** 31 - 1), np.int32))
+    y = g.node("QLinearConv", ins, kernel_shape=list(q.shape[2:]), strides=p["strides"], dilations=p["dilations"],
+               pads=p["pre_padding"] + p["post_padding"], group=p.get("groups", 1))
+    return _clip(g, nn.to_channels_last(g, y, nsp))
+
+
+def _quantizes_output(layer: Layer) -> bool:
+    """Whether `layer`'s output can be made as uint8 by QLinearConv: relu, no residual, a range known."""
+    act = layer.params.get("activation")
+    return (len(layer.inputs) == 1 and bool(act) and act["type"] == "relu"
+            and layer.outputs[0].dynamic_range is not None)
 
 
 @_int8("Convolution")
 def _convolution(g, layer, ins):
-    p = layer.params
-    nsp = layer.weights["kernel"].ndim - 2
-    x, sx = _quantized(g, layer, 0, nn.to_channels_first(g, ins[0], nsp))
-    q, sw = quantize_per_channel(nn.onnx_kernel(layer), axis=0)
-    zero = g.scalar(ZERO, np.uint8)
-    sums = g.node("ConvInteger", [x, _weight(g, q), zero, zero], kernel_shape=list(q.shape[2:]),
-                  strides=p["strides"], dilations=p["dilations"], pads=p["pre_padding"] + p["post_padding"],
-                  group=p.get("groups", 1))
-    channel = [1, -1] + [1] * nsp
-    out = g.node("Mul", [g.cast(sums, "int32", "float32"), g.const((sx * sw).reshape(channel), np.float32)])
-    if "bias" in layer.weights:
-        out = g.node("Add", [out, g.const(weight(layer, "bias").reshape(channel), np.float32)])
-    out = nn.to_channels_last(g, out, nsp)
-    if len(ins) > 1:
-        out = g.node("Add", [out, ins[1]])
-    return [activation(g, out, p.get("activation"), np.float32)]
+    t, nsp = layer.inputs[0], layer.weights["kernel"].ndim - 2
+    sx = g.scalar(_range_scale(t, layer), np.float32)
+    if nonnegative(t):
+        x = g.node("DequantizeLinear", [_uint8(g, t, ins[0], layer), sx, g.scalar(0, np.uint8)])
+        if _quantizes_output(layer):
+            g.uint8[layer.outputs[0].name] = lambda: _qlinear(g, layer, _uint8(g, t, ins[0], layer))
+    else:
+        zero = g.scalar(0, np.int8)
+        x = g.node("DequantizeLinear", [g.node("QuantizeLinear", [ins[0], sx, zero]), sx, zero])
+    q, sw = _kernel(layer)
+    kernel = g.const(q * sw.reshape(-1, *[1] * (q.ndim - 1)), np.float32)
+    bias = g.const(weight(layer, "bias"), np.float32) if "bias" in layer.weights else None
+    y = nn.conv(g, layer, nn.to_channels_first(g, x, nsp), kernel, bias)
+    return [nn.conv_epilogue(g, layer, y, ins)]
+
+
+def _quantized(g: Graph, layer, i: int, x: str):
+    """(activation `x` of input `i` as uint8 around 128, its scale)."""
+    scale = _range_scale(layer.inputs[i], layer)
+    return g.node("QuantizeLinear", [x, g.scalar(scale, np.float32), g.scalar(ZERO, np.uint8)]), scale
 
 
 @_int8("MatrixMultiply")
@@ -80,7 +151,7 @@ def _matmul(g, layer, ins):
         if t.producer is not None and t.producer.kind == "Constant":
             w = weight(t.producer, "value")
             q, s = quantize_per_channel(np.swapaxes(w, -1, -2) if layer.params.get(flag) else w, axis=axis)
-            operands.append(_weight(g, q))
+            operands.append(g.const(q + ZERO, np.uint8))
         else:
             x, s = _quantized(g, layer, i, nn.swap_last(g, x, t.rank) if layer.params.get(flag) else x)
             operands.append(x)
