@@ -1,25 +1,33 @@
-"""Attention: softmax(q k^T * scale) v as two batched cuBLAS GEMMs around the softmax kernel (scores in fp32
-in the workspace; any float dtype), reading the packed layout (``heads`` H: q [B, S, H*D], head h in
-columns h*D..) in place through leading dimensions: no head transposes; with ``columns``, q, k and v are
-column windows of wider inputs (a fused QKV projection), read in place too.
+"""Attention: softmax(masked(q k^T * scale)) v. Two candidates, timed at build time:
+
+* GemmAttentionOp: two batched cuBLAS GEMMs around a softmax kernel (scores in fp32 in the workspace; any float
+  dtype, any head width);
+* FlashAttentionOp (fp16, head width 64 or 128): one kernel, tensor-core mma.sync (fp16 in, fp32 accumulate) and
+  an online softmax over tiles of 64 keys; the scores never leave registers. Blocks of 4 or 8 warps (64 or 128
+  query rows: the larger reads k and v half as often), timed as two candidates.
+
+Both read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, and with ``columns``
+q, k and v as column windows of wider inputs (a fused QKV projection). The mask input (bool, broadcast to the
+scores) is read through per-(batch, head) offsets and row/column strides (0 where it broadcasts); causal keeps
+keys j <= query i, and the flash kernel skips the key tiles above the diagonal (see SKIP_BELOW).
 
 cuDNN 9.19's flash-attention graphs (nvidia-cudnn-frontend 1.32 ``sdpa``) were tried on an H200 and left
 out: replayed from a CUDA graph they left their output unchanged, and run eagerly between captured
-parts one of four runs came out wrong, so they cannot be trusted here.
+parts one of four runs came out wrong.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
-from tftrt_py.engine.backends.cupy.ops.reduce import row_block, softmax_kernel
-from tftrt_py.engine.layers import attention_columns
+from tftrt_py.engine.backends.cupy.ops.reduce import BLOCK_REDUCE, row_block
+from tftrt_py.engine.layers import attention_columns, attention_scores_shape
 
-__all__ = ["AttentionGeom", "GemmAttentionOp"]
+__all__ = ["AttentionGeom", "MaskView", "GemmAttentionOp", "FlashAttentionOp"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +44,44 @@ class AttentionGeom:
 
     @classmethod
     def of(cls, spec: Spec) -> "AttentionGeom":
-        (q, k, _), heads = spec.in_shapes, spec.params.get("heads") or 1
+        (q, k, _), heads = spec.in_shapes[:3], spec.params.get("heads") or 1
         (_, wq), _, (_, wv) = attention_columns(spec.layer)
         batch = int(np.prod(q[:-2])) if len(q) > 2 else 1
         return cls(batch, int(heads), q[-2], k[-2], wq // heads, wv // heads, float(spec.params["scale"]))
+
+
+@dataclasses.dataclass
+class MaskView:
+    """Where score (n, i, j) of (batch x head) matrix n finds its mask byte: offsets[n] + i * si + j * sj."""
+
+    offsets: object  # device int64 [batch * heads]
+    si: int
+    sj: int
+
+    @classmethod
+    def of(cls, spec: Spec) -> Optional["MaskView"]:
+        if len(spec.in_shapes) < 4:
+            return None
+        shape, scores = spec.in_shapes[3], attention_scores_shape(spec.layer)
+        strides = np.array([int(np.prod(shape[a + 1:])) if shape[a] != 1 else 0 for a in range(len(shape))])
+        index = np.indices(scores[:-2]).reshape(len(scores) - 2, -1).T
+        offsets = (index * strides[:-2]).sum(axis=1).astype(np.int64)
+        return cls(_device.require().asarray(offsets), int(strides[-2]), int(strides[-1]))
+
+    def args(self, ins) -> tuple:
+        return ins[3], self.offsets, kernels.i64(self.si), kernels.i64(self.sj)
+
+
+#: a causal kernel skips the keys above the diagonal only where their scores' mask value cannot weigh: without a
+#: mask input (which may mask every key of a row: a uniform softmax over all keys) and with a mask value whose
+#: exp underflows to 0 against any score of fp16 inputs
+SKIP_BELOW = -1e20
+
+
+def _mask_head(spec: Spec) -> str:
+    causal, masked = bool(spec.params.get("causal")), len(spec.in_shapes) > 3
+    skip = causal and not masked and float(spec.params["mask_value"]) < SKIP_BELOW
+    return f"#define HAS_MASK {int(masked)}\n#define CAUSAL {int(causal)}\n#define SKIP_ABOVE {int(skip)}\n"
 
 
 _POINTERS = r"""
@@ -54,9 +96,42 @@ extern "C" __global__ void tt_pointers(const unsigned long long* __restrict__ of
 }
 """
 
+_MASKED_SOFTMAX = BLOCK_REDUCE + r"""
+__device__ __forceinline__ float tt_score(const float* x, const unsigned char* mrow, long long sj, int i, int j,
+                                          float mask_value) {
+  bool keep = true;
+  if (CAUSAL) keep = j <= i;
+  if (HAS_MASK) keep = keep && mrow[j * sj];
+  return keep ? x[j] : mask_value;
+}
+
+extern "C" __global__ void tt_masked_softmax(const float* __restrict__ x, TO* __restrict__ y, int len, int sq,
+                                             const unsigned char* __restrict__ mask,
+                                             const long long* __restrict__ moff, long long si, long long sj,
+                                             float mask_value) {
+  __shared__ float shared[32];
+  long long row = blockIdx.x;
+  int i = (int)(row % sq);
+  const unsigned char* mrow = HAS_MASK ? mask + moff[row / sq] + i * si : mask;
+  x += row * len;
+  y += row * len;
+  float m = -TT_INF;
+  for (int l = threadIdx.x; l < len; l += blockDim.x) m = fmaxf(m, tt_score(x, mrow, sj, i, l, mask_value));
+  m = tt_block_reduce(m, true, shared);
+  float s = 0.0f;
+  for (int l = threadIdx.x; l < len; l += blockDim.x) s += expf(tt_score(x, mrow, sj, i, l, mask_value) - m);
+  s = tt_block_reduce(s, false, shared);
+  for (int l = threadIdx.x; l < len; l += blockDim.x) y[l] = st<TO>(expf(tt_score(x, mrow, sj, i, l, mask_value) - m) / s);
+}
+"""
+
+
+def _mask_value(spec: Spec) -> np.float32:
+    return np.float32(spec.params.get("mask_value") or 0.0)
+
 
 class GemmAttentionOp(Op):
-    """Scores = scale q k^T (fp32, workspace), softmax into probabilities (compute dtype), out = p v: two
+    """Scores = scale q k^T (fp32, workspace), masked softmax into probabilities (compute dtype), out = p v: two
     pointer-array batched GEMMs over every (batch, head) matrix, whose addresses a small kernel writes
     into the workspace (so a captured graph replays them for this context's buffers)."""
 
@@ -69,7 +144,7 @@ class GemmAttentionOp(Op):
         i = np.arange(n, dtype=np.uint64)
         b, h = np.divmod(i, np.uint64(g.heads))
         #: row widths (leading dims) of q, k, v as stored, and where each starts in its row
-        self.ld = [s[-1] for s in spec.in_shapes]
+        self.ld = [s[-1] for s in spec.in_shapes[:3]]
         (cq, _), (ck, _), (cv, _) = attention_columns(spec.layer)
         square = g.sq * g.sk
         offsets = np.stack([(b * (g.sq * self.ld[0]) + cq + h * g.d) * item,
@@ -77,12 +152,15 @@ class GemmAttentionOp(Op):
                             (b * (g.sk * self.ld[2]) + cv + h * g.dv) * item,
                             (b * (g.sq * g.heads * g.dv) + h * g.dv) * item])
         self.offsets = cupy.asarray(offsets.astype(np.uint64))  # q, k, scores, probs, v, out
-        self.device_bytes = int(self.offsets.nbytes)
+        self.mask = MaskView.of(spec)
+        self.device_bytes = int(self.offsets.nbytes + (self.mask.offsets.nbytes if self.mask else 0))
         self.probs_at = align(n * square * 4)
         self.pointers_at = self.probs_at + align(n * square * item)
         self.workspace = self.pointers_at + align(6 * n * 8)
         self.pointers = kernels.raw_kernel(_POINTERS, "tt_pointers")
-        self.softmax = softmax_kernel("float32", self.dtype)
+        head = _mask_head(spec) + f"#define TO {kernels.raw_type(self.dtype)}\n"
+        self.softmax = kernels.raw_kernel(head + _MASKED_SOFTMAX, "tt_masked_softmax")
+        self.mask_value = _mask_value(spec)
         self.block = row_block(g.sk)
         self.tactic = {"op": "gemm_attention"}
 
@@ -94,13 +172,202 @@ class GemmAttentionOp(Op):
         ptrs = [ws + self.pointers_at + j * n * 8 for j in range(6)]
         rc.cublas.gemm_batched(self.dtype, g.sq, g.sk, g.d, ptrs[0], self.ld[0], False, ptrs[1], self.ld[1], True,
                                ptrs[2], g.sk, n, self.allow_tf32, out_dtype="float32", alpha=g.scale)
+        mask = self.mask.args(ins) if self.mask else (np.uint64(0), np.uint64(0), kernels.i64(0), kernels.i64(0))
         self.softmax((n * g.sq,), (self.block,), (rc.scratch(0, (1,), "float32"),
                                                   rc.scratch(self.probs_at, (1,), self.dtype), kernels.i32(g.sk),
-                                                  kernels.i64(1)))
+                                                  kernels.i32(g.sq), *mask, self.mask_value))
         rc.cublas.gemm_batched(self.dtype, g.sq, g.dv, g.sk, ptrs[3], g.sk, False, ptrs[4], self.ld[2], False, ptrs[5],
                                g.heads * g.dv, n, self.allow_tf32)
 
 
+_FLASH = r"""
+#define NT (32 * WARPS)
+#define BR (16 * WARPS)
+#define BC 64
+#define LDS (HD + 8)
+typedef unsigned short half_t;
+
+__device__ __forceinline__ unsigned tt_pack(float lo, float hi) {
+  return (unsigned)st<unsigned short>(lo) | ((unsigned)st<unsigned short>(hi) << 16);
+}
+
+__device__ __forceinline__ void tt_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One block: BR query rows of one (batch, head) matrix, WARPS warps of 16 rows each.
+extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
+    unsigned long long q_ptr, unsigned long long k_ptr, unsigned long long v_ptr, unsigned long long o_ptr,
+    const unsigned char* __restrict__ mask, const long long* __restrict__ moff, long long msi, long long msj,
+    int sq, int sk, int heads, int ldq, int ldk, int ldv, int ldo, float scale, float mask_value) {
+  extern __shared__ __align__(16) unsigned char tt_smem[];
+  half_t* sQ = (half_t*)tt_smem;
+  half_t* sK = sQ + BR * LDS;
+  half_t* sV = sK + BC * LDS;
+  const float LOG2E = 1.4426950408889634f;
+  int n = blockIdx.y, b = n / heads, h = n % heads, q0 = blockIdx.x * BR;
+  const half_t* qb = (const half_t*)q_ptr + (long long)b * sq * ldq + h * HD;
+  const half_t* kb = (const half_t*)k_ptr + (long long)b * sk * ldk + h * HD;
+  const half_t* vb = (const half_t*)v_ptr + (long long)b * sk * ldv + h * HD;
+  int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int c = tid; c < BR * (HD / 8); c += NT) {
+    int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+    *(uint4*)(sQ + r * LDS + col) = q0 + r < sq ? *(const uint4*)(qb + (long long)(q0 + r) * ldq + col) : zero;
+  }
+  __syncthreads();
+  int r0 = warp * 16 + g;
+  unsigned qa[HD / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < HD / 16; ++kc) {
+    qa[kc][0] = *(const unsigned*)(sQ + r0 * LDS + kc * 16 + t4 * 2);
+    qa[kc][1] = *(const unsigned*)(sQ + (r0 + 8) * LDS + kc * 16 + t4 * 2);
+    qa[kc][2] = *(const unsigned*)(sQ + r0 * LDS + kc * 16 + t4 * 2 + 8);
+    qa[kc][3] = *(const unsigned*)(sQ + (r0 + 8) * LDS + kc * 16 + t4 * 2 + 8);
+  }
+  float o[HD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < HD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m[2] = {-TT_INF, -TT_INF}, l[2] = {0.0f, 0.0f};
+  int rows[2] = {q0 + r0, q0 + r0 + 8};
+  const unsigned char* mrow[2];
+  if (HAS_MASK) for (int r = 0; r < 2; ++r) mrow[r] = mask + moff[n] + (long long)min(rows[r], sq - 1) * msi;
+  int kv_end = SKIP_ABOVE ? min(sk, q0 + BR) : sk;
+  for (int kv0 = 0; kv0 < kv_end; kv0 += BC) {
+    __syncthreads();
+    for (int c = tid; c < BC * (HD / 8); c += NT) {
+      int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+      bool in = kv0 + r < sk;
+      *(uint4*)(sK + r * LDS + col) = in ? *(const uint4*)(kb + (long long)(kv0 + r) * ldk + col) : zero;
+      *(uint4*)(sV + r * LDS + col) = in ? *(const uint4*)(vb + (long long)(kv0 + r) * ldv + col) : zero;
+    }
+    __syncthreads();
+    float s[BC / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      const half_t* krow = sK + (nt * 8 + g) * LDS + t4 * 2;
+#pragma unroll
+      for (int kc = 0; kc < HD / 16; ++kc)
+        tt_mma(s[nt], qa[kc], *(const unsigned*)(krow + kc * 16), *(const unsigned*)(krow + kc * 16 + 8));
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int j = kv0 + nt * 8 + t4 * 2 + (e & 1), i = rows[e >> 1];
+        float x = s[nt][e] * scale;
+        bool keep = true;
+        if (CAUSAL) keep = j <= i;
+        if (HAS_MASK) keep = keep && (j >= sk || mrow[e >> 1][j * msj]);
+        x = j >= sk ? -TT_INF : keep ? x : mask_value;
+        s[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+      alpha[r] = exp2f((m[r] - mx[r]) * LOG2E);
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f((s[nt][e] - m[e >> 1]) * LOG2E);
+        s[nt][e] = p;
+        l[e >> 1] += p;
+      }
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kc = 0; kc < BC / 16; ++kc) {
+      unsigned pa[4] = {tt_pack(s[2 * kc][0], s[2 * kc][1]), tt_pack(s[2 * kc][2], s[2 * kc][3]),
+                        tt_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]), tt_pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const half_t* vrow = sV + (kc * 16 + t4 * 2) * LDS + g;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        const half_t* vp = vrow + dt * 8;
+        unsigned b0 = (unsigned)vp[0] | ((unsigned)vp[LDS] << 16);
+        unsigned b1 = (unsigned)vp[8 * LDS] | ((unsigned)vp[9 * LDS] << 16);
+        tt_mma(o[dt], pa, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    if (rows[r] >= sq) continue;
+    float inv = 1.0f / l[r];
+    unsigned* out = (unsigned*)((half_t*)o_ptr + ((long long)b * sq + rows[r]) * ldo + h * HD + t4 * 2);
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) out[dt * 4] = tt_pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+  }
+}
+"""
+
+#: head widths the flash kernel is built for, and its block sizes (warps of 16 query rows)
+FLASH_HEAD_DIMS = (64, 128)
+FLASH_WARPS = (4, 8)
+
+
+def flash_reason(spec: Spec) -> Optional[str]:
+    """Why the flash kernel cannot run this Attention, or None."""
+    g = AttentionGeom.of(spec)
+    starts = [c for c, _ in attention_columns(spec.layer)]
+    if spec.cdt != "float16" or any(d != "float16" for d in spec.in_dtypes[:3]):
+        return "computes in fp16 only"
+    if g.d != g.dv or g.d not in FLASH_HEAD_DIMS:
+        return f"head widths {g.d}, {g.dv} not one of {FLASH_HEAD_DIMS}"
+    if any(s[-1] % 8 for s in spec.in_shapes[:3]) or any(c % 8 for c in starts):
+        return "rows or columns not 16-byte aligned"
+    return None
+
+
+class FlashAttentionOp(Op):
+    """Flash attention in one kernel (see the module docstring) in blocks of `warps` warps; q, k, v and the
+    output 16-byte aligned."""
+
+    def __init__(self, spec: Spec, warps: int = 4):
+        reason = flash_reason(spec)
+        if reason:
+            raise ValueError(f"flash attention {reason}")
+        self.g = g = AttentionGeom.of(spec)
+        self.ld = [s[-1] for s in spec.in_shapes[:3]]
+        self.starts = [c * 2 for c, _ in attention_columns(spec.layer)]  # bytes into each row
+        self.mask = MaskView.of(spec)
+        self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
+        head = _mask_head(spec) + f"#define HD {g.d}\n#define WARPS {warps}\n"
+        self.kernel = kernels.raw_kernel(head + _FLASH, "tt_flash_attention")
+        self.warps, self.smem = warps, (16 * warps + 2 * 64) * (g.d + 8) * 2
+        self.kernel.max_dynamic_shared_size_bytes = self.smem
+        self.mask_value = _mask_value(spec)
+        self.tactic = {"op": "flash_attention", "warps": warps}
+
+    def run(self, rc, ins, outs):
+        g = self.g
+        ptrs = [a.data.ptr + c for a, c in zip(ins[:3], self.starts)] + [outs[0].data.ptr]
+        if any(p % 16 for p in ptrs):
+            raise ValueError("flash attention needs 16-byte aligned q, k, v and output")
+        mask = self.mask.args(ins) if self.mask else (np.uint64(0), np.uint64(0), kernels.i64(0), kernels.i64(0))
+        self.kernel((-(-g.sq // (16 * self.warps)), g.batch * g.heads), (32 * self.warps,),
+                    (*map(np.uint64, ptrs), *mask, *map(kernels.i32, (g.sq, g.sk, g.heads, *self.ld, g.heads * g.dv)),
+                     np.float32(g.scale), self.mask_value), shared_mem=self.smem)
+
+
 @register("Attention")
 def attention_candidates(spec: Spec) -> List[Op]:
-    return [GemmAttentionOp(spec)]
+    recorded = spec.prefer.get("warps") if spec.prefer and spec.prefer.get("op") == "flash_attention" else None
+    warps = [recorded] if recorded in FLASH_WARPS else FLASH_WARPS
+    flash = [FlashAttentionOp(spec, w) for w in warps] if flash_reason(spec) is None else []
+    return [GemmAttentionOp(spec)] + flash

@@ -1,5 +1,6 @@
 """Reduce (cupy ReductionKernels accumulating in float / int64), ArgReduce, Softmax (one block per row of
-the softmax axis, any axis) and Normalization (one block per row of the last axis)."""
+the softmax axis, any axis) and Normalization (one block per row of the last axis, in one pass where rows are
+whole 16-byte vectors)."""
 from __future__ import annotations
 
 from typing import List
@@ -10,7 +11,7 @@ from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE
 
-__all__ = ["ReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel", "row_block"]
+__all__ = ["ReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel", "row_block", "BLOCK_REDUCE"]
 
 _PREAMBLE = r"""
 __device__ __forceinline__ float tt_max(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -103,7 +104,7 @@ class ArgReduceOp(Op):
                                                     kernels.i64(self.inner)))
 
 
-_BLOCK_REDUCE = r"""
+BLOCK_REDUCE = r"""
 __device__ __forceinline__ float tt_block_reduce(float v, bool is_max, float* shared) {
   for (int o = 16; o > 0; o >>= 1) {
     float w = __shfl_xor_sync(0xffffffff, v, o);
@@ -119,7 +120,7 @@ __device__ __forceinline__ float tt_block_reduce(float v, bool is_max, float* sh
 }
 """
 
-_SOFTMAX = _BLOCK_REDUCE + r"""
+_SOFTMAX = BLOCK_REDUCE + r"""
 extern "C" __global__ void tt_softmax(const TI* __restrict__ x, TO* __restrict__ y, int len, long long inner) {
   __shared__ float shared[32];
   long long row = blockIdx.x;
@@ -162,7 +163,7 @@ class SoftmaxOp(Op):
             self.kernel((self.rows,), (self.block,), (ins[0], outs[0], kernels.i32(self.len), kernels.i64(self.inner)))
 
 
-_LAYER_NORM = _BLOCK_REDUCE + r"""
+_LAYER_NORM = BLOCK_REDUCE + r"""
 extern "C" __global__ void tt_layer_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
                                          const float* __restrict__ b, T* __restrict__ y, int len, float eps) {
   __shared__ float shared[32];
@@ -178,31 +179,117 @@ extern "C" __global__ void tt_layer_norm(const T* __restrict__ x, const T* __res
 """
 
 
+_ROW_NORM = BLOCK_REDUCE + r"""
+// Each row of LEN elements is read once into registers (ITEMS vectors of VEC elements, 16 bytes, per thread), its
+// mean and variance taken from them, its output written once. WARP_ROWS: one warp per row (shuffle reductions
+// only, blockDim.x / 32 rows per block); else one block per row.
+union tt_vec { uint4 u; T e[VEC]; };
+__device__ __forceinline__ float tt_row_sum(float v, float* shared) {
+#if WARP_ROWS
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+#else
+  return tt_block_reduce(v, false, shared);
+#endif
+}
+extern "C" __global__ void tt_row_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
+                                       const float* __restrict__ b, T* __restrict__ y, float eps, long long rows) {
+  __shared__ float shared[32];
+#if WARP_ROWS
+  long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int t = threadIdx.x & 31, nt = 32;
+  if (row >= rows) return;  // the whole warp
+#else
+  long long row = blockIdx.x;
+  int t = threadIdx.x, nt = blockDim.x;
+#endif
+  long long base = row * LEN;
+  float v[ITEMS][VEC];
+  float s = 0.0f;
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    int c = (it * nt + t) * VEC;
+    tt_vec a, o;
+    a.u = o.u = make_uint4(0, 0, 0, 0);
+    if (c < LEN) {
+      a.u = *(const uint4*)(x + base + c);
+      if (RESIDUAL) o.u = *(const uint4*)(r + base + c);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { v[it][e] = ld(a.e[e]) + (RESIDUAL ? ld(o.e[e]) : 0.0f); s += v[it][e]; }
+  }
+  float mean = tt_row_sum(s, shared) / LEN;
+  float q = 0.0f;
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it)
+    if ((it * nt + t) * VEC < LEN)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) { float d = v[it][e] - mean; q += d * d; }
+  float rstd = rsqrtf(tt_row_sum(q, shared) / LEN + eps);
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    int c = (it * nt + t) * VEC;
+    if (c >= LEN) continue;
+    tt_vec out;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.e[e] = st<T>((v[it][e] - mean) * rstd * g[c + e] + b[c + e]);
+    *(uint4*)(y + base + c) = out.u;
+  }
+}
+"""
+
+#: most vectors one thread of the one-pass kernel keeps (longer rows take the three-pass kernel)
+ROW_NORM_ITEMS = 8
+#: rows of at most this many vectors go one per warp (4 warps a block)
+WARP_ROW_VECTORS = 32 * 4
+
+
 class NormalizationOp(Op):
-    """Layer normalization over the last axis of x (+ residual): statistics in fp32, scale and bias fused."""
+    """Layer normalization over the last axis of x (+ residual): statistics in fp32, scale and bias fused. Rows
+    of whole 16-byte vectors (and buffers aligned to them) take one pass: each element read once, kept in
+    registers, written once (one warp per row up to WARP_ROW_VECTORS vectors, else one block); other rows three
+    passes over memory."""
 
     def __init__(self, spec: Spec):
         cupy = _device.require()
         shape = spec.in_shapes[0]
         self.len = shape[-1]
         self.rows = int(np.prod(shape[:-1]))
-        self.block = row_block(-(-self.len // 4))
         self.residual = len(spec.in_shapes) > 1
         value = "(ld(x[i]) + ld(r[i]))" if self.residual else "ld(x[i])"
         head = f"#define T {kernels.raw_type(spec.cdt)}\n#define VALUE(i) {value}\n"
         self.kernel = kernels.raw_kernel(head + _LAYER_NORM, "tt_layer_norm")
+        self.block = row_block(-(-self.len // 4))
+        vec = 16 // np.dtype(spec.cdt).itemsize
+        vectors = self.len // vec
+        warp_rows = vectors <= WARP_ROW_VECTORS
+        row_threads = 32 if warp_rows else min(512, -(-vectors // 32) * 32)
+        items = -(-vectors // row_threads)
+        self.one_pass = None
+        if self.len % vec == 0 and items <= ROW_NORM_ITEMS:
+            head = (f"#define T {kernels.raw_type(spec.cdt)}\n#define VEC {vec}\n#define LEN {self.len}\n"
+                    f"#define ITEMS {items}\n#define RESIDUAL {int(self.residual)}\n"
+                    f"#define WARP_ROWS {int(warp_rows)}\n")
+            grid, threads = (-(-self.rows // 4), 128) if warp_rows else (self.rows, row_threads)
+            self.one_pass = (kernels.raw_kernel(head + _ROW_NORM, "tt_row_norm"), grid, threads)
         # weights rounded to the compute dtype, as the numpy backend's FP16 rounds them; applied in fp32
         self.scale, self.bias = (cupy.asarray(spec.weights[k].astype(spec.cdt).astype(np.float32))
                                  for k in ("scale", "bias"))
         self.eps = np.float32(spec.params["epsilon"])
         self.device_bytes = int(self.scale.nbytes + self.bias.nbytes)
-        self.tactic = {"op": "layer_norm_kernel", "block": self.block}
+        self.tactic = ({"op": "layer_norm_one_pass", "block": self.one_pass[2]} if self.one_pass
+                       else {"op": "layer_norm_kernel", "block": self.block})
 
     def run(self, rc, ins, outs):
-        if self.rows and self.len:
-            r = ins[1] if self.residual else ins[0]
-            self.kernel((self.rows,), (self.block,), (ins[0], r, self.scale, self.bias, outs[0],
-                                                      kernels.i32(self.len), self.eps))
+        if not (self.rows and self.len):
+            return
+        r = ins[1] if self.residual else ins[0]
+        args = (ins[0], r, self.scale, self.bias, outs[0])
+        if self.one_pass and not any(a.data.ptr % 16 for a in (ins[0], r, outs[0])):
+            kernel, grid, threads = self.one_pass
+            kernel((grid,), (threads,), (*args, self.eps, kernels.i64(self.rows)))
+        else:
+            self.kernel((self.rows,), (self.block,), (*args, kernels.i32(self.len), self.eps))
 
 
 @register("Normalization")

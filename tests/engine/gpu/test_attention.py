@@ -1,0 +1,167 @@
+"""The cupy Attention candidates (two GEMMs around a masked softmax; the fp16 flash kernel) and the one-pass
+residual LayerNorm against the numpy backend: fresh random inputs, NaN-poisoned buffers, masks broadcast every
+way with fully masked rows, causal with and without a mask, CUDA-graph replays equal to the eager run, 20 runs
+bitwise identical."""
+import numpy as np
+import pytest
+
+from gpu_helpers import GPU, assert_close, compare, cupy_engine
+from tftrt_py.engine import Network
+
+pytestmark = GPU
+
+BIG = -2.372671e38  # Keras's large negative for float32
+
+
+def only(monkeypatch, op: str):
+    """Build Attention layers with the one candidate `op`: "gemm", or "flash4" / "flash8" (warps a block)."""
+    from tftrt_py.engine.backends.cupy.ops import attention
+    from tftrt_py.engine.backends.cupy.ops.base import FACTORIES
+
+    make = (lambda spec: attention.GemmAttentionOp(spec)) if op == "gemm" else (
+        lambda spec: attention.FlashAttentionOp(spec, int(op[5:])))
+    monkeypatch.setitem(FACTORIES, "Attention", lambda spec: [make(spec)])
+
+
+def attention_net(b, sq, sk, heads, d, mask_shape=None, causal=False, mask_value=BIG, packed=True):
+    def build():
+        net = Network("attention")
+        if packed and sq == sk:  # one fused QKV tensor read through column windows
+            qkv = net.add_input("qkv", "float32", (b, sq, 3 * heads * d))
+            inputs, w = [qkv] * 3, heads * d
+            params = {"heads": heads, "columns": [[0, w], [w, w], [2 * w, w]]}
+        elif packed:
+            inputs = [net.add_input(n, "float32", (b, s, heads * d)) for n, s in zip("qkv", (sq, sk, sk))]
+            params = {"heads": heads}
+        else:
+            inputs = [net.add_input(n, "float32", (b, heads, s, d)) for n, s in zip("qkv", (sq, sk, sk))]
+            params = {"heads": None}
+        if mask_shape:
+            inputs.append(net.add_input("mask", "bool", mask_shape))
+        if mask_shape or causal:
+            params.update(causal=causal, mask_value=mask_value)
+        params["scale"] = float(d) ** -0.5
+        net.mark_output(net.add_layer("Attention", inputs, params, name="attention").outputs[0], name="y")
+        return net
+    return build
+
+
+def attention_inputs(net_build, mask_shape):
+    shapes = {t.name: (t.shape, t.dtype) for t in net_build().inputs}
+
+    def make(rng):
+        out = {n: rng.standard_normal(s).astype(np.float32) * 2 for n, (s, dt) in shapes.items() if dt != "bool"}
+        if mask_shape:
+            keep = rng.random(mask_shape) > 0.3
+            keep.reshape(-1, keep.shape[-1])[0] = False  # a fully masked row: a uniform softmax over every key
+            out["mask"] = keep
+        return out
+    return make
+
+
+CASES = {  # (b, sq, sk, heads, d, mask shape, causal, packed)
+    "bert_padding": (3, 100, 100, 2, 64, "key", False, True),
+    "causal": (2, 130, 130, 2, 64, None, True, True),
+    "causal_padding": (2, 77, 77, 3, 64, "key", True, True),
+    "query_key_mask": (2, 70, 70, 2, 128, "full", False, True),
+    "head_mask": (2, 65, 65, 2, 128, "heads", False, True),
+    "cross": (2, 33, 150, 2, 64, "key", False, True),
+    "unpacked": (2, 40, 96, 3, 64, "full", True, False),
+    "plain": (2, 128, 128, 4, 128, None, False, True),
+}
+MASKS = {"key": lambda b, h, sq, sk: (b, 1, 1, sk), "full": lambda b, h, sq, sk: (b, 1, sq, sk),
+         "heads": lambda b, h, sq, sk: (1, h, sq, sk)}
+
+
+def case(name):
+    b, sq, sk, h, d, mask, causal, packed = CASES[name]
+    shape = MASKS[mask](b, h, sq, sk) if mask else None
+    build = attention_net(b, sq, sk, h, d, shape, causal, packed=packed)
+    return build, attention_inputs(build, shape)
+
+
+@pytest.mark.parametrize("op, precision", [("gemm", "FP32"), ("gemm", "FP16"), ("flash4", "FP16"),
+                                          ("flash8", "FP16")])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_candidates(name, op, precision, monkeypatch):
+    only(monkeypatch, op)
+    engine = compare(*case(name), precision=precision, runs=3)
+    assert engine.tactics["attention"]["op"] == ("gemm_attention" if op == "gemm" else "flash_attention")
+
+
+@pytest.mark.parametrize("mask_value", [-1e4, -30.0])
+def test_a_mask_value_that_weighs_reaches_every_key(mask_value, monkeypatch):
+    """Keys masked with a moderate value still count (causal tiles above the diagonal are not skipped)."""
+    only(monkeypatch, "flash8")
+    build = attention_net(2, 130, 130, 2, 64, None, True, mask_value)
+    compare(build, attention_inputs(build, None), precision="FP16")
+
+
+@pytest.mark.parametrize("op", ["gemm", "flash4", "flash8"])
+def test_replays_equal_the_eager_run_and_each_other(op, monkeypatch):
+    """Run 1 is eager (and captures the graph), runs 2-20 replay it: every output bitwise the same."""
+    only(monkeypatch, op)
+    build, make = case("causal_padding")
+    engine = cupy_engine(build(), "FP16")
+    ctx = engine.create_execution_context()
+    inputs = make(np.random.default_rng(3))
+    first = ctx.execute(inputs)["y"]
+    assert np.isfinite(first).all()
+    for run in range(19):
+        np.testing.assert_array_equal(ctx.execute(inputs)["y"], first, err_msg=f"run {run + 2}")
+    fresh = make(np.random.default_rng(4))  # a replay on new inputs is not the old output
+    assert_close(ctx.execute(fresh)["y"], engine_reference(build, fresh), "FP16")
+
+
+def engine_reference(build, inputs):
+    from tftrt_py.engine import Engine
+
+    return Engine(build(), precision="FP32", backend="numpy").create_execution_context().execute(inputs)["y"]
+
+
+def test_flash_is_a_candidate_only_where_it_runs():
+    for d, precision, n in ((64, "FP16", 3), (128, "FP16", 3), (32, "FP16", 1), (64, "FP32", 1)):
+        engine = cupy_engine(attention_net(2, 16, 16, 2, d)(), precision)
+        assert engine.tactics["attention"]["candidates"] == n, (d, precision, engine.tactics)
+
+
+# -- residual LayerNorm ------------------------------------------------------------------------------------------
+def norm_net(shape, residual):
+    rng = np.random.default_rng(shape[-1])
+    weights = {"scale": rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32),
+               "bias": (rng.standard_normal(shape[-1]) * 0.1).astype(np.float32)}
+
+    def build():
+        net = Network("norm")
+        ins = [net.add_input(f"x{i}", "float32", shape) for i in range(2 if residual else 1)]
+        net.mark_output(net.add_layer("Normalization", ins, {"epsilon": 1e-5}, weights, name="norm").outputs[0],
+                        name="y")
+        return net
+    return build
+
+
+@pytest.mark.parametrize("precision", ["FP32", "FP16"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("width, one_pass", [(768, True), (200, True), (8192, True), (202, False), (48, True)])
+def test_layer_norm(width, one_pass, residual, precision):
+    shape = (5, 37, width)
+
+    def make(rng):
+        # an offset mean (the one-pass kernel still centres before squaring)
+        return {f"x{i}": (rng.standard_normal(shape) * 3 + 5).astype(np.float32) for i in range(2 if residual else 1)}
+
+    engine = compare(norm_net(shape, residual), make, precision=precision, runs=3)
+    assert engine.tactics["norm"]["op"] == ("layer_norm_one_pass" if one_pass else "layer_norm_kernel")
+
+
+def test_a_plan_keeps_the_flash_block_size(monkeypatch):
+    """A plan records the warps of its flash tactic; loading it rebuilds that block size, not the first one."""
+    from tftrt_py.engine import Runtime
+    from tftrt_py.engine.backends.cupy.ops import attention
+    from tftrt_py.engine.backends.cupy.ops.base import FACTORIES
+
+    only(monkeypatch, "flash8")
+    engine = cupy_engine(attention_net(2, 64, 64, 2, 64)(), "FP16")
+    monkeypatch.setitem(FACTORIES, "Attention", attention.attention_candidates)
+    loaded = Runtime().deserialize_cuda_engine(engine.serialize())
+    assert loaded.tactics["attention"]["op"] == "flash_attention" and loaded.tactics["attention"]["warps"] == 8
