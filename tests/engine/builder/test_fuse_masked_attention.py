@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from fusion_nets import add, build_and_compare, network, rand
 from support import run_engine
+from tftrt_py.engine import Runtime
 from tftrt_py.engine.builder.fusions.match import fusion_counts
 from tftrt_py.engine.layers import causal_keep
 
@@ -54,6 +55,11 @@ def test_a_padding_mask_becomes_the_attention_mask_input():
     layer = attention_layer(engine)
     assert layer.params == {"scale": 0.5, "heads": None, "causal": False, "mask_value": pytest.approx(BIG)}
     assert layer.inputs[3].name == "mask" and fusion_counts(engine.network) == {"attention": 1}
+    inputs = dict(zip([t.name for t in engine.inputs], feed(np.random.default_rng(5))))
+    loaded = Runtime().deserialize_cuda_engine(engine.serialize())
+    assert attention_layer(loaded).params == layer.params
+    run = lambda e: list(e.create_execution_context().execute(inputs).values())[0]
+    np.testing.assert_array_equal(run(loaded), run(engine))  # the plan keeps the mask and its params
 
 
 def test_an_and_with_all_true_is_dropped_and_one_with_the_causal_triangle_becomes_causal():
