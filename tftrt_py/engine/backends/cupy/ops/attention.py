@@ -121,7 +121,8 @@ extern "C" __global__ void tt_masked_softmax(const float* __restrict__ x, TO* __
   float s = 0.0f;
   for (int l = threadIdx.x; l < len; l += blockDim.x) s += expf(tt_score(x, mrow, sj, i, l, mask_value) - m);
   s = tt_block_reduce(s, false, shared);
-  for (int l = threadIdx.x; l < len; l += blockDim.x) y[l] = st<TO>(expf(tt_score(x, mrow, sj, i, l, mask_value) - m) / s);
+  for (int l = threadIdx.x; l < len; l += blockDim.x)
+    y[l] = st<TO>(expf(tt_score(x, mrow, sj, i, l, mask_value) - m) / s);
 }
 """
 
