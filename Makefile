@@ -13,7 +13,7 @@ SERVING_API := tensorflow-serving-api==2.21.0
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[cpu,serve,test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[cpu,serve,ray,test]"
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "$(KERAS_HUB)" "$(SERVING_API)"
 	touch $(STAMP)
 

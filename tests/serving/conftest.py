@@ -2,6 +2,7 @@
 servers (REST and gRPC on ephemeral loopback ports) with batching off and on."""
 import json
 import os
+import re
 import types
 import urllib.error
 import urllib.request
@@ -80,11 +81,18 @@ def reference(models, model, version, signature="serving_default", **inputs):
     return {k: v.numpy() for k, v in outputs.items()}
 
 
+def metric(text, name, **labels):
+    """The value of sample `name{labels}` in a Prometheus exposition `text` (0 when absent)."""
+    pattern = re.escape(name) + r"\{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + r"\} (\S+)"
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else 0.0
+
+
 class Rest:
     """A plain HTTP+JSON client, as TF Serving REST clients are: (status, parsed body)."""
 
-    def __init__(self, port):
-        self.base = f"http://127.0.0.1:{port}"
+    def __init__(self, port, prefix=""):
+        self.base = f"http://127.0.0.1:{port}{prefix}"
 
     def call(self, path, body=None, raw=None):
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())

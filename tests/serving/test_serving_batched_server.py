@@ -8,16 +8,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from conftest import reference
+from conftest import metric, reference
 from support import random_array
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def _metric(text, name, **labels):
-    pattern = re.escape(name) + r"\{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + r"\} (\S+)"
-    found = re.search(pattern, text)
-    return float(found.group(1)) if found else 0.0
 
 
 def test_concurrent_requests_merge_and_split_back(batching_server, models):
@@ -44,10 +38,10 @@ def test_concurrent_requests_merge_and_split_back(batching_server, models):
         (want,) = reference(models, "cnn", 1, image=x).values()
         np.testing.assert_allclose(np.array(body["predictions"]), want, **TOL)
     after = rest.call("/monitoring/prometheus/metrics")[1].decode()
-    batches = _metric(after, "tftrt_serving_batch_size_count", model="cnn") - \
-        _metric(before, "tftrt_serving_batch_size_count", model="cnn")
-    rows = _metric(after, "tftrt_serving_batch_size_sum", model="cnn") - \
-        _metric(before, "tftrt_serving_batch_size_sum", model="cnn")
+    batches = metric(after, "tftrt_serving_batch_size_count", model="cnn") - \
+        metric(before, "tftrt_serving_batch_size_count", model="cnn")
+    rows = metric(after, "tftrt_serving_batch_size_sum", model="cnn") - \
+        metric(before, "tftrt_serving_batch_size_sum", model="cnn")
     assert rows == sum(len(x) for x in feeds) and batches < len(feeds)  # requests merged
     fallbacks = [float(v) for v in re.findall(r"^tftrt_engine_op_fallback_total\{[^}]*\} (\S+)", after, re.M)]
     assert fallbacks and sum(fallbacks) == 0  # every padded batch ran on an engine (built for 4 and 8)

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Deque, Dict, Hashable, List, Mapping, Optional
+from typing import Callable, Deque, Dict, Hashable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from tftrt_py.serving.errors import Code, ServingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchScheduler", "RunFn"]
+__all__ = ["BatchScheduler", "RunFn", "batch_rows", "batch_key", "run_batch", "serving_error"]
 
 RunFn = Callable[[Mapping[str, np.ndarray]], Dict[str, np.ndarray]]
 
@@ -48,12 +48,49 @@ class _Queue:
     batches: Deque[_Batch] = dataclasses.field(default_factory=collections.deque)
 
 
-def _rows(arrays: Mapping[str, np.ndarray]) -> int:
+def batch_rows(arrays: Mapping[str, np.ndarray], max_batch_size: int) -> int:
+    """The rows of a request to be batched: its inputs' common 0th dimension, 1 to max_batch_size."""
     sizes = {a.shape[0] if a.ndim else None for a in arrays.values()}
     if len(sizes) != 1 or None in sizes:
         raise ServingError(Code.INVALID_ARGUMENT, "Batching session Run() input tensors must have equal "
                                                   "0th-dimension size (and rank >= 1)")
-    return sizes.pop()
+    size = sizes.pop()
+    if size == 0:
+        raise ServingError(Code.INVALID_ARGUMENT, "a request with 0 rows cannot be batched")
+    if size > max_batch_size:
+        raise ServingError(Code.INVALID_ARGUMENT, f"Task size {size} is larger than maximum input batch size "
+                                                  f"{max_batch_size}")
+    return size
+
+
+def batch_key(arrays: Mapping[str, np.ndarray]) -> tuple:
+    """What requests sharing a batch need equal: input names, dtypes and non-batch dimensions."""
+    return tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in arrays.items()))
+
+
+def run_batch(run: RunFn, requests: Sequence[Mapping[str, np.ndarray]], padded: int) -> List[Dict[str, np.ndarray]]:
+    """Each request's outputs of one `run` over all `requests` merged, padded to `padded` rows with copies of the
+    first row (real data, whatever the model does with it)."""
+    sizes = [len(next(iter(r.values()))) for r in requests]
+    merged = {}
+    for name in requests[0]:
+        parts = [r[name] for r in requests]
+        if padded > sum(sizes):
+            parts.append(np.repeat(parts[0][:1], padded - sum(sizes), axis=0))
+        merged[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    outputs = run(merged)
+    for name, value in outputs.items():
+        if value.ndim == 0 or value.shape[0] != padded:
+            raise ServingError(Code.FAILED_PRECONDITION, f"Batched output tensor {name!r} has shape "
+                                                         f"{list(value.shape)}: its 0th dimension is not the "
+                                                         f"batch's size {padded}; the signature cannot be batched")
+    starts = np.cumsum([0] + sizes)
+    return [{k: v[start:start + size] for k, v in outputs.items()} for start, size in zip(starts, sizes)]
+
+
+def serving_error(exc: Exception) -> ServingError:
+    """`exc` as what a request of a failed batch gets: a ServingError as it is, anything else INTERNAL."""
+    return exc if isinstance(exc, ServingError) else ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 class BatchScheduler:
@@ -75,15 +112,10 @@ class BatchScheduler:
 
     def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray], label: str = "") -> Future:
         """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`."""
-        size = _rows(arrays)
         limit = self.options.max_batch_size
-        if size == 0:
-            raise ServingError(Code.INVALID_ARGUMENT, "a request with 0 rows cannot be batched")
-        if size > limit:
-            raise ServingError(Code.INVALID_ARGUMENT, f"Task size {size} is larger than maximum input batch size "
-                                                      f"{limit}")
+        size = batch_rows(arrays, limit)
         task = _Task(arrays, size, Future())
-        key = tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in arrays.items()))
+        key = batch_key(arrays)
         with self._cond:
             if self._stopped:
                 raise ServingError(Code.UNAVAILABLE, "the server is shutting down")
@@ -148,31 +180,14 @@ class BatchScheduler:
             self._run(queue, found)
 
     def _run(self, queue: _Queue, batch: _Batch) -> None:
-        tasks = batch.tasks
         padded = self.options.padded_size(batch.size)
-        merged = {}
-        for name in tasks[0].arrays:
-            parts = [t.arrays[name] for t in tasks]
-            if padded > batch.size:  # copies of the first row: real data, whatever the model does with it
-                parts.append(np.repeat(parts[0][:1], padded - batch.size, axis=0))
-            merged[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if self._on_batch is not None:
             self._on_batch(queue.label, batch.size, padded)
         try:
-            outputs = queue.run(merged)
-            for name, value in outputs.items():
-                if value.ndim == 0 or value.shape[0] != padded:
-                    raise ServingError(Code.FAILED_PRECONDITION, f"Batched output tensor {name!r} has shape "
-                                                                 f"{list(value.shape)}: its 0th dimension is not "
-                                                                 f"the batch's size {padded}; the signature cannot "
-                                                                 f"be batched")
+            results = run_batch(queue.run, [t.arrays for t in batch.tasks], padded)
         except Exception as exc:  # every request of the batch gets the error; the thread goes on
-            error = exc if isinstance(exc, ServingError) else ServingError(Code.INTERNAL, f"{type(exc).__name__}: "
-                                                                                          f"{exc}")
-            for task in tasks:
-                task.future.set_exception(error)
+            for task in batch.tasks:
+                task.future.set_exception(serving_error(exc))
             return
-        start = 0
-        for task in tasks:
-            task.future.set_result({k: v[start:start + task.size] for k, v in outputs.items()})
-            start += task.size
+        for task, result in zip(batch.tasks, results):
+            task.future.set_result(result)

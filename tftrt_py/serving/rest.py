@@ -76,7 +76,7 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
             return _json({"model_spec": spec, "metadata": {"signature_def": as_dict(signature_defs)}})
 
     async def models(request: Request) -> Response:
-        path = request.url.path
+        path = "/v1/models/" + request.path_params["rest"]  # without the prefix of an app mounted under one
         try:
             if request.method == "POST":
                 match = PREDICT_URL.fullmatch(path)

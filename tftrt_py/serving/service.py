@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,14 +20,16 @@ STATUS_CODES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "E
 
 
 class Service:
-    """Requests to the models of `manager`; with `batching`, predict calls of one signature run in batches."""
+    """Requests to the models of `manager`; with `batching`, predict calls of one signature run in batches on a
+    `scheduler` (a class with BatchScheduler's constructor, submit, queue_depths and stop)."""
 
-    def __init__(self, manager: ModelManager, batching: Optional[BatchingOptions] = None):
+    def __init__(self, manager: ModelManager, batching: Optional[BatchingOptions] = None,
+                 scheduler: Callable[..., BatchScheduler] = BatchScheduler):
         self.manager = manager
         self.scheduler: Optional[BatchScheduler] = None
         self.metrics = Metrics(lambda: self.scheduler.queue_depths() if self.scheduler else {})
         if batching is not None:
-            self.scheduler = BatchScheduler(batching, on_batch=self.metrics.observe_batch)
+            self.scheduler = scheduler(batching, on_batch=self.metrics.observe_batch)
 
     def close(self) -> None:
         if self.scheduler is not None:
