@@ -266,7 +266,7 @@ def resnet_source(args, cupy):
                 f"plan {os.path.basename(args.plan)} ({len(base.layers)} layers, INT8 ranges from its calibration)")
     model = resnet50.spec()
     ranges = None
-    if "INT8" in args.precisions and not args.torch_only:
+    if {"INT8", "FP8"} & set(args.precisions) and not args.torch_only:
         rng = np.random.default_rng(0)
         calib = [{"input": cupy.asarray(rng.standard_normal((8, args.size, args.size, 3)).astype(np.float32))}
                  for _ in range(2)]
@@ -294,7 +294,7 @@ def bench_resnet(args, table, torch, cupy):
         for precision in ([] if args.torch_only else args.precisions):
             def build(precision=precision):
                 net = network(batch)
-                if precision == "INT8" and ranges is not None:
+                if precision in ("INT8", "FP8") and ranges is not None:
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 
@@ -315,7 +315,7 @@ def bench_bert(args, table, torch, cupy):
     model = bert.spec()
     tblock = bert.torch_block(model, torch).cuda().eval()
     ranges = None
-    if "INT8" in args.bert_precisions:
+    if {"INT8", "FP8"} & set(args.bert_precisions):
         rng = np.random.default_rng(1)
         calib = [{"x": cupy.asarray(rng.standard_normal((8, args.seq, model["hidden"])).astype(np.float32))}
                  for _ in range(2)]
@@ -330,7 +330,7 @@ def bench_bert(args, table, torch, cupy):
         for precision in args.bert_precisions:
             def build(precision=precision):
                 net = bert.network(batch, args.seq, model)
-                if precision == "INT8":
+                if precision in ("INT8", "FP8"):
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 

@@ -229,9 +229,13 @@ def test_other_precisions_build_on_older_gpus(precision):
     assert cupy_fp8.check_device("e", precision, "75", "GPU") is None
 
 
-def test_cupy_runs_fp8_layers_in_fp16_for_now(caplog):
-    engine = build()
-    with caplog.at_level(logging.WARNING):
-        assert cupy_fp8.run_fp8_layers_in_fp16(engine.network) == 2
-    assert "2 FP8 layer(s) run in FP16 on the cupy backend" in caplog.text
-    assert "FP8" not in {layer.precision for layer in engine.network.layers}
+def test_cupy_stores_e4m3_values_as_their_codes():
+    """The cupy backend's FP8 weights: E4M3FN codes of round_e4m3's values, all 255 non-NaN codes."""
+    codes = np.arange(256, dtype=np.uint8)
+    exponent, mantissa = (codes & 0x7f) >> 3, (codes & 7).astype(np.float64)
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, (1 + mantissa / 8) * 2.0 ** (exponent - 7.0))
+    values = np.where(codes & 0x80, -magnitude, magnitude)
+    finite = (codes & 0x7f) != 0x7f
+    np.testing.assert_array_equal(cupy_fp8.e4m3_bytes(values[finite]), codes[finite])
+    x = np.random.default_rng(0).uniform(-448, 448, 1000)
+    np.testing.assert_array_equal(cupy_fp8.e4m3_bytes(round_e4m3(x)), x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8))

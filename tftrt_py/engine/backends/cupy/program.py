@@ -4,7 +4,9 @@ per layer or fused pointwise group, plus casts), tactics chosen by timing on thi
 Inside the engine every float tensor is stored in its layer's compute dtype (float16 for FP16/INT8
 layers); bindings keep their network dtype and casts are inserted where they meet. INT8 layers read
 their activation operands through quantize steps (one per tensor, shared by its readers), or straight
-from an int8 producer when only int8 layers read the tensor (ops/int8.py). Tensors that
+from an int8 producer when only int8 layers read the tensor (ops/int8.py); FP8 layers read E4M3 bytes
+from their quantize steps (ops/fp8.py). Each quantized layer runs so only where that is faster than FP16
+(keep_faster_quantized). Tensors that
 are a view of another (reshapes, order-keeping transposes, same-dtype identities) take no memory.
 Activations share one arena per execution context, laid out by lifetime.
 """
@@ -14,7 +16,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -23,8 +25,8 @@ from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
 from tftrt_py.engine.backends.cupy.ops import fp8
 from tftrt_py.engine.backends.cupy.ops.base import align
-from tftrt_py.engine.backends.cupy.ops.int8 import (PAD, QuantizeOp, conv_channels, matmul_constant, padded,
-                                                    quantized_shape, tensor_scale)
+from tftrt_py.engine.backends.cupy.ops.int8 import (INT8_Q, PAD, QMAX, QuantizeOp, conv_channels,
+                                                    matmul_constant, padded, quantized_shape, tensor_scale)
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.errors import BackendError, MissingDynamicRangeError
 
@@ -116,15 +118,35 @@ def storage_dtype(tensor, layer, precision: str) -> str:
     return compute_dtype(layer, precision) if tensor.dtype in FLOATS else tensor.dtype
 
 
-# -- int8 ----------------------------------------------------------------------------------------------
-INT8_KINDS = ("Convolution", "MatrixMultiply")
+# -- int8 and fp8 ---------------------------------------------------------------------------------------
+QUANT_KINDS = ("Convolution", "MatrixMultiply")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantFormat:
+    """How a quantized precision stores its operands here: storage dtype, largest magnitude (a tensor's
+    range maps to it), the quantize kernel's rounding, the padding of a convolution's input channels."""
+
+    storage: str
+    qmax: float
+    qfunc: str
+    channels: Callable[[int], int]
+
+
+FORMATS = {"INT8": QuantFormat("int8", QMAX, INT8_Q, conv_channels),
+           "FP8": QuantFormat("uint8", fp8.E4M3_MAX, fp8.E4M3_Q, padded)}  # FP8: E4M3 bytes as uint8
 
 
 def _constant(t) -> bool:
     return t.producer is not None and t.producer.kind == "Constant"
 
 
-def _int8_operands(layer) -> List[Tuple[int, bool]]:
+def _quant_format(layer, precision: str) -> Optional[str]:
+    fmt = layer.precision or precision
+    return fmt if fmt in FORMATS else None
+
+
+def _quantized_operands(layer) -> List[Tuple[int, bool]]:
     """(input index, needs a transposed copy) of each activation operand `layer` quantizes."""
     if layer.kind == "Convolution":
         return [(0, False)]
@@ -133,22 +155,26 @@ def _int8_operands(layer) -> List[Tuple[int, bool]]:
             for i in (0, 1) if not _constant(layer.inputs[i])]
 
 
-def int8_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
-    """INT8 layers that run as int8 GEMMs/convolutions here: layer name -> its quantized operands.
+def quantized_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
+    """INT8 and FP8 layers that run as int8/fp8 GEMMs or convolutions here: layer name -> its quantized
+    operands.
 
     Raises MissingDynamicRangeError naming every operand tensor without a dynamic range. Grouped
     convolutions and products of two constants run in FP16 (logged).
     """
     out, missing = {}, {}
     for layer in net.layers:
-        if (layer.precision or precision) != "INT8" or layer.kind not in INT8_KINDS:
+        fmt = _quant_format(layer, precision)
+        if fmt is None or layer.kind not in QUANT_KINDS:
             continue
-        operands = _int8_operands(layer)
+        operands = _quantized_operands(layer)
         if not operands or layer.outputs[0].dtype not in FLOATS or any(
                 layer.inputs[i].dtype not in FLOATS for i, _ in operands):
             continue
         if layer.kind == "Convolution" and int(layer.params.get("groups", 1)) != 1:
-            logger.warning("INT8 layer %r: grouped convolutions run in FP16 on the cupy backend", layer.name)
+            logger.warning("%s layer %r: grouped convolutions run in FP16 on the cupy backend", fmt, layer.name)
+            if fmt == "FP8":
+                layer.precision = "FP16"
             continue
         for i, _ in operands:
             t = layer.inputs[i]
@@ -158,57 +184,101 @@ def int8_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
     if missing:
         names = sorted(missing)
         raise MissingDynamicRangeError(
-            f"engine {net.name!r}: INT8 layer(s) {', '.join(sorted({l for ls in missing.values() for l in ls}))} "
-            f"read tensor(s) {', '.join(names)} without a dynamic range: set Tensor.dynamic_range (calibrate, or "
-            f"give the graph quantization ops) or build those layers in FP16", tensors=names)
+            f"engine {net.name!r}: quantized layer(s) "
+            f"{', '.join(sorted({l for ls in missing.values() for l in ls}))} read tensor(s) {', '.join(names)} "
+            f"without a dynamic range: set Tensor.dynamic_range (calibrate, or give the graph quantization ops) or "
+            f"build those layers in FP16", tensors=names)
     return out
 
 
-def keep_faster_int8(net, layers: Dict[str, List[Tuple[int, bool]]], tuner: Tuner, options: BuildOptions,
-                     prefer: Dict[str, dict]) -> Tuple[Dict[str, List[Tuple[int, bool]]], Dict[str, bool]]:
-    """The int8 convolutions worth running in int8 on this GPU, and the choice made for each.
+def quant_scale(fmt: str, dynamic_range: float) -> np.float32:
+    return tensor_scale(dynamic_range, FORMATS[fmt].qmax)
 
-    TensorRT's INT8 mode lets a layer run in fp16 when that kernel is faster, unless precisions are
-    strict: each int8 convolution here is timed both ways, its int8 time including the quantize step
-    its input needs when the producer does not write int8. A convolution that is faster in fp16
-    becomes an FP16 layer (``layer.precision``, so the plan and the numpy backend say what runs). A
-    tactic recorded on this GPU (``int8`` in it) decides without timing.
+
+def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, bool]], dict]:
+    """What a quantized layer reads: (input index, tensor shape, padded last dim, transposed) per activation
+    operand, and the spec's ``quant`` dict (see ops/int8.py, ops/fp8.py)."""
+    f = FORMATS[fmt]
+    if layer.kind == "Convolution":
+        x = layer.inputs[0]
+        return ([(0, tuple(x.shape), f.channels(x.shape[-1]), False)],
+                {"format": fmt, "in_scale": float(quant_scale(fmt, x.dynamic_range))})
+    p = layer.params
+    a = layer.inputs[0]
+    k = a.shape[-2] if p.get("transpose_a") else a.shape[-1]
+    quant, operands, scales = {"format": fmt, "kp": padded(k)}, [], {}
+    constant = fp8.matmul_constant if fmt == "FP8" else matmul_constant
+    for role, i, transposed in (("a", 0, bool(p.get("transpose_a"))), ("b", 1, bool(p.get("transpose_b")))):
+        t = layer.inputs[i]
+        if _constant(t):  # weights: one scale per output row (a) or column (b)
+            q, s = constant(t.producer.weights["value"], role, transposed, quant["kp"])
+            quant[role], scales[role] = {"const": q}, s
+        else:
+            operands.append((i, tuple(t.shape), quant["kp"], transposed if role == "a" else not transposed))
+            quant[role], scales[role] = {"const": None}, quant_scale(fmt, t.dynamic_range)
+    m, n = layer.outputs[0].shape[-2:]
+    sa, sb = np.asarray(scales["a"], np.float32), np.asarray(scales["b"], np.float32)
+    quant["dq"] = (sa[:, None] * np.broadcast_to(sb, (n,))[None, :] if sa.ndim else
+                   np.broadcast_to(sa * sb, (n,)).copy())  # [M, N] or [N]
+    return operands, quant
+
+
+def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str, tuner: Tuner,
+                          options: BuildOptions, prefer: Dict[str, dict]
+                          ) -> Tuple[Dict[str, List[Tuple[int, bool]]], Dict[str, Tuple[str, bool]]]:
+    """The quantized layers worth running int8/fp8 on this GPU, and the choice made for each.
+
+    TensorRT's INT8 (and FP8) mode lets a layer run in fp16 when that kernel is faster, unless precisions
+    are strict: each quantized convolution and matrix multiply is timed both ways, its quantized time
+    including the quantize steps its operands need (unless an int8 producer writes them). A layer faster in
+    fp16, or with no quantized kernel for its shapes, becomes an FP16 layer (``layer.precision``, so the
+    plan and the numpy backend say what runs). A tactic recorded on this GPU (``int8`` or ``fp8`` in it)
+    decides without timing. Choice: layer name -> (key, quantized or not).
     """
-    from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
-
     kept, chosen = {}, {}
     for layer in net.layers:
         if layer.name not in layers:
             continue
-        if layer.kind != "Convolution" or options.strict_types:
-            kept[layer.name] = layers[layer.name]
-            continue
-        x, rest = layer.inputs[0], layer.inputs[1:]
-        recorded = (prefer.get(layer.name) or {}).get("int8")
+        fmt = _quant_format(layer, precision)
+        key = fmt.lower()
+        factory = FACTORIES[layer.kind]
+        recorded = (prefer.get(layer.name) or {}).get(key)
         if recorded is None:
             out = [layer.outputs[0].shape]
+            operands, quant = quant_plan(layer, fmt)
+            qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
+            reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind == "Convolution"]
+            q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
+                     [FORMATS[fmt].storage if i in qshapes else "float16" for i in reads], out, ["float16"],
+                     "float16", options, quant=quant)
+            try:
+                q_ms = tuner.choose(q, factory)[1].get("ms") if options.strict_types else tuner.fastest_ms(q, factory)
+            except BackendError as exc:  # no quantized kernel for these shapes
+                logger.warning("%s layer %s runs in FP16: %s", fmt, layer.name, exc)
+                q_ms = float("inf")
+            if options.strict_types and q_ms != float("inf"):
+                kept[layer.name] = layers[layer.name]
+                continue
+            for i, shape, last, tr in operands:
+                t = layer.inputs[i]
+                if fmt == "FP8" or t.producer is None or t.producer.name not in kept:
+                    step = QuantizeOp(shape, "float16", quant_scale(fmt, t.dynamic_range), last, tr,
+                                      FORMATS[fmt].qfunc)
+                    q_ms += tuner.op_ms(step, [shape], ["float16"], [qshapes[i]], [FORMATS[fmt].storage])
             fp16 = Spec(layer, [t.shape for t in layer.inputs], ["float16"] * len(layer.inputs), out, ["float16"],
                         "float16", options)
-            cp, scale = conv_channels(x.shape[-1]), tensor_scale(x.dynamic_range)
-            qshape = quantized_shape(x.shape, cp)
-            int8 = Spec(layer, [qshape] + [t.shape for t in rest], ["int8"] + ["float16"] * len(rest), out,
-                        ["float16"], "float16", options, quant={"in_scale": float(scale)})
-            int8_ms = tuner.fastest_ms(int8, conv_candidates)
-            if x.producer is None or x.producer.name not in kept:
-                int8_ms += tuner.op_ms(QuantizeOp(x.shape, "float16", scale, cp), [x.shape], ["float16"], [qshape],
-                                       ["int8"])
-            fp16_ms = tuner.fastest_ms(fp16, conv_candidates)
-            recorded = int8_ms < fp16_ms
-            logger.debug("%s: int8 %.4f ms (with its quantize step), fp16 %.4f ms", layer.name, int8_ms, fp16_ms)
-        chosen[layer.name] = recorded
+            fp16_ms = 0.0 if q_ms == float("inf") else tuner.fastest_ms(fp16, factory)
+            recorded = bool(q_ms < fp16_ms)
+            logger.debug("%s: %s %.4f ms (with its quantize steps), fp16 %.4f ms", layer.name, key, q_ms, fp16_ms)
+        chosen[layer.name] = (key, recorded)
         if recorded:
             kept[layer.name] = layers[layer.name]
         else:
             layer.precision = "FP16"
-    demoted = [name for name, int8 in chosen.items() if not int8]
+    demoted = [name for name, (_, low) in chosen.items() if not low]
     if demoted:
-        logger.info("engine %s: %d of %d int8 convolutions run in FP16, faster on this GPU", net.name, len(demoted),
-                    len(chosen))
+        logger.info("engine %s: %d of %d quantized layers run in FP16, faster on this GPU", net.name,
+                    len(demoted), len(chosen))
     return kept, chosen
 
 
@@ -297,7 +367,6 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     cupy = _device.require()
     net, precision = engine.network, engine.precision
     fp8.check_device(net.name, precision, cupy.cuda.Device().compute_capability, _device.device_name())
-    fp8.run_fp8_layers_in_fp16(net)
     prog = Program()
     prog.ledger = ledger
     tuner = Tuner(tuner_ctx, options, check=os.environ.get("TFTRT_PY_CHECK_TACTICS") == "1")
@@ -329,52 +398,41 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
 
     tensors = {t.name: t for t in net.inputs}
     tensors.update({t.name: t for l in net.layers for t in l.outputs})
-    int8, int8_choice = keep_faster_int8(net, int8_layers(net, precision), tuner, options, prefer)
+    quantized_ops, choice = keep_faster_quantized(net, quantized_layers(net, precision), precision, tuner, options,
+                                                  prefer)
+    int8 = {l.name: quantized_ops[l.name] for l in net.layers
+            if l.name in quantized_ops and _quant_format(l, precision) == "INT8"}
     int8_direct, int8_dual = int8_tensors(net, int8)
-    quantized: Dict[Tuple[str, int, bool], str] = {}
+    quantized: Dict[Tuple[str, str, int, bool], str] = {}
 
-    def need_q(tensor_name: str, last: int, transpose: bool, layer_name: str) -> str:
-        """A slot holding `tensor_name` quantized to int8, its last dim padded to `last` (after the optional
-        transpose of the last two dims); one quantize step per tensor and layout."""
+    def need_q(tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
+        """A slot holding `tensor_name` quantized (int8 or E4M3 bytes), its last dim padded to `last` (after
+        the optional transpose of the last two dims); one quantize step per tensor, format and layout."""
         slot = prog.slots[tensor_name]
-        if sd[tensor_name] == "int8":
+        f = FORMATS[fmt]
+        if sd[tensor_name] == f.storage:
             if transpose or slot.shape[-1] != last:
-                raise BackendError(f"int8 tensor {tensor_name!r} cannot be read transposed or padded")
+                raise BackendError(f"{fmt} tensor {tensor_name!r} cannot be read transposed or padded")
             return tensor_name
-        key = (tensor_name, last, transpose)
+        key = (tensor_name, fmt, last, transpose)
         if key not in quantized:
-            name = f"{tensor_name}@int8{'T' if transpose else ''}"
-            add_slot(name, quantized_shape(slot.shape, last, transpose), "int8", "arena")
-            op = QuantizeOp(slot.shape, sd[tensor_name], tensor_scale(tensors[tensor_name].dynamic_range), last,
-                            transpose)
+            name = f"{tensor_name}@{fmt.lower()}{'T' if transpose else ''}"
+            add_slot(name, quantized_shape(slot.shape, last, transpose), f.storage, "arena")
+            op = QuantizeOp(slot.shape, sd[tensor_name], quant_scale(fmt, tensors[tensor_name].dynamic_range), last,
+                            transpose, f.qfunc)
             prog.steps.append(Step(op, [tensor_name], [name], f"{layer_name} (quantize)"))
             quantized[key] = name
         return quantized[key]
 
-    def int8_inputs(layer, cdt: str):
-        """(input slots, quant dict) of an int8 layer."""
+    def quantized_inputs(layer, cdt: str):
+        """(input slots, quant dict) of an int8 or fp8 layer."""
+        fmt = _quant_format(layer, precision)
+        operands, quant = quant_plan(layer, fmt)
+        ins = {i: need_q(layer.inputs[i].name, fmt, last, tr, layer.name) for i, _, last, tr in operands}
         if layer.kind == "Convolution":
-            x = layer.inputs[0]
-            ins = [need_q(x.name, conv_channels(x.shape[-1]), False, layer.name)]
-            ins += [need(t.name, cdt if t.dtype in FLOATS else t.dtype, layer.name) for t in layer.inputs[1:]]
-            return ins, {"in_scale": float(tensor_scale(x.dynamic_range))}
-        p = layer.params
-        a = layer.inputs[0]
-        k = a.shape[-2] if p.get("transpose_a") else a.shape[-1]
-        quant, ins, scales = {"kp": padded(k)}, [], {}
-        for role, i, transposed in (("a", 0, bool(p.get("transpose_a"))), ("b", 1, bool(p.get("transpose_b")))):
-            t = layer.inputs[i]
-            if _constant(t):  # weights: one scale per output row (a) or column (b)
-                q, s = matmul_constant(t.producer.weights["value"], role, transposed, quant["kp"])
-                quant[role], scales[role] = {"const": q}, s
-            else:
-                ins.append(need_q(t.name, quant["kp"], transposed if role == "a" else not transposed, layer.name))
-                quant[role], scales[role] = {"const": None}, tensor_scale(t.dynamic_range)
-        m, n = layer.outputs[0].shape[-2:]
-        sa, sb = np.asarray(scales["a"], np.float32), np.asarray(scales["b"], np.float32)
-        quant["dq"] = (sa[:, None] * np.broadcast_to(sb, (n,))[None, :] if sa.ndim else
-                       np.broadcast_to(sa * sb, (n,)).copy())  # [M, N] or [N]
-        return ins, quant
+            ins.update({i: need(t.name, cdt if t.dtype in FLOATS else t.dtype, layer.name)
+                        for i, t in enumerate(layer.inputs) if i not in ins})
+        return [ins[i] for i in sorted(ins)], quant
 
     views = set()
     groups: Optional[Dict[str, List]] = None
@@ -417,8 +475,8 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
         cdt = compute_dtype(layer, precision)
         host = layer.kind == "NMS"
         quant, extra = None, []  # extra: (slot, shape) of a second, int8 output (dual tensors)
-        if layer.name in int8:
-            inputs, quant = int8_inputs(layer, cdt)
+        if layer.name in quantized_ops:
+            inputs, quant = quantized_inputs(layer, cdt)
             t = layer.outputs[0]
             out_dtypes = ["int8" if t.name in int8_direct else cdt]
             if t.name in int8_dual:
@@ -437,10 +495,10 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
             add_slot(t.name, t.shape, dtype, "arena")
         for name, shape in extra:
             add_slot(name, shape, "int8", "arena")
-            quantized[(layer.outputs[0].name, shape[-1], False)] = name
+            quantized[(layer.outputs[0].name, "INT8", shape[-1], False)] = name
         prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _ in extra], layer.name))
-        if layer.name in int8_choice:
-            record = dict(record, int8=int8_choice[layer.name])
+        if layer.name in choice:
+            record = dict(record, **dict([choice[layer.name]]))
         prog.tactics[layer.name] = record
         weights.append(op)
     tuner.release()

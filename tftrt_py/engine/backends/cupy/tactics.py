@@ -88,6 +88,9 @@ class Tuner:
                     arr = cupy.random.uniform(0, 1, tuple(shape)) > 0.5
                 elif dtype == "int8":  # quantized operands: never time on zeros
                     arr = cupy.random.randint(-127, 128, tuple(shape)).astype(cupy.int8)
+                elif dtype == "uint8":  # E4M3 codes (FP8 operands), NaN's left out
+                    arr = (cupy.random.randint(0, 0x7f, tuple(shape)) | (cupy.random.randint(0, 2, tuple(shape))
+                                                                         << 7)).astype(cupy.uint8)
                 else:
                     arr = cupy.zeros(tuple(shape), dtype=dtype)
             self._buffers[key] = arr

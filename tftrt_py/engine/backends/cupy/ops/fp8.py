@@ -1,25 +1,53 @@
-"""FP8 (E4M3) layers on the cupy backend: which GPUs may build them, and what runs them.
+"""FP8 (E4M3) Convolution and MatrixMultiply on the cupy backend, and which GPUs may build them.
 
-FP8 needs compute capability 8.9 or later (Ada, Hopper): building an FP8 engine on an older GPU is a
-BuildError saying what to use instead. On a GPU that has FP8, FP8 layers run in FP16 for now (logged once per engine,
-and ``layer.precision`` says so, so plans and the numpy backend compute what ran), as TensorRT runs a layer in
-a wider precision where it has no faster narrow kernel. The kernels to come: cuDNN 9.19 runs E4M3 convolution
-fprop on an H100 (fp32 accumulation, dequantize/bias/activation epilogue, fp16 output: 0.67-1.51x the fp16
-time per ResNet-50 layer, before quantizing the input), and cuBLASLt's FP8 GEMM (``cublaslt.fp8_gemm``).
+The contract is INT8's (ops/int8.py) with E4M3FN values for integers (numpy_precision.py computes the same
+on the CPU): an activation operand is quantized with its tensor's scale dynamic_range / 448, rounded to
+nearest even and saturated to +-448 (``cvt.rn.satfinite.e4m3x2.f32``, one kernel step shared by every FP8
+reader of a tensor, :data:`E4M3_Q` in int8's QuantizeOp); constant weights per output channel (max abs / 448);
+products summed in fp32, then ``act(sum * s_x * s_w[c] + bias + residual)`` in fp32, written as fp16.
+
+* Convolution: a cuDNN graph (E4M3 image and filter, fp32 accumulation) with the per-channel dequantize,
+  bias, residual and activation fused on its output (int8's graph with FP8 operands).
+* MatrixMultiply: cuBLASLt's E4M3 GEMM writing fp32 sums (it takes one scale per operand), then int8's
+  epilogue kernel applies the per-channel scales, bias and activation.
+
+E4M3 bytes are stored as uint8 (cupy has no float8 type). FP8 needs compute capability 8.9 or later (Ada,
+Hopper): building an FP8 engine on an older GPU is a BuildError saying what to use instead.
 """
 from __future__ import annotations
 
 import logging
-from typing import Tuple
+from typing import List, Tuple
 
+import numpy as np
+
+from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
+from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
+from tftrt_py.engine.backends.cupy.ops.int8 import CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, _cudnn_int8_graph
+from tftrt_py.engine.backends.numpy_precision import E4M3_MAX, FORMATS, quantize_per_channel
 from tftrt_py.engine.errors import BuildError
 
-__all__ = ["MIN_CAPABILITY", "check_device", "run_fp8_layers_in_fp16"]
+__all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "check_device", "e4m3_bytes", "fp8_conv_candidates",
+           "fp8_matmul_candidates", "matmul_constant"]
 
 logger = logging.getLogger(__name__)
 
 #: The oldest GPU generation with FP8 tensor cores (Ada Lovelace, sm_89).
 MIN_CAPABILITY: Tuple[int, int] = (8, 9)
+
+#: int8.QuantizeOp's rounding for FP8: the E4M3FN byte of v / s (nearest even, saturated, NaN kept).
+E4M3_Q = r"""
+__device__ __forceinline__ int tt_q(float v, float s) {
+  unsigned short h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(v / s));
+  return h & 0xff;
+}
+"""
+
+#: The 127 non-negative finite E4M3FN values in code order (0x00..0x7e; 0x7f is NaN).
+_E4M3_POSITIVE = np.array([(m / 8.0) * 2.0 ** -6 if (c >> 3) == 0 else (1 + m / 8.0) * 2.0 ** ((c >> 3) - 7)
+                           for c in range(127) for m in [c & 7]])
 
 
 def _capability(text: str) -> Tuple[int, int]:
@@ -37,12 +65,77 @@ def check_device(engine_name: str, precision: str, capability: str, device: str)
             f"or 'FP16' instead")
 
 
-def run_fp8_layers_in_fp16(net) -> int:
-    """Set every FP8 layer of `net` to FP16 (the kernels this backend runs them with); how many there were."""
-    layers = [layer for layer in net.layers if layer.precision == "FP8"]
-    for layer in layers:
-        layer.precision = "FP16"
-    if layers:
-        logger.warning("engine %s: %d FP8 layer(s) run in FP16 on the cupy backend (its FP8 kernels are not wired "
-                       "in yet)", net.name, len(layers))
-    return len(layers)
+def e4m3_bytes(values: np.ndarray) -> np.ndarray:
+    """The E4M3FN codes (uint8) of values that are E4M3 values already (numpy_precision.round_e4m3's)."""
+    v = np.asarray(values, np.float64)
+    codes = np.searchsorted(_E4M3_POSITIVE, np.abs(v)).astype(np.uint8)
+    return codes | np.where(np.signbit(v), np.uint8(0x80), np.uint8(0))
+
+
+def _per_channel(w: np.ndarray, axis: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(E4M3 codes, float32 scale per index of `axis`) of weights, as the numpy backend quantizes them."""
+    q, s = quantize_per_channel(w, axis, FORMATS["FP8"])
+    return e4m3_bytes(q), s.reshape(-1).astype(np.float32)
+
+
+def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):
+    """A constant matmul operand as E4M3 codes [.., rows, kp] and its float32 scale per row (see
+    int8.matmul_constant: rows are M for `role` "a", N for "b")."""
+    v = np.asarray(value, np.float32)
+    k_last = (role == "a") != transposed
+    q, s = _per_channel(v if k_last else np.swapaxes(v, -1, -2), -2)
+    pad = kp - q.shape[-1]
+    if pad:
+        q = np.concatenate([q, np.zeros(q.shape[:-1] + (pad,), np.uint8)], axis=-1)
+    return np.ascontiguousarray(q), s
+
+
+def fp8_conv_candidates(spec: Spec) -> List[Op]:
+    """The plans of cuDNN's FP8 convolution graph with dequantize, bias, residual and activation fused; none
+    (the layer then runs in FP16) for grouped convolutions or where cuDNN has no plan."""
+    cupy = _device.require()
+    layer, opts, prefer = spec.layer, spec.options, spec.prefer or {}
+    geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
+    has_residual = len(spec.in_shapes) > 1
+    residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
+    if (geom.groups != 1 or _device.cudnn_module() is None or prefer.get("op") not in (None, "cudnn_conv_fp8")
+            or (residual is not None and residual[0] != geom.n)):
+        return []
+    activation, bias = layer.params.get("activation"), layer.weights.get("bias")
+    try:
+        graph = _cudnn_int8_graph(geom, "fused", bias is not None, residual, activation, spec.out_dtypes[0], opts,
+                                  fp8=True)
+        plans = graph.plans(opts.cudnn_plans, prefer.get("plan"))
+    except Exception as exc:
+        logger.debug("cuDNN FP8 graph for %s not supported: %s", layer.name, exc)
+        return []
+    kernel = layer.weights["kernel"]
+    q, s_w = _per_channel(kernel, -1)
+    if geom.c > kernel.shape[-2]:
+        q = np.concatenate([q, np.zeros(q.shape[:-2] + (geom.c - q.shape[-2], q.shape[-1]), np.uint8)], axis=-2)
+    w = cupy.asarray(np.ascontiguousarray(np.moveaxis(q, -1, 0)))  # [Cout, *K, C]
+    deq = Dequant(cupy.asarray(np.float32(spec.quant["in_scale"]) * s_w),
+                  cupy.asarray(bias.astype(np.float32)) if bias is not None else None, activation,
+                  spec.out_dtypes[0], None, residual[1] if residual else None)
+    ops = [CudnnInt8ConvOp(graph, plan, w, deq, (), has_residual) for plan in plans]
+    for op in ops:
+        op.tactic = dict(op.tactic, op="cudnn_conv_fp8")
+    return ops
+
+
+class LtFp8MatMulOp(LtInt8MatMulOp):
+    """The product through cuBLASLt's E4M3 GEMM: fp32 sums, then the dequantizing epilogue."""
+
+    OPERANDS, ACC = "float8_e4m3", "float32"
+
+
+def fp8_matmul_candidates(spec: Spec) -> List[Op]:
+    """cuBLASLt's first E4M3 GEMM algorithms for this product; none where cuBLASLt has no FP8 kernel for it."""
+    want = (spec.prefer or {}).get("plan")
+    try:
+        first = LtFp8MatMulOp(spec, 0)
+        ops = [first] + [LtFp8MatMulOp(spec, i, first.plan) for i in range(1, len(first.plan.algos))]
+    except Exception as exc:
+        logger.debug("no cuBLASLt FP8 GEMM for %s: %s", spec.layer.name, exc)
+        return []
+    return [op for op in ops if want in (None, op.algo)]

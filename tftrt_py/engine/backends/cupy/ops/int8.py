@@ -48,10 +48,11 @@ def conv_channels(c: int) -> int:
     return padded(c, 4) if c < PAD else padded(c)
 
 
-def tensor_scale(dynamic_range: float) -> np.float32:
-    """The symmetric per-tensor scale of a tensor with this dynamic range (1 for an empty range)."""
+def tensor_scale(dynamic_range: float, qmax: float = QMAX) -> np.float32:
+    """The symmetric per-tensor scale of a tensor with this dynamic range (1 for an empty range); `qmax`: the
+    largest quantized magnitude (448 for FP8)."""
     amax = float(dynamic_range)
-    return np.float32(amax / QMAX if amax > 0 and np.isfinite(amax) else 1.0)
+    return np.float32(amax / qmax if amax > 0 and np.isfinite(amax) else 1.0)
 
 
 def quantize_weights(w: np.ndarray, axis: int = -1) -> Tuple[np.ndarray, np.ndarray]:
@@ -66,11 +67,14 @@ def quantize_weights(w: np.ndarray, axis: int = -1) -> Tuple[np.ndarray, np.ndar
 
 
 # -- quantize step -----------------------------------------------------------------------------------
-_QUANTIZE = r"""
+#: tt_q(v, s): the quantized byte of v with scale s (in the low 8 bits); fp8.py has the E4M3 one.
+INT8_Q = r"""
 __device__ __forceinline__ int tt_q(float v, float s) {
   if (!(s > 0.0f)) return 0;
   return (int)fminf(fmaxf(rintf(v / s), -127.0f), 127.0f);
 }
+"""
+_QUANTIZE = r"""
 extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict__ q, float s, long long groups) {
   // one thread per 4 output bytes: q is [OUTER, D1, D2P] (D2P % 4 == 0) read from x [OUTER, D2, D1]
   // (TRANSPOSE) or x [OUTER, D1, D2]; padding bytes are 0.
@@ -101,18 +105,20 @@ extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict_
 """
 
 
-def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool):
+def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q):
     vec4 = dtype == "float16" and not transpose and d2 == d2p
     head = (f"#define T {kernels.raw_type(dtype)}\n#define D1 {d1}\n#define D2 {d2}\n#define D2P {d2p}\n"
             f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec4)}\n")
-    return kernels.raw_kernel(head + _QUANTIZE, "tt_quantize")
+    return kernels.raw_kernel(head + qfunc + _QUANTIZE, "tt_quantize")
 
 
 class QuantizeOp(Op):
     """x (float) -> int8 with scale `s`; the last dim zero-padded to `last_padded`; with `transpose` the
-    last two dims are swapped first (a [.., K, N] operand becomes K-contiguous [.., N, K])."""
+    last two dims are swapped first (a [.., K, N] operand becomes K-contiguous [.., N, K]). `qfunc`: the
+    rounding (int8, or fp8.E4M3_Q: E4M3 bytes)."""
 
-    def __init__(self, shape, dtype: str, scale: float, last_padded: int, transpose: bool = False):
+    def __init__(self, shape, dtype: str, scale: float, last_padded: int, transpose: bool = False,
+                 qfunc: str = INT8_Q):
         shape = tuple(int(d) for d in shape)
         if transpose:
             d2, d1 = shape[-2], shape[-1]
@@ -122,7 +128,7 @@ class QuantizeOp(Op):
             outer = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 1 else 1
         self.scale = np.float32(scale)
         self.groups = outer * d1 * last_padded // 4
-        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose)
+        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc)
         self.tactic = {"op": "quantize", "scale": float(self.scale), "transpose": bool(transpose)}
 
     def run(self, rc, ins, outs):
@@ -137,11 +143,12 @@ def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[i
 
 
 # -- int32 accumulators -> output ------------------------------------------------------------------
-def int8_epilogue(out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation, dual: bool = False):
+def int8_epilogue(out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation, dual: bool = False,
+                  acc_dtype: str = "int32"):
     """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (int8:
     requantized with the output's scale, ``sy``); `dual` also stores it requantized with scale ``sq`` in
-    ``yq``. Call as kernel(acc, dq[, bias][, res][, sy][, sq], y[, yq])."""
-    params, e = ["int32 acc", "float32 dq"], "((float)acc * dq)"
+    ``yq``. Call as kernel(acc, dq[, bias][, res][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
+    params, e = [f"{acc_dtype} acc", "float32 dq"], "((float)acc * dq)"
     if has_bias:
         params.append("float32 bias")
         e = f"({e} + bias)"
@@ -159,7 +166,7 @@ def int8_epilogue(out_dtype: str, has_bias: bool, residual_dtype: Optional[str],
         params.append("float32 sq")
         outs += ", int8 yq"
         body += " yq = (signed char)fminf(fmaxf(rintf(tt_fp16(v) / sq), -127.0f), 127.0f);"
-    return kernels.elementwise(", ".join(params), outs, body, "tt_int8_epilogue", PREAMBLE + _FP16)
+    return kernels.elementwise(", ".join(params), outs, body, f"tt_{acc_dtype}_epilogue", PREAMBLE + _FP16)
 
 
 #: Round a float to the nearest fp16 value (cupy's float16 type exists only in kernels with fp16 arguments).
@@ -185,10 +192,11 @@ class Dequant:
     residual_dtype: Optional[str]
     #: Also write the output requantized with this scale (a second, int8 output).
     dual_scale: Optional[np.float32] = None
+    acc_dtype: str = "int32"
 
     def __post_init__(self):
         self.kernel = int8_epilogue(self.out_dtype, self.bias is not None, self.residual_dtype, self.activation,
-                                    self.dual_scale is not None)
+                                    self.dual_scale is not None, self.acc_dtype)
 
     @property
     def requant_scale(self) -> Optional[np.float32]:
@@ -229,25 +237,26 @@ class CudnnInt8ConvGraph(CudnnConvGraph):
     """A cuDNN int8 convolution graph (NHWC, int8 image and filter, int32 accumulation)."""
 
     def __init__(self, geom: ConvGeom, fusion: str, bias: bool, residual: Optional[Tuple[int, str]], activation,
-                 out_dtype: str, max_workspace: int, handle):
+                 out_dtype: str, max_workspace: int, handle, fp8: bool = False):
         import threading
 
         dual = fusion.endswith("+q")
         cudnn = _device.cudnn_module()
         dt = cudnn.data_type
+        qt, acc = (dt.FP8_E4M3, dt.FLOAT) if fp8 else (dt.INT8, dt.INT32)  # FP8: E4M3 operands, fp32 sums
         self.lock = threading.Lock()
         self.fusion, self.dtype = fusion, out_dtype
         io = {"float16": dt.HALF, "float32": dt.FLOAT, "int8": dt.INT8}
         g2 = geom.as2d()
         inter = dt.INT32 if fusion == "conv" else dt.FLOAT
-        g = cudnn.pygraph(io_data_type=dt.INT8, intermediate_data_type=inter, compute_data_type=inter, handle=handle)
+        g = cudnn.pygraph(io_data_type=qt, intermediate_data_type=inter, compute_data_type=inter, handle=handle)
         xd, xs = nhwc_dims(g2.n, g2.c, g2.spatial)
         wd, ws = nhwc_dims(g2.cout, g2.cg, g2.kernel)
         vd, vs = nhwc_dims(1, g2.cout, [1] * len(g2.spatial))
-        self.X = g.tensor(name="X", dim=xd, stride=xs, data_type=dt.INT8)
-        self.W = g.tensor(name="W", dim=wd, stride=ws, data_type=dt.INT8)
+        self.X = g.tensor(name="X", dim=xd, stride=xs, data_type=qt)
+        self.W = g.tensor(name="W", dim=wd, stride=ws, data_type=qt)
         y = g.conv_fprop(image=self.X, weight=self.W, pre_padding=list(g2.pre), post_padding=list(g2.post),
-                         stride=list(g2.strides), dilation=list(g2.dilations), compute_data_type=dt.INT32,
+                         stride=list(g2.strides), dilation=list(g2.dilations), compute_data_type=acc,
                          name="conv")
         self.S = self.B = self.R = self.Q = self.H = self.Yq = None
         yd, ys = nhwc_dims(g2.n, g2.cout, g2.out)
@@ -359,13 +368,14 @@ class QuantizeAfterOp(Op):
         self.quantize.run(rc, outs[:1], outs[1:])
 
 
-def _cudnn_int8_graph(geom, fusion, bias, residual, activation, out_dtype, opts) -> CudnnInt8ConvGraph:
+def _cudnn_int8_graph(geom, fusion, bias, residual, activation, out_dtype, opts, fp8: bool = False
+                      ) -> CudnnInt8ConvGraph:
     import json
 
-    key = json.dumps(["int8", dataclasses.astuple(geom), fusion, bias, residual, activation, out_dtype,
-                      opts.max_workspace, _device.device_name()], sort_keys=True, default=str)
+    key = json.dumps(["fp8" if fp8 else "int8", dataclasses.astuple(geom), fusion, bias, residual, activation,
+                      out_dtype, opts.max_workspace, _device.device_name()], sort_keys=True, default=str)
     return cudnn_graph_cache(key, lambda: CudnnInt8ConvGraph(geom, fusion, bias, residual, activation, out_dtype,
-                                                             opts.max_workspace, opts.tuner.cudnn))
+                                                             opts.max_workspace, opts.tuner.cudnn, fp8))
 
 
 # -- cuBLAS int8 GEMM convolution ---------------------------------------------------------------------
@@ -410,7 +420,12 @@ def _conv_weights(kernel: np.ndarray, cp: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def int8_conv_candidates(spec: Spec) -> List[Op]:
-    """cuDNN int8 plans of the most fused graph that has any, and the cuBLAS int8 GEMM path."""
+    """cuDNN int8 plans of the most fused graph that has any, and the cuBLAS int8 GEMM path (FP8 layers:
+    fp8.py's)."""
+    if spec.quant.get("format") == "FP8":
+        from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_conv_candidates
+
+        return fp8_conv_candidates(spec)
     cupy = _device.require()
     layer, opts, quant = spec.layer, spec.options, spec.quant
     geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
@@ -469,6 +484,9 @@ class Int8MatMulOp(Op):
     int32 accumulators in the workspace, then the epilogue. Constant operands are uploaded quantized;
     activation operands arrive quantized (and transposed where needed) from QuantizeOp steps."""
 
+    #: The accumulators' dtype.
+    ACC = "int32"
+
     def __init__(self, spec: Spec):
         cupy = _device.require()
         q, p = spec.quant, spec.params
@@ -502,7 +520,8 @@ class Int8MatMulOp(Op):
         bias = spec.weights.get("bias")
         bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (self.n,)).copy()) if bias is not None else None
         dq = cupy.asarray(np.ascontiguousarray(q["dq"], np.float32))  # [N], or [M, N] for a constant A
-        self.deq = Dequant(dq, bias32, p.get("activation"), spec.out_dtypes[0], _out_scale(spec), None)
+        self.deq = Dequant(dq, bias32, p.get("activation"), spec.out_dtypes[0], _out_scale(spec), None,
+                           acc_dtype=self.ACC)
         self.device_bytes = self.deq.nbytes + sum(int(s[1].nbytes) for s in self.sources if s[0] == "const")
         self.tactic = {"op": "cublas_gemm_int8", "workspace": self.workspace}
 
@@ -511,7 +530,7 @@ class Int8MatMulOp(Op):
         return v.data.ptr if kind == "const" else ins[v].data.ptr
 
     def run(self, rc, ins, outs):
-        acc = rc.scratch(0, (self.batch, self.m, self.np), "int32")
+        acc = rc.scratch(0, (self.batch, self.m, self.np), self.ACC)
         self._gemm(rc, self._ptr(self.sources[0], ins), self._ptr(self.sources[1], ins), acc.data.ptr)
         self.deq.run(acc[:, :, :self.n], None, outs[0].reshape(self.batch, self.m, self.n))
 
@@ -524,17 +543,21 @@ class Int8MatMulOp(Op):
 class LtInt8MatMulOp(Int8MatMulOp):
     """The same int8 GEMM (int32 accumulators) through one cuBLASLt algorithm."""
 
+    #: cuBLASLt's operand dtype.
+    OPERANDS = "int8"
+
     def __init__(self, spec: Spec, algo: int, plan=None):
         from tftrt_py.engine.backends.cupy import cublaslt
         from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
 
         super().__init__(spec)
         self.plan = plan or cublaslt.LtGemm(
-            self.m, self.n, self.kp, "int8", out_dtype="int32", trans_b=True, lda=self.kp, ldb=self.kp, ldd=self.np,
+            self.m, self.n, self.kp, self.OPERANDS, out_dtype=self.ACC, trans_b=True, lda=self.kp, ldb=self.kp, ldd=self.np,
             batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1], stride_d=self.m * self.np,
             max_workspace=CUBLAS_WORKSPACE, algos=2)
         self.algo = algo
-        self.tactic = {"op": "cublaslt_gemm_int8", "plan": algo, "workspace": self.workspace}
+        self.tactic = {"op": f"cublaslt_gemm_{'int8' if self.OPERANDS == 'int8' else 'fp8'}", "plan": algo,
+                       "workspace": self.workspace}
 
     def _gemm(self, rc, a: int, b: int, acc: int) -> None:
         ws = rc.cublas
@@ -542,9 +565,13 @@ class LtInt8MatMulOp(Int8MatMulOp):
 
 
 def int8_matmul_candidates(spec: Spec) -> List[Op]:
-    """The cuBLAS int8 GEMM and cuBLASLt's first algorithms (see matmul.gemm_paths)."""
+    """The cuBLAS int8 GEMM and cuBLASLt's first algorithms (see matmul.gemm_paths); FP8 layers: fp8.py's."""
     from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
 
+    if spec.quant.get("format") == "FP8":
+        from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_matmul_candidates
+
+        return fp8_matmul_candidates(spec)
     want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_gemm_int8", "cublaslt_gemm_int8")
     lt: List[Op] = []
     if want_lt:
