@@ -32,6 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "engine", "gpu"))
 
 import gpu_bert as bert  # noqa: E402
+from engine_profile import profile  # noqa: E402
 import gpu_resnet50 as resnet50  # noqa: E402
 from gpu_calibrate import apply_ranges, max_abs_ranges  # noqa: E402
 
@@ -110,29 +111,6 @@ class CupyEvent:
         return cupy.cuda.get_elapsed_time(self.ev, end.ev)
 
 
-def profile(engine, ctx, x, precision, runs: int = 3) -> None:
-    """Per-layer GPU times (each step replayed alone from its own CUDA graph, between events): totals by layer
-    kind and the top layers."""
-    from tftrt_py.engine import Profiler
-
-    ctx.profiler = Profiler()
-    for _ in range(runs):
-        ctx.execute({engine.inputs[0].name: x})
-    ctx.profiler, records = None, ctx.profiler.records
-    kinds = {l.name: l.kind for l in engine.network.layers}
-    per_layer = {name: sum(v) / len(v) for name, v in records.items()}
-    by_kind = {}
-    for name, ms in per_layer.items():
-        kind = kinds.get(name, name.split(" (")[-1].rstrip(")"))
-        by_kind[kind] = by_kind.get(kind, 0.0) + ms
-    total = sum(per_layer.values())
-    print(f"profile {precision} (per step, each replayed alone): total {total:.3f} ms; by kind: " +
-          ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
-    for name, ms in sorted(per_layer.items(), key=lambda kv: -kv[1])[:12]:
-        tactic = {k: v for k, v in engine.tactics.get(name, {}).items() if k in ("op", "plan", "pad_c", "ms")}
-        print(f"  {ms:7.3f} ms  {name}  {tactic}")
-
-
 def ceilings(torch):
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
@@ -207,7 +185,7 @@ def ours(table, model, batch, precision, build, x, ref, iters, profile_it=False)
         lat, tput = time_loop(lambda: ctx.execute({name: x}), cupy.cuda.Device().synchronize, iters, 5, CupyEvent)
         mem = get_backend("cupy").memory_report(engine)
         if profile_it:
-            profile(engine, ctx, x, precision)
+            profile(engine, ctx, {engine.inputs[0].name: x}, precision)
         ops = {}
         for t in engine.tactics.values():
             ops[t.get("op")] = ops.get(t.get("op"), 0) + 1

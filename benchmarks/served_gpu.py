@@ -431,8 +431,8 @@ def served_ops(before: set):
 
 
 def engine_callables(ops, feed_arrays: list, cupy):
-    """(host call, device call, dispatcher call) of the engine serving these inputs in the one engine op of a
-    whole-model conversion, or None when the model has several engine ops."""
+    """(host call, device call, dispatcher call, per-layer profile) of the engine serving these inputs in the one
+    engine op of a whole-model conversion, or None when the model has several engine ops."""
     whole = [op for op in ops if op.stats.engine_runs]
     if len(whole) != 1:
         return None
@@ -454,7 +454,14 @@ def engine_callables(ops, feed_arrays: list, cupy):
 
     def dispatch():  # what the kernel calls, less TensorFlow
         op.run(order, [], True)
-    return host, dev, dispatch
+
+    def profile_engine(precision):
+        from engine_profile import profile
+
+        engine = context.engine
+        profile(engine, engine.create_execution_context(), {t.name: a for t, a in zip(engine.inputs, device)},
+                precision, top=20)
+    return host, dev, dispatch, profile_engine
 
 
 def _op_inputs(op, arrays):
@@ -529,6 +536,8 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                 row["engine_host"] = timed(calls[0])
                 row["engine_device"] = timed(calls[1])
                 row["dispatch"] = timed(calls[2])
+                if args.profile_engine and b == max(batches):
+                    calls[3](f"{name} {precision} batch {b}")
             row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**tensors).values()])
             if args.trace:
                 row.update(Trace().measure(lambda: [v.numpy() for v in sig(**tensors).values()], 200))
@@ -585,6 +594,8 @@ def main() -> int:
     parser.add_argument("--thread-calls", type=int, default=100)
     parser.add_argument("--trace", action="store_true", help="time the served path's steps (see Trace)")
     parser.add_argument("--profile-build", action="store_true", help="cProfile the first precision's build")
+    parser.add_argument("--profile-engine", action="store_true",
+                        help="per-layer GPU times of each whole-model engine at the largest batch")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "served.json"))
     args = parser.parse_args()
     os.environ.setdefault("TFTRT_PY_BACKEND", "cupy")
