@@ -219,9 +219,14 @@ class ConversionContext:
             source -> Slice(first column) -> Shuffle([n, 1, ...]) -> Identity(bool) --.
                                                                   row, row -> Select -> [n, ...]
         """
+        n = source.shape[0]
+        # A network input of the same rows serves as well (in a row-wise engine every input's dim 0 is the
+        # batch): reading it rather than an intermediate keeps that intermediate's readers to the layers that
+        # use its values (a fusion such as attention's needs its scores read once).
+        source = next((t for t in self.network.inputs if t.rank and t.shape[0] == n), source)
         key = (source.name, row.rank)
         if key not in self._row_conditions:
-            net, rank, n = self.network, source.rank, source.shape[0]
+            net, rank = self.network, source.rank
             column = source
             if rank > 1:
                 column = net.add_layer("Slice", [column], {"start": [0] * rank, "size": [n] + [1] * (rank - 1),

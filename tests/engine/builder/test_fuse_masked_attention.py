@@ -8,7 +8,9 @@ import pytest
 import tensorflow as tf
 
 from fusion_nets import add, build_and_compare, network, rand
-from support import run_engine
+from support import run_engine, segment_graph_def
+from tftrt_py.convert.build import build_engine
+from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine import Runtime
 from tftrt_py.engine.builder.fusions.match import fusion_counts
 from tftrt_py.engine.layers import causal_keep
@@ -155,3 +157,22 @@ def test_malformed_masks_are_refused(mask, params, message):
     inputs = [q, k, v] + ([net.add_input("mask", *mask)] if mask else [])
     with pytest.raises(NetworkError, match=message):
         net.add_layer("Attention", inputs, {"scale": 0.5, "heads": None, **params}, name="attention")
+
+
+def test_keras_hub_bert_traced_with_dynamic_shapes():
+    """A SavedModel's signature has [None, None] inputs: its all-true mask (ones shaped by the batch) becomes a
+    row-wise constant that reads a network input, not the scores, so the attention still fuses."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(10)
+    model = keras_hub.models.BertBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                                          intermediate_dim=32, dropout=0.0, max_sequence_length=8)
+    ids, mask = tokens(np.random.default_rng(11))
+    segments = (np.arange(8)[None] >= 4).repeat(3, 0).astype(np.int32)
+    fn = lambda i, s, m: model({"token_ids": i, "segment_ids": s, "padding_mask": m})
+    specs = [tf.TensorSpec([None, None], tf.int32)] * 3
+    engine = build_engine(segment_graph_def(fn, specs), [ids.shape] * 3, config=BuilderConfig(precision="FP32"))
+    layers = [l for l in engine.network.layers if l.kind == "Attention"]
+    assert [(tuple(l.inputs[3].shape), l.params["causal"]) for l in layers] == [((3, 1, 1, 8), False)] * 2
+    outs = engine.create_execution_context().execute_v2([ids, segments, mask])
+    for got, want in zip(outs, tf.nest.flatten(fn(tf.constant(ids), tf.constant(segments), tf.constant(mask)))):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)

@@ -112,17 +112,27 @@ def _causal(value: np.ndarray, shape) -> bool:
                                                       np.broadcast_to(causal_keep(*shape[-2:]), shape))
 
 
+def _mask_constant(t: Tensor) -> Optional[np.ndarray]:
+    """The value of a constant mask, also of one repeated over the batch row by row (Select(c, row, row): what
+    the converter makes of a constant shaped by the batch size, e.g. ``tf.ones`` of a dynamic shape)."""
+    select = produced_by(t, "Select")
+    if select is not None and select.inputs[1] is select.inputs[2]:
+        value = constant_value(select.inputs[1])
+        return None if value is None else np.broadcast_to(value, t.shape)
+    return constant_value(t)
+
+
 def _simplified(mask: Tensor, shape) -> Tuple[Optional[Tensor], bool]:
     """(mask, causal) keeping what `mask` keeps of scores of `shape`: logical ands with an all-true constant
     dropped, a constant causal triangle as ``causal``; no mask where nothing else is left."""
     causal = False
     while True:
-        value = constant_value(mask)
+        value = _mask_constant(mask)
         if value is not None and (value.all() or _causal(value, shape)):
             return None, causal or not value.all()
         found = produced_by(mask, "ElementWise", "and")
         for c, other in (found.inputs, found.inputs[::-1]) if found else ():
-            value = constant_value(c)
+            value = _mask_constant(c)
             if value is not None and other.rank == len(shape) and (value.all() or _causal(value, shape)):
                 causal, mask = causal or not value.all(), other
                 break
