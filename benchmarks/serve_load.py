@@ -1,0 +1,356 @@
+"""Load on tftrt-serve, batching off and on: throughput and latency at N concurrent clients, loopback only.
+
+    python benchmarks/serve_load.py [--model small_cnn|resnet50] [--api rest|grpc] [--clients 32]
+                                    [--requests 3000] [--time-limit 60] [--repeat 3] [--json out.json]
+
+The model (random weights, nothing downloaded) is exported and converted into a temporary folder: the demo CNN in
+FP32, `--model resnet50` (Keras ResNet50, 224x224) in FP16 where a GPU serves engines (else FP32), engines built
+for batch 1 and every allowed batch size. A server (tftrt-serve in this process, or `--server subprocess`) serves
+it on ephemeral loopback ports, once without batching and once with TF Serving's batching parameters
+(--max-batch-size, --batch-timeout-micros, --num-batch-threads, --allowed-batch-sizes). Clients run in
+--client-procs processes (threads there, one connection each), each sending `--rows`-row predicts until the
+request count or the time limit is reached, after a warm-up. Printed per mode and run: requests answered,
+throughput (req/s, rows/s), p50/p99 latency, mean batch size (the server's metrics), CPU time per request of the
+server and of the clients, the load average (the machine may be shared); native-segment runs are flagged. Then
+the medians of the repeats, the on/off throughput ratio, and the p99 bound 2 x batch_timeout + one full batch's
+compute.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "models")]
+
+import numpy as np  # noqa: E402
+
+MODEL_NAME = "m"
+SIZES = {"small_cnn": 32, "resnet50": 224}
+
+
+# -- the model ----------------------------------------------------------------------------------------------------
+def _gpu() -> bool:
+    from tftrt_py.engine.backends import cupy
+
+    return cupy.available()[0]
+
+
+def convert(model: str, root: str, batches) -> str:
+    """The converted model in TF Serving's layout under `root`; its precision."""
+    import keras
+
+    from sample_models import build_keras_application, build_small_cnn
+    from tftrt_py import trt_convert as trt
+
+    size = SIZES[model]
+    keras.utils.set_random_seed(0)
+    native = build_small_cnn()[0] if model == "small_cnn" else build_keras_application(model, size=size)[0]
+    native.export(os.path.join(root, "native"), verbose=False)
+    precision = "FP16" if model == "resnet50" and _gpu() else "FP32"
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=os.path.join(root, "native"), precision_mode=precision,
+                                        maximum_cached_engines=len(batches))
+    converter.convert()
+    rng = np.random.default_rng(0)
+    converter.build(input_fn=lambda: iter([(rng.standard_normal((b, size, size, 3), np.float32),) for b in batches]))
+    converter.save(os.path.join(root, MODEL_NAME, "1"))
+    return precision
+
+
+def batch_compute_ms(path: str, batch: int, size: int, runs: int = 10) -> float:
+    """Median time of one `batch`-row call of the converted signature in this process."""
+    import tensorflow as tf
+
+    import tftrt_py.trt_convert  # noqa: F401  registers TRTEngineOp
+
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    x = tf.constant(np.random.default_rng(1).standard_normal((batch, size, size, 3), np.float32))
+    signature(x)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        signature(x)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+# -- the server ---------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class InProcess:
+    """tftrt-serve's Server in this process."""
+
+    def __init__(self, base_path: str, batching):
+        from tftrt_py.serving import ModelSpec, Server
+
+        self.server = Server([ModelSpec(MODEL_NAME, base_path)], batching=batching).start()
+        self.rest_port, self.grpc_port = self.server.rest_port, self.server.grpc_port
+
+    def cpu_seconds(self) -> float:
+        return time.process_time()  # this process's: the server's threads (the clients run elsewhere)
+
+    def stop(self):
+        self.server.stop()
+
+
+class Subprocess:
+    """The tftrt-serve command on free loopback ports (its batching parameters in a text-proto file)."""
+
+    def __init__(self, base_path: str, batching):
+        self.rest_port, self.grpc_port = _free_port(), _free_port()
+        command = [sys.executable, "-m", "tftrt_py.serving.cli", f"--port={self.grpc_port}",
+                   f"--rest_api_port={self.rest_port}", "--host=127.0.0.1", f"--model_name={MODEL_NAME}",
+                   f"--model_base_path={base_path}"]
+        if batching is not None:
+            path = os.path.join(os.path.dirname(base_path), "batching.config")
+            with open(path, "w") as f:
+                f.write(f"max_batch_size {{ value: {batching.max_batch_size} }}\n"
+                        f"batch_timeout_micros {{ value: {batching.batch_timeout_micros} }}\n"
+                        f"max_enqueued_batches {{ value: {batching.max_enqueued_batches} }}\n"
+                        f"num_batch_threads {{ value: {batching.num_batch_threads} }}\n"
+                        + "".join(f"allowed_batch_sizes: {b}\n" for b in batching.allowed_batch_sizes))
+            command += ["--enable_batching", f"--batching_parameters_file={path}"]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()  # "tftrt-serve: serving ..." once loaded, or EOF on failure
+        if "serving" not in line:
+            self.process.kill()
+            raise RuntimeError(f"tftrt-serve did not start: {line!r}")
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(30)
+
+
+SERVERS = {"inprocess": InProcess, "subprocess": Subprocess}
+
+
+def scrape(rest_port: int) -> dict:
+    """The server's counters: batches run and their rows, native-segment fallbacks of the engine ops."""
+    import re
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics", timeout=30) as r:
+        text = r.read().decode()
+
+    def value(name):
+        found = re.search(rf'^{name}\{{model="{MODEL_NAME}"\}} (\S+)', text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    fallbacks = sum(float(v) for v in re.findall(r"^tftrt_engine_op_fallback_total\{[^}]*\} (\S+)", text, re.M))
+    return {"batches": value("tftrt_serving_batch_size_count"), "rows": value("tftrt_serving_batch_size_sum"),
+            "fallbacks": fallbacks}
+
+
+# -- the clients (in other processes) -----------------------------------------------------------------------------
+def _rest_caller(port: int, input_name: str, x: np.ndarray):
+    import http.client
+
+    body = json.dumps({"instances": [{input_name: row} for row in x.tolist()]}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def call():
+        connection.request("POST", f"/v1/models/{MODEL_NAME}:predict", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
+    return call
+
+
+def _grpc_caller(port: int, input_name: str, x: np.ndarray):
+    import grpc
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = MODEL_NAME
+    request.inputs[input_name].CopyFrom(tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT, tensor_content=x.tobytes(),
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[{"size": d} for d in x.shape])))
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    return lambda: stub.Predict(request, timeout=120)
+
+
+CALLERS = {"rest": _rest_caller, "grpc": _grpc_caller}
+
+
+def client_process(api: str, port: int, input_name: str, threads: int, requests: int, shape, deadline_s: float,
+                   start_at: float, results) -> None:
+    """`threads` clients sending `requests` predicts in all (until `deadline_s` after `start_at`); puts
+    (latencies, first send, last answer, errors, CPU seconds of the sending) on `results`."""
+    rng = np.random.default_rng(os.getpid())
+    callers = [CALLERS[api](port, input_name, rng.standard_normal(shape, np.float32)) for _ in range(threads)]
+    latencies, errors, lock = [], [], threading.Lock()
+    remaining = [requests]
+
+    def loop(call):
+        while time.time() < start_at + deadline_s:
+            with lock:
+                if remaining[0] <= 0:
+                    return
+                remaining[0] -= 1
+            begin = time.perf_counter()
+            try:
+                call()
+            except Exception as exc:  # counted and reported; the client goes on
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            with lock:
+                latencies.append(time.perf_counter() - begin)
+
+    workers = [threading.Thread(target=loop, args=(c,)) for c in callers]
+    time.sleep(max(0.0, start_at - time.time()))
+    first, cpu = time.time(), time.process_time()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    results.put((latencies, first, time.time(), errors, time.process_time() - cpu))
+
+
+def drive(args, server, input_name: str, requests: int) -> dict:
+    """Run the clients for `requests` predicts; throughput and latency of what was answered."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = server.rest_port if args.api == "rest" else server.grpc_port
+    shape = (args.rows, SIZES[args.model], SIZES[args.model], 3)
+    procs = min(args.client_procs, args.clients)
+    threads = [args.clients // procs + (i < args.clients % procs) for i in range(procs)]
+    start_at = time.time() + 3.0 + 0.5 * procs  # every process imported and connected before the start
+    processes = [context.Process(target=client_process, args=(
+        args.api, port, input_name, n, requests * n // args.clients, shape, args.time_limit, start_at, results))
+        for n in threads]
+    for p in processes:
+        p.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    before, cpu = scrape(server.rest_port), server.cpu_seconds()
+    parts = [results.get(timeout=args.time_limit + 120) for _ in processes]
+    cpu = server.cpu_seconds() - cpu
+    after = scrape(server.rest_port)
+    for p in processes:
+        p.join()
+    latencies = np.array([t for part in parts for t in part[0]])
+    seconds = max(p[2] for p in parts) - min(p[1] for p in parts)
+    errors = [e for part in parts for e in part[3]]
+    batches = after["batches"] - before["batches"]
+    return {"requests": int(latencies.size), "errors": len(errors), "first_error": errors[0] if errors else None,
+            "seconds": seconds, "req_s": latencies.size / seconds, "rows_s": latencies.size * args.rows / seconds,
+            "p50_ms": float(np.percentile(latencies, 50)) * 1e3 if latencies.size else None,
+            "p99_ms": float(np.percentile(latencies, 99)) * 1e3 if latencies.size else None,
+            "mean_batch": (after["rows"] - before["rows"]) / batches if batches else None,
+            "fallbacks": after["fallbacks"] - before["fallbacks"],
+            "server_cpu_ms": cpu / max(1, latencies.size) * 1e3,
+            "client_cpu_ms": sum(p[4] for p in parts) / max(1, latencies.size) * 1e3}
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['mode']:<8} {row['run']:>4} {row['clients']:>7} {row['requests']:>8} {row['errors']:>6} "
+          f"{row['req_s']:>8.1f} {row['rows_s']:>8.1f} {_fmt(row['p50_ms'], '8.2f')} {_fmt(row['p99_ms'], '8.2f')} "
+          f"{_fmt(row['mean_batch'], '10.2f')} {row['server_cpu_ms']:>10.3f} {row['client_cpu_ms']:>10.3f} "
+          f"{row['load_average']:>5.2f}" + (f"  {row['fallbacks']:.0f} native-segment runs!" if row["fallbacks"] else "")
+          + (f"  first error: {row['first_error']}" if row["errors"] else ""), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(SIZES), default="small_cnn")
+    p.add_argument("--api", choices=sorted(CALLERS), default="rest")
+    p.add_argument("--server", choices=sorted(SERVERS), default="inprocess")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--client-procs", type=int, default=2, help="processes the clients run in (default: 2)")
+    p.add_argument("--rows", type=int, default=1, help="rows per request (default: 1)")
+    p.add_argument("--requests", type=int, default=3000, help="predicts per mode and run (default: 3000)")
+    p.add_argument("--warmup", type=int, default=300, help="predicts before each timed run (default: 300)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per timed run at most (default: 60)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per mode, alternating (default: 3)")
+    p.add_argument("--modes", default="off,on", help="batching modes to run (default: off,on)")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--batch-timeout-micros", type=int, default=20000,
+                   help="default: 20000 (on 2 CPUs, 32 clients' requests take ~20 ms to arrive: batches fill)")
+    p.add_argument("--num-batch-threads", type=int, default=1,
+                   help="default: 1 (CPU engines use every core themselves); 0: the CPUs, TF Serving's default")
+    p.add_argument("--allowed-batch-sizes", default="", help="e.g. 8,16,32 (default: none, no padding)")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+
+    from tftrt_py.serving import BatchingOptions
+
+    allowed = tuple(int(b) for b in args.allowed_batch_sizes.split(",") if b)
+    batching = BatchingOptions(max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros,
+                               max_enqueued_batches=max(10, 4 * args.clients // args.max_batch_size + 1),
+                               allowed_batch_sizes=allowed,
+                               **({"num_batch_threads": args.num_batch_threads} if args.num_batch_threads else {}))
+    modes = args.modes.split(",")
+    with tempfile.TemporaryDirectory(prefix="serve_load_") as root:
+        started = time.time()
+        precision = convert(args.model, root, sorted({args.rows, *allowed, args.max_batch_size}))
+        base_path = os.path.join(root, MODEL_NAME)
+        compute_ms = batch_compute_ms(os.path.join(base_path, "1"), args.max_batch_size, SIZES[args.model])
+        setup = {"model": args.model, "precision": precision, "api": args.api, "server": args.server,
+                 "client_procs": args.client_procs, "rows": args.rows, "cpus": len(os.sched_getaffinity(0)),
+                 "load_average": os.getloadavg(), "batching": {**vars(batching), "allowed_batch_sizes": allowed},
+                 "full_batch_compute_ms": compute_ms, "convert_s": time.time() - started}
+        print(json.dumps(setup), flush=True)
+        print(f"{'mode':<8} {'run':>4} {'clients':>7} {'requests':>8} {'errors':>6} {'req/s':>8} {'rows/s':>8} "
+              f"{'p50 ms':>8} {'p99 ms':>8} {'mean batch':>10} {'server CPU':>10} {'client CPU':>10} {'load':>5}  "
+              f"(CPU: ms per request)")
+        rows = []
+        for run in range(args.repeat):
+            for mode in modes:
+                server = SERVERS[args.server](base_path, batching if mode == "on" else None)
+                try:
+                    input_name = next(iter(json.loads(urllib.request.urlopen(
+                        f"http://127.0.0.1:{server.rest_port}/v1/models/{MODEL_NAME}/metadata", timeout=30).read())
+                        ["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]))
+                    drive(args, server, input_name, args.warmup)
+                    row = {"mode": mode, "run": run, "clients": args.clients, "load_average": os.getloadavg()[0],
+                           **drive(args, server, input_name, args.requests)}
+                finally:
+                    server.stop()
+                rows.append(row)
+                print_row(row)
+    summary = {}
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        summary[mode] = {k: float(np.median([r[k] for r in mine if r[k] is not None]))
+                         for k in ("req_s", "rows_s", "p50_ms", "p99_ms", "mean_batch")
+                         if any(r[k] is not None for r in mine)}
+        print(f"median {mode}: " + ", ".join(f"{k} {v:.2f}" for k, v in summary[mode].items()))
+    if {"on", "off"} <= set(summary):
+        bound = 2 * args.batch_timeout_micros / 1e3 + compute_ms
+        summary["on_over_off"] = summary["on"]["req_s"] / summary["off"]["req_s"]
+        summary["p99_bound_ms"] = bound
+        print(f"batching on / off: {summary['on_over_off']:.2f}x throughput; p99 with batching "
+              f"{summary['on']['p99_ms']:.2f} ms (bound 2 x timeout + one batch's compute = {bound:.2f} ms)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"setup": setup, "runs": rows, "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
