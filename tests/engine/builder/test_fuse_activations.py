@@ -82,3 +82,35 @@ def test_fused_output_keeps_the_binding_name():
     assert [t.name for t in engine.outputs] == ["out"]
     out = engine.create_execution_context().execute({"x0": np.ones(X, "float32")})["out"]
     assert out.min() >= 0
+
+
+def test_an_activation_behind_a_reshape_moves_before_it_and_fuses():
+    """Keras's Tensordot: [B*S, K] x W -> reshape [B, S, N] -> GELU -> reshape [B*S, N] -> x W2. The GELU moves
+    before the reshape into the first GEMM; the reshapes cancel and both GEMMs form one MLP."""
+    def make():
+        net, (x,) = network((6, 8))
+        h = add(net, "Shuffle", [matmul(net, x, 16, "dense1")], "unflatten", reshape=[2, 3, 16])
+        h = add(net, "Activation", [h], "gelu", type="gelu_tanh")
+        net.mark_output(matmul(net, add(net, "Shuffle", [h], "flatten", reshape=[6, 16]), 4, "dense2"))
+        return net
+
+    engine = build_and_compare(make, [rand(6, 8)])
+    (mlp,) = [l for l in engine.network.layers if l.kind != "Constant"]
+    assert mlp.kind == "MLP" and mlp.params["activations"] == [{"type": "gelu_tanh"}, None]
+
+
+def test_an_activation_behind_a_transpose_moves_too_unless_the_transpose_is_read_elsewhere():
+    def make(read_elsewhere):
+        net, (x,) = network((6, 8))
+        h = add(net, "Shuffle", [matmul(net, x, 16, "dense1")], "transpose", first_perm=[1, 0])
+        net.mark_output(add(net, "Activation", [h], "relu", type="relu"))
+        if read_elsewhere:
+            net.mark_output(add(net, "Unary", [h], "abs", op="abs"))
+        return net
+
+    engine = build_and_compare(lambda: make(False), [rand(6, 8)])
+    first, second = [l for l in engine.network.layers if l.kind != "Constant"]
+    assert (first.kind, first.params["activation"], second.kind) == ("MatrixMultiply", {"type": "relu"}, "Shuffle")
+    engine = build_and_compare(lambda: make(True), [rand(6, 8)])
+    assert [l.kind for l in engine.network.layers if l.kind != "Constant"] == ["MatrixMultiply", "Shuffle",
+                                                                              "Activation", "Unary"]

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import logging
+from typing import Hashable
+
+import numpy as np
 
 from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 
-__all__ = ["fold_constants", "eliminate_dead_layers"]
+__all__ = ["fold_constants", "eliminate_dead_layers", "merge_duplicates"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,44 @@ def eliminate_dead_layers(network) -> bool:
             logger.debug("eliminated dead layer %s", layer.name)
     changed = len(keep) != len(network.layers)
     network.layers = keep[::-1]
+    return changed
+
+
+def _frozen(value) -> Hashable:
+    """`value` (params: nested dicts, lists, scalars, arrays) as a hashable key; equal keys, equal values."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return "ndarray", value.dtype.str, value.shape, value.tobytes()
+    return type(value).__name__, value
+
+
+#: kinds that only move data, which converters repeat per reader (Keras's Tensordot reshapes its input for each
+#: dense layer): merged when equal. Computing kinds are left as built: a fusion may want each its own.
+MERGEABLE = ("Shuffle", "Slice", "Identity")
+
+
+def merge_duplicates(network) -> bool:
+    """Data-moving layers doing the same thing (kind, params, the same input tensors) merge into the first one:
+    its readers read the first's outputs (e.g. the one reshape of a hidden state that q, k and v projections each
+    made, so horizontal fusion sees one input)."""
+    changed = False
+    first = {}
+    for layer in list(network.layers):
+        if (layer.kind not in MERGEABLE or layer.weights or not layer.inputs
+                or any(network.is_output(t) for t in layer.outputs)):
+            continue
+        key = (layer.kind, _frozen(layer.params), tuple(id(t) for t in layer.inputs))
+        kept = first.setdefault(key, layer)
+        if kept is layer:
+            continue
+        for old, new in zip(layer.outputs, kept.outputs):
+            network.replace_all_uses(old, new)
+        network.layers.remove(layer)
+        logger.debug("merged layer %s into %s", layer.name, kept.name)
+        changed = True
     return changed
 
 

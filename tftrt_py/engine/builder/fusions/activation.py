@@ -12,7 +12,8 @@ from tftrt_py.engine.builder.fusions.match import (FLOATS, Fused, activation_of,
                                                    private, sole_producer, with_activation)
 from tftrt_py.engine.layers import ACTIVATIONS, UNARY_OPS
 
-__all__ = ["recognize_activations", "fuse_activations", "nonnegative", "FUSABLE", "RECOGNIZED", "NONNEGATIVE"]
+__all__ = ["recognize_activations", "fuse_activations", "activation_before_reshape", "nonnegative", "FUSABLE",
+           "RECOGNIZED", "NONNEGATIVE"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,3 +141,35 @@ def recognize_activations(network) -> bool:
 def fuse_activations(network) -> bool:
     """Fuse each Activation into the layer producing its input, where that layer supports it."""
     return apply_rules(network, {"Activation": [activation_epilogue]}, logger)
+
+
+def activation_before_reshape(network) -> bool:
+    """x -> Shuffle -> Activation -> y   =>   x -> Activation -> Shuffle -> y, where x comes from a layer that can
+    apply the activation itself (element-wise, so it commutes with moving elements): the activation fuses into
+    that layer next (a dense layer's GELU behind the reshape Keras's Tensordot adds)."""
+    changed = False
+    users = network.consumers()
+    for layer in list(network.layers):
+        if layer.kind != "Activation":
+            continue
+        shuffle = sole_producer(network, users, layer.inputs[0], ("Shuffle",))
+        if shuffle is None:
+            continue
+        p = sole_producer(network, users, shuffle.inputs[0], tuple(FUSABLE))
+        if p is None or activation_of(p) is not None or layer.params["type"] not in FUSABLE[p.kind]:
+            continue
+        old = layer.outputs[0]
+        with network.inserting_before(shuffle):
+            act = network.add_layer("Activation", shuffle.inputs, dict(layer.params), name=layer.name)
+        with network.inserting_before(layer):
+            moved = network.add_layer("Shuffle", act.outputs, dict(shuffle.params), name=shuffle.name)
+        act.outputs[0].dynamic_range = old.dynamic_range
+        network.replace_all_uses(old, moved.outputs[0])
+        network.erase(layer)
+        network.erase(shuffle)
+        if network.is_output(moved.outputs[0]):
+            moved.outputs[0].name = old.name
+        logger.info("activation before reshape: %s", act.name)
+        users = network.consumers()
+        changed = True
+    return changed

@@ -1,0 +1,54 @@
+"""Duplicate merging: equal data-moving layers (Shuffle, Slice, Identity) reading the same tensors become one, so
+the layers after them see one input (Keras's Tensordot reshapes a hidden state once per dense layer: q, k and v
+then fuse horizontally); computing layers are never merged; network outputs stay."""
+import numpy as np
+
+from fusion_nets import add, build_and_compare, matmul, network, rand
+
+
+def kinds(engine):
+    return [l.kind for l in engine.network.layers if l.kind != "Constant"]
+
+
+def test_one_reshape_per_projection_merges_and_the_projections_fuse():
+    def make():
+        net, (x,) = network((2, 6, 8))
+        for name in ("q", "k", "v"):
+            rows = add(net, "Shuffle", [x], f"{name}/reshape", reshape=[12, 8])
+            net.mark_output(matmul(net, rows, 4, name))
+        return net
+
+    engine = build_and_compare(make, [rand(2, 6, 8)])
+    assert kinds(engine).count("Shuffle") == 1
+    assert kinds(engine).count("MatrixMultiply") == 1  # one GEMM of the concatenated weights, then Slices
+
+
+def test_layers_that_differ_or_compute_stay_apart():
+    def make():
+        net, (x, y) = network((4, 6), (4, 6))
+        net.mark_output(add(net, "Slice", [x], "a", start=[0, 0], size=[4, 3], stride=[1, 1]))
+        net.mark_output(add(net, "Slice", [x], "b", start=[0, 3], size=[4, 3], stride=[1, 1]))  # other params
+        net.mark_output(add(net, "Slice", [y], "c", start=[0, 0], size=[4, 3], stride=[1, 1]))  # another input
+        net.mark_output(add(net, "Unary", [x], "abs1", op="abs"))
+        net.mark_output(add(net, "Unary", [x], "abs2", op="abs"))  # computes: left as built
+        return net
+
+    engine = build_and_compare(make, [rand(4, 6), rand(4, 6)])
+    assert kinds(engine) == ["Slice", "Slice", "Slice", "Unary", "Unary"]
+
+
+def test_a_duplicate_read_by_others_merges_and_an_output_stays():
+    def make():
+        net, (x,) = network((3, 4))
+        first = add(net, "Shuffle", [x], "first", first_perm=[1, 0])
+        second = add(net, "Shuffle", [x], "second", first_perm=[1, 0])
+        net.mark_output(add(net, "ElementWise", [first, second], "sum", op="sum"))
+        net.mark_output(add(net, "Shuffle", [x], "output", first_perm=[1, 0]))  # a network output: kept
+        return net
+
+    x = rand(3, 4)
+    engine = build_and_compare(make, [x])
+    assert kinds(engine) == ["Shuffle", "ElementWise", "Shuffle"]
+    out = engine.create_execution_context().execute({"x0": x})
+    np.testing.assert_allclose(out[engine.outputs[0].name], 2 * x.T, rtol=1e-6)
+    np.testing.assert_array_equal(out[engine.outputs[1].name], x.T)
