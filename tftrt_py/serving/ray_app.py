@@ -127,7 +127,8 @@ class TftrtServing:
         return create_app(self.service, self.rest_threads)
 
     def __del__(self):
-        self.service.close()
+        if hasattr(self, "service"):  # not when __init__ failed before making it
+            self.service.close()
 
 
 def build_app(args: RayAppArgs) -> Application:
