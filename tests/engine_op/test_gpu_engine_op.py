@@ -11,6 +11,13 @@ from tftrt_py.engine_op import dispatcher
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not available()[0], reason="needs an NVIDIA GPU with cupy")]
 
 
+@pytest.fixture(autouse=True)
+def cupy_engines(monkeypatch):
+    """Engine ops build for the GPU here (tests/conftest.py pins the suite to the numpy reference)."""
+    monkeypatch.setenv(dispatcher.BACKEND_ENV, "cupy")
+    monkeypatch.setattr(dispatcher, "_backend_name", None)
+
+
 @pytest.mark.parametrize("precision, tol", [("FP32", 1e-4), ("FP16", 1e-2)])
 def test_saved_and_loaded_model_serves_from_gpu_engines(saved_model, tmp_path, precision, tol):
     model_dir = saved_model("small_cnn")

@@ -239,6 +239,9 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     for layer in net.layers:
         if layer.name not in layers:
             continue
+        if options.strict_types:  # quantized, or the build fails where no quantized kernel exists
+            kept[layer.name] = layers[layer.name]
+            continue
         fmt = _quant_format(layer, precision)
         key = fmt.lower()
         factory = FACTORIES[layer.kind]
@@ -252,13 +255,10 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
                      [FORMATS[fmt].storage if i in qshapes else "float16" for i in reads], out, ["float16"],
                      "float16", options, quant=quant)
             try:
-                q_ms = tuner.choose(q, factory)[1].get("ms") if options.strict_types else tuner.fastest_ms(q, factory)
+                q_ms = tuner.fastest_ms(q, factory)
             except BackendError as exc:  # no quantized kernel for these shapes
                 logger.warning("%s layer %s runs in FP16: %s", fmt, layer.name, exc)
                 q_ms = float("inf")
-            if options.strict_types and q_ms != float("inf"):
-                kept[layer.name] = layers[layer.name]
-                continue
             for i, shape, last, tr in operands:
                 t = layer.inputs[i]
                 if fmt == "FP8" or t.producer is None or t.producer.name not in kept:
