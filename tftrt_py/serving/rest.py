@@ -3,6 +3,7 @@
 with TF Serving's HTTP status for the code."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -53,22 +54,30 @@ def _version(text: Optional[str]) -> Optional[int]:
 
 
 def create_app(service: Service, threads: int = 64) -> Starlette:
-    """The REST app over `service`; request bodies are decoded and predictions run on up to `threads` threads."""
+    """The REST app over `service`; request bodies are decoded and predictions run on up to `threads` threads
+    (batched ones wait for their batch on the event loop)."""
     limiter = anyio.CapacityLimiter(threads)
 
-    def predict(model: str, version: Optional[int], label: Optional[str], body: bytes) -> Response:
+    def submit(model: str, version: Optional[int], label: Optional[str], body: bytes):
+        """(future of the outputs, row format?) of a predict body; runs on a request thread."""
+        try:
+            request = _loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ServingError(Code.INVALID_ARGUMENT, f"JSON Parse error: {exc}") from None
+        signature_name = request.get("signature_name", "") if isinstance(request, dict) else ""
+        if not isinstance(signature_name, str):
+            raise ServingError(Code.INVALID_ARGUMENT, "'signature_name' must be a string")
+        servable, signature = service.resolve(model, version, label, signature_name)
+        arrays, row_format = rest_inputs(request, signature)
+        return service.submit(servable, signature, arrays), row_format
+
+    async def predict(model: str, version: Optional[int], label: Optional[str], body: bytes) -> Response:
+        """A batched request waits for its batch on the event loop, not on a request thread (a thread per
+        waiting request left dozens contending for the GIL)."""
         with service.request(model, "rest_predict"):
-            try:
-                request = _loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise ServingError(Code.INVALID_ARGUMENT, f"JSON Parse error: {exc}") from None
-            signature_name = request.get("signature_name", "") if isinstance(request, dict) else ""
-            if not isinstance(signature_name, str):
-                raise ServingError(Code.INVALID_ARGUMENT, "'signature_name' must be a string")
-            servable, signature = service.resolve(model, version, label, signature_name)
-            arrays, row_format = rest_inputs(request, signature)
-            outputs = service.predict(servable, signature, arrays)
-            return _json(rest_outputs(outputs, row_format))
+            future, row_format = await anyio.to_thread.run_sync(submit, model, version, label, body, limiter=limiter)
+            outputs = await asyncio.wrap_future(future)
+            return await anyio.to_thread.run_sync(lambda: _json(rest_outputs(outputs, row_format)), limiter=limiter)
 
     def status(model: str, version: Optional[int], label: Optional[str], metadata: bool) -> Response:
         from google.protobuf import json_format
@@ -95,8 +104,7 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
                 model, version, label, verb = match.groups()
                 if verb.lower() != "predict":
                     raise ServingError(Code.UNIMPLEMENTED, f"{verb} is not served: only predict")
-                body = await request.body()
-                return await anyio.to_thread.run_sync(predict, model, _version(version), label, body, limiter=limiter)
+                return await predict(model, _version(version), label, await request.body())
             match = STATUS_URL.fullmatch(path)
             if match is None:
                 raise ServingError(Code.NOT_FOUND, f"Malformed request: GET {path}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import Future
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -59,14 +60,30 @@ class Service:
     def predict(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
                 output_filter: Sequence[str] = ()) -> Dict[str, np.ndarray]:
         """The signature's outputs (those in `output_filter`, else all) for `arrays`."""
+        return self.submit(servable, signature, arrays, output_filter).result()
+
+    def submit(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
+               output_filter: Sequence[str] = ()) -> "Future[Dict[str, np.ndarray]]":
+        """A future of predict's outputs: the batch's (a caller may await it without holding a thread), or,
+        without batching, one computed here before it returns."""
         arrays = signature.check(arrays)
         names = signature.output_names(output_filter)
         if self.scheduler is None:
-            outputs = signature.run(arrays)
+            source: Future = Future()
+            source.set_result(signature.run(arrays))
         else:
-            queue = (servable.name, servable.version, signature.name)
-            outputs = self.scheduler.submit(queue, signature.run, arrays, servable.name).result()
-        return {k: outputs[k] for k in names}
+            source = self.scheduler.submit((servable.name, servable.version, signature.name), signature.run, arrays,
+                                           servable.name)
+        result: Future = Future()
+
+        def pick(done: Future) -> None:
+            if done.exception() is not None:
+                result.set_exception(done.exception())
+            else:
+                outputs = done.result()
+                result.set_result({k: outputs[k] for k in names})
+        source.add_done_callback(pick)
+        return result
 
     def status(self, model: str, version: Optional[int] = None, label: Optional[str] = None):
         """A GetModelStatusResponse."""
