@@ -1,6 +1,7 @@
 """Native TensorFlow against converted models on the CPU, per engine backend, in one run.
 
-    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit] [--batches 1,8] [--json out.json]
+    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit] [--batches 1,8]
+                                   [--backends onnxruntime,numpy] [--json out.json]
 
 Models (random weights, nothing downloaded): the demo CNN, Keras ResNet50 and MobileNetV2, a keras-hub BERT-base
 encoder (sequence 128, padded masks) and ViT-B/16. Each is exported, converted (engines built for every batch),
@@ -247,9 +248,9 @@ def serve_in_fresh_process(job: dict, job_path: str, backend: str, iters: int, w
     return results
 
 
-def available_backends() -> list:
+def available_backends(wanted=BACKENDS) -> list:
     names = []
-    for name in BACKENDS:
+    for name in wanted:
         try:
             from tftrt_py.engine.backends import get_backend
 
@@ -375,6 +376,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
     parser.add_argument("--size", type=int, default=224, help="image models' input size (the CNN keeps 32)")
     parser.add_argument("--iters", type=int, default=5, help="fewest timed calls per measurement")
     parser.add_argument("--no-int8", dest="int8", action="store_false", help="skip the INT8 and digits parts")
@@ -391,17 +393,18 @@ def main():
         return 0
     args.models = [m for m in args.models.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",")]
-    unknown = set(args.models) - set(MODELS)
+    args.backends = [b for b in args.backends.split(",") if b]
+    unknown = set(args.models) - set(MODELS) | set(args.backends) - set(BACKENDS)
     if unknown:
-        parser.error(f"unknown models {sorted(unknown)}")
+        parser.error(f"unknown models or backends {sorted(unknown)}")
     os.environ["TFTRT_PY_BACKEND"] = "numpy"  # builds here only plan engines; serving processes pick theirs
     os.makedirs(args.workdir, exist_ok=True)
     job = prepare(args, args.workdir)
     job["batches"] = args.batches
     job_path = os.path.join(args.workdir, "job.json")
     json.dump(job, open(job_path, "w"))
-    served = [r for b in available_backends() for r in serve_in_fresh_process(job, job_path, b, args.iters,
-                                                                                  args.workdir)]
+    served = [r for b in available_backends(args.backends)
+              for r in serve_in_fresh_process(job, job_path, b, args.iters, args.workdir)]
     side = []
     if args.openvino:
         try:

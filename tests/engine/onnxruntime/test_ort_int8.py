@@ -1,5 +1,6 @@
-"""INT8 convolutions on ONNX Runtime's fast uint8 x int8 kernels (QLinearConv) where they are exact, fp32 on
-dequantized values elsewhere; which tensors are non-negative; unread nodes pruned from lowered models."""
+"""INT8 convolutions on ONNX Runtime's fast uint8 x int8 kernels (QLinearConv; MatMulIntegerToFloat for 1x1
+convolutions with float outputs) where they are exact, fp32 on dequantized values elsewhere; which tensors are
+non-negative; unread nodes pruned from lowered models."""
 import numpy as np
 import onnx
 
@@ -15,10 +16,11 @@ SHAPE = (2, 8, 8, 16)
 RELU = {"type": "relu"}
 
 
-def _conv(net, x, rng, act=RELU, residual=None, amax=2.0):
-    params = dict(strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1], post_padding=[1, 1], groups=1,
+def _conv(net, x, rng, act=RELU, residual=None, amax=2.0, size=3, stride=1):
+    pad = [size // 2] * 2
+    params = dict(strides=[stride] * 2, dilations=[1, 1], pre_padding=pad, post_padding=pad, groups=1,
                   activation=act)
-    weights = {"kernel": (rng.standard_normal((3, 3, 16, 16)) / 12).astype(np.float32),
+    weights = {"kernel": (rng.standard_normal((size, size, 16, 16)) / (4 * size)).astype(np.float32),
                "bias": rng.standard_normal(16).astype(np.float32) * 0.1}
     out = net.add_layer("Convolution", [x] + ([residual] if residual is not None else []), params, weights).outputs[0]
     out.dynamic_range = amax
@@ -69,6 +71,28 @@ def test_relu_chain_runs_on_quantized_kernels_and_matches_numpy():
     # input) and c4 (residual) in fp32 on dequantized values; the float forms of c2 and c3 pruned
     assert ops.count("QLinearConv") == 2 and ops.count("Conv") == 2
     assert "ConvInteger" not in ops
+
+
+def _bottleneck() -> Network:
+    """x -> c1 (3x3 relu) -> p1 (1x1 relu) -> c2 (3x3 relu) -> p2 (1x1, + c1, relu) -> p3 (1x1 stride 2): a
+    ResNet block's 1x1 convolutions, with a residual and a strided projection."""
+    rng = np.random.default_rng(9)
+    net = Network("bottleneck")
+    x = net.add_input("x", "float32", SHAPE)
+    x.dynamic_range = 3.0
+    c1 = _conv(net, x, rng)
+    c2 = _conv(net, _conv(net, c1, rng, size=1), rng)
+    p2 = _conv(net, c2, rng, residual=c1, size=1)
+    net.mark_output(_conv(net, p2, rng, act=None, size=1, stride=2, amax=4.0), name="y")
+    return net
+
+
+def test_pointwise_convolutions_with_float_outputs_run_as_integer_matmuls():
+    engine = assert_within_a_step(_bottleneck, 2)
+    ops = [n.op_type for n in prune(lower(engine.network)).graph.node]
+    # p1 quantized by QLinearConv (only c2 reads it), c2 too (p2 reads it); p2 (residual) and p3 (strided, float
+    # output) as u8 x s8 matrix multiplies over channels-last pixels; c1 (signed input) in fp32
+    assert ops.count("QLinearConv") == 2 and ops.count("MatMulIntegerToFloat") == 2 and ops.count("Conv") == 1
 
 
 def test_float_consumer_keeps_the_float_output():

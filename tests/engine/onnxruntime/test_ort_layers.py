@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine.backends.onnxruntime.graph import prune
+from tftrt_py.engine.backends.onnxruntime.lowering import lower
 from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, NUMPY_KINDS
 
 from gpu_helpers import normal, single
@@ -157,3 +159,14 @@ def test_int8_convolution_residual_and_activation():
     weights = {"kernel": _GPU.kernel(3, 3, 16, 16), "bias": _GPU.rng0.standard_normal(16).astype(np.float32)}
     build = single("Convolution", [("float32", shape), ("float32", shape)], params, weights)
     compare(_with_ranges(build, [3.0, None]), normal(shape, shape, low=-3.0, high=3.0), "INT8")
+
+
+@pytest.mark.parametrize("act, fused", [("gelu_tanh", "FastGelu"), ("gelu_erf", "BiasGelu")])
+def test_bias_and_gelu_run_as_one_kernel(act, fused):
+    """A bias then GELU (a BERT FFN's first matrix multiply) as ONNX Runtime's fused bias-GELU kernel."""
+    weights = {"w0": _GPU.kernel(32, 64), "b0": _GPU.rng0.standard_normal(64).astype(np.float32),
+               "w1": _GPU.kernel(64, 16), "b1": _GPU.rng0.standard_normal(16).astype(np.float32)}
+    params = {"activations": [{"type": act}, None]}
+    engine = compare(single("MLP", [("float32", (8, 32))], params, weights), normal((8, 32)))
+    ops = [n.op_type for n in prune(lower(engine.network)).graph.node]
+    assert ops.count(fused) == 1 and "Gelu" not in ops

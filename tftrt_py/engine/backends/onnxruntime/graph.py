@@ -9,10 +9,12 @@ from typing import Callable, Dict, List, Sequence, Union
 
 import numpy as np
 
-__all__ = ["Graph", "onnx_dtype", "compute_dtype", "prune", "OPSET"]
+__all__ = ["Graph", "onnx_dtype", "compute_dtype", "prune", "OPSET", "CONTRIB"]
 
 #: The ONNX opset lowered graphs use (BitCast needs 26; ONNX Runtime 1.32 runs it).
 OPSET = 26
+#: ONNX Runtime's contrib domain (version 1): its fused kernels where they compute the layers' math.
+CONTRIB = "com.microsoft"
 
 
 def onnx_dtype(dtype) -> int:

@@ -1,11 +1,12 @@
 """Engine networks lowered to ONNX models, layer kind by layer kind (see :mod:`.registry`).
 
-:func:`lower` is the whole lowering: ONNX Runtime runs its models (the backend) and other ONNX runtimes can
-too. Precisions follow the CPU's: FP16 layers compute in fp32 (said once, as TensorRT says of precisions a
-device lacks), float16 tensors are widened to float32 where layers read them and rounded back where they are
-written (so bindings keep their dtypes); INT8 layers are lowered by :mod:`.int8` (QDQ pairs); FP8 layers
-compute in fp32 (said once: ORT's CPU has float8 Quantize/DequantizeLinear but no float8 kernels, so
-emulating FP8 there would only be slower).
+:func:`lower` is the whole lowering: ONNX Runtime runs its models (the backend); other ONNX runtimes can where
+they have the few ONNX Runtime contrib ops used (:data:`~.graph.CONTRIB`: fused attention, bias-GELU, INT8 matrix
+multiplies to float; OpenVINO 2026.4 compiles BERT-base's FP32 engine). Precisions follow the CPU's: FP16 layers
+compute in fp32 (said once, as TensorRT says of precisions a device lacks), float16 tensors are widened to float32
+where layers read them and rounded back where they are written (so bindings keep their dtypes); INT8 layers are
+lowered by :mod:`.int8` (QDQ pairs); FP8 layers compute in fp32 (said once: ORT's CPU has float8
+Quantize/DequantizeLinear but no float8 kernels, so emulating FP8 there would only be slower).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import logging
 from typing import Optional, Sequence
 
 from tftrt_py.engine.backends.onnxruntime import data, nn, pointwise  # noqa: F401  (register the lowerings)
-from tftrt_py.engine.backends.onnxruntime.graph import OPSET, Graph, compute_dtype, onnx_dtype
+from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, OPSET, Graph, compute_dtype, onnx_dtype
 from tftrt_py.engine.backends.onnxruntime.int8 import INT8_LOWERINGS
 from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, NUMPY_KINDS
 from tftrt_py.engine.errors import BackendError
@@ -96,7 +97,8 @@ def lower(network: Network, layers: Optional[Sequence[Layer]] = None, inputs: Op
         out_infos.append(_info(name, t))
     graph = helper.make_graph(g.nodes, network.name, [_info(t.name, t) for t in inputs], out_infos,
                               initializer=g.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tftrt_py")
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="tftrt_py")
     model.ir_version = 10
     return model
 

@@ -7,13 +7,13 @@ from typing import List, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype
-from tftrt_py.engine.backends.onnxruntime.pointwise import activation
+from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, Graph, compute_dtype
+from tftrt_py.engine.backends.onnxruntime.pointwise import activation, biased_activation
 from tftrt_py.engine.backends.onnxruntime.registry import lowers, weight
 from tftrt_py.engine.layers import attention_columns, attention_scores_shape, causal_keep
 
-__all__ = ["to_channels_first", "to_channels_last", "onnx_kernel", "conv", "conv_epilogue", "swap_last",
-           "matmul_epilogue"]
+__all__ = ["to_channels_first", "to_channels_last", "onnx_kernel", "conv", "conv_epilogue", "residual_activation",
+           "swap_last", "matmul_epilogue"]
 
 
 def to_channels_first(g: Graph, x: str, nsp: int) -> str:
@@ -41,12 +41,16 @@ def conv(g: Graph, layer, x: str, kernel: str, bias: Optional[str]) -> str:
                   dilations=p["dilations"], pads=p["pre_padding"] + p["post_padding"], group=p.get("groups", 1))
 
 
-def conv_epilogue(g: Graph, layer, y: str, ins) -> str:
-    """Channels-first convolution sums `y` back to channels-last, plus the residual, through the activation."""
-    out = to_channels_last(g, y, layer.weights["kernel"].ndim - 2)
+def residual_activation(g: Graph, layer, out: str, ins) -> str:
+    """A convolution's channels-last sums `out` plus the residual (its second input), through its activation."""
     if len(ins) > 1:
         out = g.node("Add", [out, ins[1]])
     return activation(g, out, layer.params.get("activation"), np.float32)
+
+
+def conv_epilogue(g: Graph, layer, y: str, ins) -> str:
+    """Channels-first convolution sums `y` back to channels-last, plus the residual, through the activation."""
+    return residual_activation(g, layer, to_channels_last(g, y, layer.weights["kernel"].ndim - 2), ins)
 
 
 @lowers("Convolution")
@@ -87,9 +91,9 @@ def matmul_operands(g: Graph, layer, ins) -> List[str]:
 
 
 def matmul_epilogue(g: Graph, layer, out: str) -> str:
-    if "bias" in layer.weights:
-        out = g.node("Add", [out, g.const(weight(layer, "bias"), np.float32)])
-    return activation(g, out, layer.params.get("activation"), np.float32)
+    bias = weight(layer, "bias") if "bias" in layer.weights else None
+    width = layer.outputs[0].shape[-1]
+    return biased_activation(g, out, width, bias, layer.params.get("activation"), np.float32)
 
 
 @lowers("MatrixMultiply")
@@ -101,9 +105,9 @@ def _matmul(g, layer, ins):
 def _mlp(g, layer, ins):
     x = ins[0]
     for i, act in enumerate(layer.params["activations"]):
-        x = g.node("Add", [g.node("MatMul", [x, g.const(weight(layer, f"w{i}"), np.float32)]),
-                           g.const(weight(layer, f"b{i}"), np.float32)])
-        x = activation(g, x, act, np.float32)
+        x = g.node("MatMul", [x, g.const(weight(layer, f"w{i}"), np.float32)])
+        b = weight(layer, f"b{i}")
+        x = biased_activation(g, x, b.shape[0], b, act, np.float32)
     return [x]
 
 
@@ -140,9 +144,48 @@ def _heads(g: Graph, x: str, shape, heads: int) -> str:
     return g.transpose(g.reshape(x, [shape[0], shape[1], heads, shape[2] // heads]), [0, 2, 1, 3])
 
 
+#: The mask values low enough for ONNX Runtime's MultiHeadAttention, which adds the mask value to masked scores
+#: where the Attention replaces them: a masked score's softmax weight is then 0 either way, and a fully masked row
+#: stays uniform while its scaled scores lie within half an ulp of the mask value (+-32 at Keras's -1e9).
+MHA_MASK_VALUE = -1e9
+
+
+def _key_mask(g: Graph, layer, mask: str) -> Optional[str]:
+    """The Attention's bool mask as MultiHeadAttention's int32 key_padding_mask: [B, Sk] when it masks keys
+    only, [B, Sq, Sk] when it masks per query; None when it differs per head."""
+    b, _, sq, sk = attention_scores_shape(layer)
+    mb, mh, mq, mk = layer.inputs[3].shape
+    if mh != 1:
+        return None
+    have, want = ([mb, mk], [b, sk]) if mq == 1 else ([mb, mq, mk], [b, sq, sk])
+    x = g.reshape(g.cast(mask, "bool", "int32"), have)
+    return x if have == want else g.node("Expand", [x, g.ints(want)])
+
+
+def _multihead(g: Graph, layer, ins) -> Optional[str]:
+    """A packed Attention as ONNX Runtime's fused MultiHeadAttention (com.microsoft: per batch and head, q k^T
+    scaled, plus the mask, softmax, times v; heads read and written in place), or None where that kernel would
+    compute something else (causal, a mask per head, a mask value above MHA_MASK_VALUE)."""
+    p = layer.params
+    masked = len(ins) > 3
+    if p.get("causal") or (masked and not p["mask_value"] <= MHA_MASK_VALUE):
+        return None
+    key_mask = _key_mask(g, layer, ins[3]) if masked else ""
+    if key_mask is None:
+        return None
+    qkv = [g.slice(g.cast(x, compute_dtype(t.dtype), "float32"), [c], [c + w], [2]) if w != t.shape[-1] else
+           g.cast(x, compute_dtype(t.dtype), "float32")
+           for x, t, (c, w) in zip(ins[:3], layer.inputs, attention_columns(layer))]
+    return g.node("MultiHeadAttention", qkv + ["", key_mask], domain=CONTRIB, num_heads=p["heads"],
+                  scale=float(p["scale"]), mask_filter_value=float(p["mask_value"]) if masked else None)
+
+
 @lowers("Attention")
 def _attention(g, layer, ins):
     heads = layer.params.get("heads")
+    fused = heads and _multihead(g, layer, ins)
+    if fused:
+        return [g.cast(fused, "float32", compute_dtype(layer.outputs[0].dtype))]
     q, k, v = [], [], []
     for x, t, (c, w), out in zip(ins[:3], layer.inputs, attention_columns(layer), (q, k, v)):
         x = g.cast(x, compute_dtype(t.dtype), "float32")

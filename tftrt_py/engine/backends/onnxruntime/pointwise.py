@@ -7,10 +7,10 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from tftrt_py.engine.backends.numpy_backend import _SELU_ALPHA, _SELU_SCALE
-from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype, onnx_dtype
+from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, Graph, compute_dtype, onnx_dtype
 from tftrt_py.engine.backends.onnxruntime.registry import lowers, weight
 
-__all__ = ["activation"]
+__all__ = ["activation", "biased_activation"]
 
 
 def _hard_sigmoid(g: Graph, x: str, dtype, alpha) -> str:
@@ -44,6 +44,22 @@ def activation(g: Graph, x: str, act: Optional[dict], dtype) -> str:
     if not act:
         return x
     return ACTIVATIONS[act["type"]](g, x, dtype, act.get("alpha"), act.get("beta"))
+
+
+#: activation type -> ONNX Runtime's fused bias-add + activation (com.microsoft; the same formula in fp32: bias
+#: added, then TF's GELU, erf or tanh form). A Gemm's bias then the activation cost one more pass over the output:
+#: ~1 ms of BERT-base's [1024, 3072] FFN at batch 8 (2-CPU AVX2 host).
+BIASED = {"gelu_tanh": "FastGelu", "gelu_erf": "BiasGelu"}
+
+
+def biased_activation(g: Graph, x: str, width: int, bias: Optional[np.ndarray], act: Optional[dict], dtype) -> str:
+    """`x` (last dim `width`) plus `bias` (broadcast; None: none) through activation dict `act`."""
+    op = act and BIASED.get(act["type"])
+    if op and bias is not None and bias.shape == (width,):
+        return g.node(op, [x, g.const(bias, dtype)], domain=CONTRIB)
+    if bias is not None:
+        x = g.node("Add", [x, g.const(bias, dtype)])
+    return activation(g, x, act, dtype)
 
 
 @lowers("Constant")
