@@ -38,6 +38,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tftrt_py.engine.replay import mean_times  # noqa: E402 - after the path is set
+
 SEQ = 128
 
 
@@ -53,22 +55,27 @@ def timed(fn, min_seconds: float = 0.4, min_iters: int = 5, max_iters: int = 300
     return statistics.median(times)
 
 
-def concurrent(fn, threads: int, calls: int) -> dict:
-    """`threads` threads each calling `fn` `calls` times: aggregate calls/s and latency percentiles (ms)."""
+def concurrent(fn, threads: int, calls: int, answers=None) -> dict:
+    """`threads` threads, thread i calling `fn(i)` `calls` times: aggregate calls/s, latency percentiles (ms) and
+    how many calls answered other than ``answers[i]`` (the single caller's outputs for thread i's inputs)."""
     lat: list = []
+    wrong = []
     lock = threading.Lock()
 
-    def worker():
-        mine = []
+    def worker(i):
+        mine, bad = [], 0
         for _ in range(calls):
             t0 = time.perf_counter()
-            fn()
+            out = fn(i)
             mine.append((time.perf_counter() - t0) * 1e3)
+            if answers is not None:
+                bad += not all(np.array_equal(o, a) for o, a in zip(out, answers[i]))
         with lock:
             lat.extend(mine)
+            wrong.append(bad)
     for _ in range(2):
-        fn()
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
+        fn(0)
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     t0 = time.perf_counter()
     for t in pool:
         t.start()
@@ -76,7 +83,7 @@ def concurrent(fn, threads: int, calls: int) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     return {"threads": threads, "calls_per_s": threads * calls / wall, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99))}
+            "p99_ms": float(np.percentile(lat, 99)), "wrong_answers": sum(wrong)}
 
 
 # -- models -----------------------------------------------------------------------------------------------------
@@ -526,10 +533,12 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
             want = {k: v.numpy() for k, v in native(**tensors).items()}
             err = rel_err(got, want)
             ops = served_ops(before)
+            states = {id(st): st.copy() for op in ops for st in op.stats.replay_states}
             row = {"model": name, "precision": precision, "batch": b, "max_rel_err": err, "tf": tf_ms[b],
                    "native_vs_torch32": rel_err({k: v for k, v in want.items()}, torch_ref[b]) if b in torch_ref else None,
                    "vs_torch32": rel_err(got, torch_ref[b]) if b in torch_ref else None,
                    "signature": timed(lambda: [v.numpy() for v in sig(**tensors).values()]),
+                   "native_us": mean_times([st - states.get(id(st), 0) for op in ops for st in op.stats.replay_states]),
                    "engine_ops": len(ops), "fallbacks": sum(sum(op.stats.fallbacks.values()) for op in ops)}
             calls = engine_callables(ops, list(feeds[b].values()), cupy)
             if calls is not None:
@@ -538,6 +547,10 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                 row["dispatch"] = timed(calls[2])
                 if args.profile_engine and b == max(batches):
                     calls[3](f"{name} {precision} batch {b}")
+            fresh = {k: tf.constant(v) for k, v in feed(b, np.random.default_rng(1000 + b)).items()}
+            row["max_rel_err_fresh"] = rel_err({k: v.numpy() for k, v in sig(**fresh).items()},
+                                               {k: v.numpy() for k, v in native(**fresh).items()})
+            row["native_runs"] = sum(op.stats.native_runs for op in ops)
             row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**tensors).values()])
             if args.trace:
                 row.update(Trace().measure(lambda: [v.numpy() for v in sig(**tensors).values()], 200))
@@ -546,9 +559,12 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
             results.append(row)
             print(json.dumps(row), flush=True)
         b = args.thread_batch if args.thread_batch in batches else batches[0]
-        thread_feed = {k: tf.constant(v) for k, v in feeds[b].items()}
+        thread_feeds = [{k: tf.constant(v) for k, v in feed(b, np.random.default_rng(500 + i)).items()}
+                        for i in range(max(args.threads))]
+        answers = [[v.numpy() for v in sig(**f).values()] for f in thread_feeds]
         for n in args.threads:
-            r = concurrent(lambda: [v.numpy() for v in sig(**thread_feed).values()], n, args.thread_calls)
+            r = concurrent(lambda i: [v.numpy() for v in sig(**thread_feeds[i]).values()], n, args.thread_calls,
+                           answers)
             r.update(model=name, precision=precision, batch=b)
             threads_rows.append(r)
             print(json.dumps(r), flush=True)
@@ -559,7 +575,7 @@ def table(results, threads_rows) -> str:
     cols = ["tf", "signature", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
             "compile_device", "tf_call", "dispatch"]
     lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols)
-             + "   sig/host host/dev  cmp/dev cmp/sig    err  vs_torch32"]
+             + "   sig/host host/dev  cmp/dev cmp/sig  err (first / fresh)  vs_torch32  native runs"]
 
     def ratio(r, num, den):
         return f"{r[num] / r[den]:8.2f}" if r.get(num) and r.get(den) else "       -"
@@ -569,13 +585,18 @@ def table(results, threads_rows) -> str:
                                                       ("compile_device", "engine_device"),
                                                       ("compile_host", "signature")))
         vs = f"{r['vs_torch32']:.1e}" if r.get("vs_torch32") is not None else "-"
-        lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratios}  {r['max_rel_err']:.1e}  {vs}")
+        lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratios}  {r['max_rel_err']:.1e} / "
+                     f"{r.get('max_rel_err_fresh', float('nan')):.1e}  {vs}  {r.get('native_runs', 0)}")
+    lines.append("native replays, mean us per run (copy in / device / copy out / whole kernel): " + ", ".join(
+        f"{r['model']} {r['precision']} b{r['batch']} " + "/".join(f"{v:.0f}" for v in r["native_us"].values())
+        for r in results if r.get("native_runs")))
     builds = {(r["model"], r["precision"]): (r["build3_s"], r["build_rest_s"]) for r in results}
     lines.append("builds (first three batches / the rest), s: " +
                  ", ".join(f"{m} {p} {a:.1f}/{b:.1f}" for (m, p), (a, b) in builds.items()))
     for r in threads_rows:
         lines.append(f"{r['model']} {r['precision']} batch {r['batch']}, {r['threads']} threads: "
-                     f"{r['calls_per_s']:.1f} calls/s, p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms")
+                     f"{r['calls_per_s']:.1f} calls/s, p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, "
+                     f"{r['wrong_answers']} answers differing from the single caller's")
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ class FakeDispatcher:
     def __init__(self):
         self.created, self.handles, self.runs, self.released = [], [], [], []
         self.respond = lambda handle, inputs, assets: None
+        self.respond_replay = lambda handle, inputs: False  # no native replays (see test_native_replay.py)
         self.lock = threading.Lock()
 
     def create(self, node_def, function_def, callees):
@@ -46,6 +47,9 @@ class FakeDispatcher:
             self.allocate = allocate  # the latest call's
         return self.respond(handle, inputs, assets)
 
+    def replay(self, handle, inputs):
+        return self.respond_replay(handle, inputs)
+
     def release(self, handle):
         self.released.append(handle)
 
@@ -53,7 +57,7 @@ class FakeDispatcher:
 @pytest.fixture
 def fake(monkeypatch):
     f = FakeDispatcher()
-    for name in ("create", "run", "release"):
+    for name in ("create", "run", "replay", "release"):
         monkeypatch.setattr(dispatcher, name, getattr(f, name), raising=False)
     return f
 

@@ -130,3 +130,66 @@ def test_outputs_land_in_the_callers_buffers():
     (out,) = pool.execute_v2([a], allocate)
     assert out is buffers[0]
     np.testing.assert_array_equal(out, a * 2)
+
+
+# --- native replays (engine.replay) --------------------------------------------------------------
+
+class ReplayingEngine(SlowEngine):
+    """Contexts that offer a replay each (or raise when `fail` says so)."""
+
+    def __init__(self, fail=False):
+        super().__init__()
+        self.fail = fail
+
+    def create_execution_context(self):
+        from tftrt_py.engine.replay import Functions, Replay
+
+        context = super().create_execution_context()
+        context.replays = True
+        fail = self.fail
+
+        def native_replay(inputs, out_dtypes):
+            if fail:
+                raise MemoryError("out of GPU memory (simulated)")
+            return Replay(Functions(1, 2, 3, 4, 5), 1, 1, 1, [], [], keep=context)
+        context.native_replay = native_replay
+        return context
+
+
+def test_exports_fresh_contexts_up_to_the_pool_size_per_input_shapes():
+    engine = ReplayingEngine()
+    pool = ContextPool(engine, size=2)
+    a, b = [np.ones((4, 3), np.float32)], [np.ones((2, 3), np.float32)]
+    replays = [pool.export(a, [np.float32]) for _ in range(3)]
+    assert replays[0] is not None and replays[1] is not None and replays[2] is None
+    assert all(r.limit == 2 and r.keep is not None for r in replays[:2])
+    assert pool.export(b, [np.float32]) is not None  # other shapes count on their own
+    assert engine.made == 3 and len(pool) == 0  # the idle first context went first; exported ones leave the pool
+    np.testing.assert_array_equal(pool.execute_v2(a)[0], 2 * a[0])  # Python's calls get a context of their own
+    assert engine.made == 4 and len(pool) == 1
+
+
+def test_a_revoked_or_dropped_replay_frees_its_place():
+    pool = ContextPool(ReplayingEngine(), size=1)
+    a = [np.ones((4, 3), np.float32)]
+    first = pool.export(a, [np.float32])
+    first.revoke()
+    second = pool.export(a, [np.float32])
+    assert second is not None and pool.export(a, [np.float32]) is None
+    del second
+    assert pool.export(a, [np.float32]) is not None
+
+
+def test_no_replay_where_the_backend_offers_none_or_a_context_cannot_be_made(caplog):
+    assert ContextPool(SlowEngine()).export([np.ones(3, np.float32)], [np.float32]) is None
+    pool = ContextPool(ReplayingEngine(fail=True), size=2)
+    assert pool.export([np.ones(3, np.float32)], [np.float32]) is None
+    assert "no native replay" in caplog.text and len(pool) == 1  # the context taken for it came back
+
+
+def test_an_engine_that_cannot_be_replayed_stops_the_exports():
+    engine = ReplayingEngine()
+    pool = ContextPool(engine, size=2)
+    pool._all[0].native_replay = lambda inputs, out_dtypes: None  # e.g. a TopK splits its CUDA graph
+    assert pool.export([np.ones(3, np.float32)], [np.float32]) is None
+    assert not pool.replays and len(pool) == 1 and engine.made == 1

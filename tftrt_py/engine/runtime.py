@@ -350,6 +350,16 @@ class ExecutionContext:
         outs = self.execute({t.name: a for t, a in zip(self.engine.inputs, inputs)}, outputs)
         return [outs[t.name] for t in self.engine.outputs]
 
+    @property
+    def replays(self) -> bool:
+        """Whether the backend can offer native replays of this engine (see :meth:`native_replay`)."""
+        return hasattr(self._runner, "native_replay")
+
+    def native_replay(self, inputs: Sequence[np.ndarray], out_dtypes: Sequence[np.dtype]):
+        """This context as a :class:`~tftrt_py.engine.replay.Replay` at the shapes of `inputs` (binding order), for
+        a caller outside Python to run; None where the backend offers none (numpy, onnxruntime) or cannot here."""
+        return self._runner.native_replay(self, list(inputs), list(out_dtypes)) if self.replays else None
+
     def execute_async(self, bindings: Mapping[str, np.ndarray], stream=None) -> Dict[str, np.ndarray]:
         """On the CPU backend this runs synchronously; `stream` is accepted for API compatibility."""
         return self.execute(bindings)

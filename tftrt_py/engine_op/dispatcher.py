@@ -9,7 +9,11 @@ every call:
   is a list of ``(dtype name, shape tuple, memoryview)`` (TensorFlow's buffers, not copied), assets
   the ``engine_assets`` strings as bytes and ``allocate(index, shape) -> memoryview`` allocates an
   output tensor for the engine to write into; None asks the kernel to run the native segment function;
-- ``release(handle)`` when the kernel is destroyed.
+- ``replay(handle, inputs) -> (list[int], Replay) | None | False`` after a run the engine served, when the
+  kernel has no native replay for those input shapes (or fewer than its limit): a replay it then runs itself,
+  without Python (engine.replay); None: not now; False: never for this op (its backend offers none);
+- ``release(handle)`` when the kernel is destroyed;
+- ``warn(message)``: the kernel's warnings, logged here.
 
 Kernels of one loaded function share one :class:`EngineOp`: the op is keyed by the segment key, the
 native segment function's name (``tf.saved_model.load`` gives each load's functions new names) and the
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -37,13 +42,14 @@ from tftrt_py.convert.variables import weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.builder.precision import QUANTIZED
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
+from tftrt_py.engine.replay import RUNS
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
 from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
 from tftrt_py.engine_op.pool import ContextPool
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
-__all__ = ["create", "run", "release", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
+__all__ = ["create", "run", "replay", "release", "warn", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
            "NativeFallbackForbidden", "RecursiveSegmentError", "start_collecting", "stop_collecting", "start_calibrating",
            "finish_calibrating"]
 
@@ -75,6 +81,14 @@ def native_fallback_allowed() -> bool:
         logger.error("%s=%r is not a boolean (0, 1, false or true); native segment execution stays allowed",
                      FALLBACK_ENV, os.environ[FALLBACK_ENV])
     return True
+
+
+#: "0" keeps every engine-op call in Python (no native replays, see engine.replay).
+REPLAY_ENV = "TFTRT_PY_NATIVE_REPLAY"
+
+
+def native_replays_allowed() -> bool:
+    return os.environ.get(REPLAY_ENV, "1").strip().lower() not in ("0", "false")
 
 
 #: Names the engine backend of engine ops ("numpy" or "cupy"); default: cupy when a GPU is usable.
@@ -150,14 +164,23 @@ class Stats:
     builds: int = 0
     build_failures: int = 0
     evictions: int = 0
-    engine_runs: int = 0
+    engine_runs: int = 0  # through Python; see native_runs
     specialisations: int = 0  # per-shape engines built inside profile engines (see profile_engine)
     fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
+    replay_states: list = dataclasses.field(default_factory=list)  # Replay.state of each replay handed out
+
+    @property
+    def native_runs(self) -> int:
+        """Runs the kernels made without Python (native replays)."""
+        return sum(int(state[RUNS]) for state in list(self.replay_states))
+
     def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["fallbacks"] = dict(self.fallbacks)
-        d["fallback_total"] = sum(self.fallbacks.values())
+        """The counters; engine_runs and hits include the native runs."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "replay_states"}
+        native = self.native_runs
+        d.update(fallbacks=dict(self.fallbacks), fallback_total=sum(self.fallbacks.values()), native_runs=native,
+                 engine_runs=self.engine_runs + native, hits=self.hits + native)
         return d
 
 
@@ -190,6 +213,7 @@ class EngineOp:
         self._loaded_assets: set = set()
         self._asset_paths: Optional[set] = None  # the assets of the first run with assets (see load_assets)
         self._logged: set = set()
+        self._replays = weakref.WeakSet()  # native replays the kernels hold (they own them)
         self.native: Dict[tuple, str] = {}  # input shapes that ran the native segment -> why (the latest reason)
         # INT8 and FP8: the calibration table, or the collector filling it (see engine_op.calibration)
         ranged = self.precision in QUANTIZED
@@ -248,6 +272,7 @@ class EngineOp:
         self._contexts[key] = engine if isinstance(engine, ProfileEngine) else ContextPool(engine)
         self._contexts[key].profiler = self.profiler
         if evicted is not None:
+            self.revoke_replays()
             self._contexts.pop(evicted, None)
             self.stats.evictions += 1
 
@@ -381,6 +406,7 @@ class EngineOp:
     def set_profiler(self, profiler) -> None:
         """Report per-layer times of this op's engines (now and built later) to `profiler` (None: stop)."""
         with self._lock:
+            self.revoke_replays()  # layer times need the Python path
             self.profiler = profiler
             for context in self._contexts.values():
                 context.profiler = profiler
@@ -422,6 +448,41 @@ class EngineOp:
                                  shapes)
         self.stats.engine_runs += 1
         return [o if o.dtype == dt else np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
+
+    def native_replay(self, arrays: List[np.ndarray]):
+        """A native replay of the engine serving `arrays` (which it just served), for the kernel: None when not
+        now (profiling, calibrating, collecting shapes, limit reached), False when never (native replays off, or
+        the backend offers none)."""
+        if not native_replays_allowed():
+            return False
+        shapes = tuple(tuple(a.shape) for a in arrays)
+        with self._lock:
+            if self.profiler is not None or self.calibration.active or self._unbound_weights or \
+                    _COLLECTING.get(_text(self.segment_key)) is not None:
+                return None
+            key = self.cache.lookup(shapes)
+            pool = None if key is None else self._contexts.get(key)
+            if isinstance(pool, ProfileEngine):
+                try:
+                    pool = pool.context_for(shapes)
+                except EngineError:
+                    return None
+        if pool is None:
+            return None
+        if not pool.replays:
+            return False
+        replay = pool.export(arrays, self.out_dtypes)
+        if replay is not None:
+            with self._lock:
+                self.stats.replay_states.append(replay.state)
+                self._replays.add(replay)
+        return replay
+
+    def revoke_replays(self) -> None:
+        """Send every call back through Python (kernels drop their replays; new ones may be offered later)."""
+        with self._lock:
+            for replay in list(self._replays):
+                replay.revoke()
 
     def _bind_weights(self, arrays: List[np.ndarray]) -> None:
         """Give the segment the values of the op's weight inputs (variables read natively, see
@@ -518,6 +579,9 @@ def start_collecting(segment_key: str) -> None:
     """Until stop_collecting, the op of `segment_key` records its input shapes and runs its native segment."""
     with _LOCK:
         _COLLECTING[_text(segment_key)] = []
+        ops = [op for op in _OPS.values() if _text(op.segment_key) == _text(segment_key)]
+    for op in ops:
+        op.revoke_replays()
 
 
 def stop_collecting(segment_key: str) -> List[tuple]:
@@ -535,6 +599,7 @@ def start_calibrating(segment_key: str, algorithm: str = "entropy") -> None:
         if op is None:
             _CALIBRATING[key] = algorithm
     if op is not None:
+        op.revoke_replays()
         op.calibration.start(algorithm)
 
 
@@ -584,6 +649,19 @@ def run(handle: int, inputs, assets, allocate=None) -> Optional[List[np.ndarray]
     op, allow_build = _HANDLES[handle]
     arrays = [np.frombuffer(buf, dtype=dtype).reshape(shape) for dtype, shape, buf in inputs]
     return op.run(arrays, assets, allow_build, allocate)
+
+
+def replay(handle: int, inputs):
+    """A native replay for the kernel of `handle` at `inputs` (as for run): (its packed form, the replay, which
+    the kernel keeps alive while it holds it), None (not now) or False (never for this op)."""
+    op, _ = _HANDLES[handle]
+    arrays = [np.frombuffer(buf, dtype=dtype).reshape(shape) for dtype, shape, buf in inputs]
+    found = op.native_replay(arrays)
+    return (found.pack(), found) if found else found
+
+
+def warn(message: str) -> None:
+    logger.warning("%s", message)
 
 
 def release(handle: int) -> None:

@@ -10,7 +10,14 @@
 //                  assets: list[bytes], allocate) -> list of buffers | None
 //     where allocate(index, shape) -> writable memoryview allocates an output
 //     tensor; outputs returned in the buffers it gave are not copied again
+//   dispatcher.replay(handle: int, inputs) -> (list[int], keep) | None | False
+//     after a run the engine served: a native replay for those input shapes
+//     (tftrt_py/engine/replay.py; layout in ParseReplay), which this kernel
+//     then runs without Python while keeping a reference to `keep`; None:
+//     not now (asked again after kReplayRetry Python runs); False: never
 //   dispatcher.release(handle: int)
+//   dispatcher.warn(message: str): the kernel's warnings, through Python's
+//     logging
 //
 // GIL rules: TF calls kernels without the GIL (the Python caller released it),
 // so every Python call takes it with PyGILState_Ensure. It is never held while
@@ -19,7 +26,12 @@
 
 #include <Python.h>  // first, as Python asks
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -34,6 +46,7 @@
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
 #include "tensorflow/core/platform/mutex.h"
+#include "tensorflow/core/platform/threadpool.h"
 #include "tensorflow/core/protobuf/rewriter_config.pb.h"
 
 namespace tftrt_py {
@@ -162,6 +175,13 @@ PyObject* CallPython(const char* module_name, const char* name, Args... args) {
 template <typename... Args>
 PyObject* CallDispatcher(const char* name, Args... args) {
   return CallPython(kDispatcherModule, name, args...);
+}
+
+// dispatcher.warn(message); errors are dropped. GIL held.
+void Warn(const std::string& message) {
+  PyRef text(PyUnicode_DecodeUTF8(message.data(), message.size(), "replace"));
+  PyRef result(text ? CallDispatcher("warn", text.get()) : nullptr);
+  if (!result) PyErr_Clear();
 }
 
 // A Python object that owns a reference to a Tensor's buffer and exports it
@@ -351,6 +371,174 @@ std::string NativeFormat(const Py_buffer& b) {
   return fmt;
 }
 
+// ---------------------------------------------------------------------------
+// Native replays (tftrt_py/engine/replay.py): an engine captured as one CUDA
+// graph at fixed input shapes, run by the kernel without Python: inputs into
+// pinned memory and on to the device, the graph, outputs back, synchronize.
+// The addresses (CUDA driver calls, context, stream, graph, buffers) come from
+// the engine's backend; `keep` owns what they point into.
+
+constexpr uint64_t kReplayVersion = 1;
+constexpr size_t kChunkBytes = 1 << 20;   // inputs beyond this: copied in parallel
+constexpr size_t kGroupBytes = 8 << 20;   // ... and sent to the device in groups
+constexpr int kReplayRetry = 64;          // Python runs before asking again
+constexpr uint64_t kMaxRank = 16;
+
+struct Replay {
+  struct Buffer {
+    size_t nbytes = 0;
+    char* pinned = nullptr;
+    uint64_t device = 0;
+    TensorShape shape;  // outputs
+  };
+  std::string key;  // the input dtypes and shapes it serves (ReplayKey)
+  int (*set_context)(void*) = nullptr;
+  int (*to_device)(uint64_t, const void*, size_t, void*) = nullptr;
+  int (*to_host)(void*, uint64_t, size_t, void*) = nullptr;
+  int (*launch)(void*, void*) = nullptr;
+  int (*synchronize)(void*) = nullptr;
+  void* context = nullptr;
+  void* stream = nullptr;
+  void* graph = nullptr;
+  // [enabled, runs, ns copying in, ns on the device, ns copying out, ns in
+  // the kernel]: Python's (engine/replay.py's state), owned through keep
+  int64_t* state = nullptr;
+  uint64_t limit = 1;        // replays the kernel may hold for `key`
+  std::vector<Buffer> inputs, outputs;
+  PyObject* keep = nullptr;  // owned reference, released under the GIL
+  bool busy = false;         // guarded by the kernel's replay_mu_
+  bool failed = false;       // a CUDA call failed: never run again
+
+  bool usable() const {
+    return !failed && __atomic_load_n(&state[0], __ATOMIC_ACQUIRE) != 0;
+  }
+  void Add(int slot, int64_t value) { __atomic_fetch_add(&state[slot], value, __ATOMIC_RELAXED); }
+};
+
+int64_t Nanoseconds() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Reads the ints of a packed replay in order. GIL held.
+class PackedReader {
+ public:
+  explicit PackedReader(PyObject* seq) : seq_(seq), n_(PySequence_Fast_GET_SIZE(seq)) {}
+  bool Next(uint64_t* out) {
+    if (i_ >= n_) {
+      PyErr_SetString(PyExc_ValueError, "the packed replay is too short");
+      return false;
+    }
+    *out = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq_, i_++));
+    return !(*out == static_cast<uint64_t>(-1) && PyErr_Occurred());
+  }
+  template <typename T>
+  bool NextAddress(T* out) {
+    uint64_t v = 0;
+    if (!Next(&v)) return false;
+    if (v == 0) {
+      PyErr_SetString(PyExc_ValueError, "the packed replay holds a null address");
+      return false;
+    }
+    *out = reinterpret_cast<T>(static_cast<uintptr_t>(v));
+    return true;
+  }
+  bool AtEnd() const { return i_ == n_; }
+
+ private:
+  PyObject* seq_;
+  Py_ssize_t n_;
+  Py_ssize_t i_ = 0;
+};
+
+// A replay from dispatcher.replay's packed list, checked against the inputs
+// of `ctx` (their byte sizes) and the op's output dtypes; null with a Python
+// exception set when it does not fit. GIL held.
+std::unique_ptr<Replay> ParseReplay(PyObject* packed, OpKernelContext* ctx,
+                                    int n_in, const DataTypeVector& out_types) {
+  PyRef seq(PySequence_Fast(packed, "the packed replay must be a list of ints"));
+  if (!seq) return nullptr;
+  PackedReader r(seq.get());
+  auto replay = std::make_unique<Replay>();
+  uint64_t version = 0, n = 0;
+  if (!r.Next(&version)) return nullptr;
+  if (version != kReplayVersion) {
+    PyErr_Format(PyExc_ValueError, "packed replay version %llu, expected %llu",
+                 static_cast<unsigned long long>(version),
+                 static_cast<unsigned long long>(kReplayVersion));
+    return nullptr;
+  }
+  if (!r.NextAddress(&replay->set_context) || !r.NextAddress(&replay->to_device) ||
+      !r.NextAddress(&replay->to_host) || !r.NextAddress(&replay->launch) ||
+      !r.NextAddress(&replay->synchronize) || !r.NextAddress(&replay->context) ||
+      !r.NextAddress(&replay->stream) || !r.NextAddress(&replay->graph) ||
+      !r.NextAddress(&replay->state) || !r.Next(&replay->limit) || !r.Next(&n)) {
+    return nullptr;
+  }
+  if (n != static_cast<uint64_t>(n_in)) {
+    PyErr_Format(PyExc_ValueError, "the replay has %llu inputs, the op %d",
+                 static_cast<unsigned long long>(n), n_in);
+    return nullptr;
+  }
+  for (int i = 0; i < n_in; ++i) {
+    Replay::Buffer b;
+    uint64_t nbytes = 0;
+    if (!r.Next(&nbytes) || !r.NextAddress(&b.pinned) || !r.NextAddress(&b.device)) {
+      return nullptr;
+    }
+    b.nbytes = nbytes;
+    if (nbytes != ctx->input(i).tensor_data().size()) {
+      PyErr_Format(PyExc_ValueError, "replay input %d holds %llu bytes, the tensor %zu",
+                   i, static_cast<unsigned long long>(nbytes),
+                   ctx->input(i).tensor_data().size());
+      return nullptr;
+    }
+    replay->inputs.push_back(b);
+  }
+  if (!r.Next(&n)) return nullptr;
+  if (n != out_types.size()) {
+    PyErr_Format(PyExc_ValueError, "the replay has %llu outputs, the op %zu",
+                 static_cast<unsigned long long>(n), out_types.size());
+    return nullptr;
+  }
+  for (size_t i = 0; i < out_types.size(); ++i) {
+    Replay::Buffer b;
+    uint64_t nbytes = 0, rank = 0;
+    if (!r.Next(&nbytes) || !r.NextAddress(&b.pinned) || !r.NextAddress(&b.device) ||
+        !r.Next(&rank)) {
+      return nullptr;
+    }
+    if (rank > kMaxRank) {
+      PyErr_Format(PyExc_ValueError, "replay output %zu has rank %llu", i,
+                   static_cast<unsigned long long>(rank));
+      return nullptr;
+    }
+    for (uint64_t d = 0; d < rank; ++d) {
+      uint64_t dim = 0;
+      if (!r.Next(&dim)) return nullptr;
+      const absl::Status s = b.shape.AddDimWithStatus(static_cast<int64_t>(dim));
+      if (!s.ok()) {
+        PyErr_SetString(PyExc_ValueError, std::string(s.message()).c_str());
+        return nullptr;
+      }
+    }
+    b.nbytes = nbytes;
+    if (nbytes != static_cast<uint64_t>(b.shape.num_elements()) *
+                      tensorflow::DataTypeSize(out_types[i])) {
+      PyErr_Format(PyExc_ValueError, "replay output %zu: %llu bytes for shape %s", i,
+                   static_cast<unsigned long long>(nbytes), b.shape.DebugString().c_str());
+      return nullptr;
+    }
+    replay->outputs.push_back(b);
+  }
+  if (!r.AtEnd()) {
+    PyErr_SetString(PyExc_ValueError, "the packed replay is too long");
+    return nullptr;
+  }
+  return replay;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -428,15 +616,37 @@ class TRTEngineOp : public AsyncOpKernel {
     // Kernels can outlive the interpreter (process exit): skip Python then.
     if (!created_ || !PythonUsable()) return;
     Gil gil;
+    {
+      tensorflow::mutex_lock lock(replay_mu_);
+      for (auto& r : replays_) Py_XDECREF(r->keep);
+      replays_.clear();
+    }
     PyRef h(PyLong_FromLongLong(handle_));
     PyRef r(h ? CallDispatcher("release", h.get()) : nullptr);
     if (!r) PyErr_Clear();  // errors on release are swallowed
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int64_t entered = Nanoseconds();
     bool served = false;
+    std::string key;
+    bool ask = false;  // whether to ask Python for a replay of these shapes
+    if (replays_offered_.load(std::memory_order_relaxed)) {
+      key = ReplayKey(ctx);
+      Replay* replay = AcquireReplay(key, &ask);
+      if (replay != nullptr) {
+        const absl::Status s = RunReplay(ctx, replay, &served);
+        ReleaseReplay(replay, /*failed=*/s.ok() && !served);
+        OP_REQUIRES_OK_ASYNC(ctx, s, done);
+        if (served) {
+          replay->Add(5, Nanoseconds() - entered);
+          done();
+          return;
+        }
+      }
+    }
     // Python part; the GIL is taken and released inside.
-    OP_REQUIRES_OK_ASYNC(ctx, RunDispatcher(ctx, &served), done);
+    OP_REQUIRES_OK_ASYNC(ctx, RunDispatcher(ctx, ask ? &key : nullptr, &served), done);
     if (served) {
       done();
       return;
@@ -447,11 +657,174 @@ class TRTEngineOp : public AsyncOpKernel {
  private:
   std::string Prefix() const { return absl::StrCat("TRTEngineOp ", name(), ": "); }
 
+  // The input dtypes and shapes: what a replay serves.
+  std::string ReplayKey(OpKernelContext* ctx) const {
+    std::string key;
+    for (size_t i = 0; i < in_types_.size(); ++i) {
+      const Tensor& t = ctx->input(i);
+      absl::StrAppend(&key, static_cast<int>(t.dtype()), ":");
+      for (int d = 0; d < t.dims(); ++d) absl::StrAppend(&key, t.dim_size(d), ",");
+      key += ';';
+    }
+    return key;
+  }
+
+  // An idle usable replay for `key`, marked busy; null when Python serves the
+  // call (no replay for `key`, or fewer than its limit: *ask says whether to
+  // ask for one after the run). When `limit` replays are all running, waits
+  // for one of them.
+  Replay* AcquireReplay(const std::string& key, bool* ask) {
+    tensorflow::mutex_lock lock(replay_mu_);
+    while (true) {
+      uint64_t usable = 0, limit = 0;
+      for (auto& r : replays_) {
+        if (r->key != key || !r->usable()) continue;
+        if (!r->busy) {
+          r->busy = true;
+          return r.get();
+        }
+        ++usable;
+        limit = r->limit;
+      }
+      if (usable == 0 || usable < limit) {
+        int& wait = replay_wait_[key];
+        *ask = wait <= 0;
+        if (wait > 0) --wait;
+        return nullptr;
+      }
+      replay_cv_.wait(lock);
+    }
+  }
+
+  void ReleaseReplay(Replay* replay, bool failed) {
+    tensorflow::mutex_lock lock(replay_mu_);
+    replay->busy = false;
+    replay->failed = replay->failed || failed;
+    replay_cv_.notify_all();
+  }
+
+  // Copies input `src` into the replay's pinned buffer and queues its DMA;
+  // large inputs are copied by TF's CPU workers in chunks, a group's DMA
+  // queued while the next group is copied. Returns a CUDA error code, or 0.
+  static int CopyIn(OpKernelContext* ctx, const Replay& r, const Replay::Buffer& b,
+                    const char* src) {
+    const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+    if (b.nbytes <= kChunkBytes || threads == nullptr || threads->workers == nullptr) {
+      std::memcpy(b.pinned, src, b.nbytes);
+      return r.to_device(b.device, b.pinned, b.nbytes, r.stream);
+    }
+    for (size_t start = 0; start < b.nbytes; start += kGroupBytes) {
+      const size_t size = std::min(kGroupBytes, b.nbytes - start);
+      const int64_t chunks = static_cast<int64_t>((size + kChunkBytes - 1) / kChunkBytes);
+      threads->workers->ParallelFor(
+          chunks, /*cost_per_unit=*/1 << 20, [&](int64_t first, int64_t last) {
+            const size_t from = start + first * kChunkBytes;
+            const size_t to = std::min(start + last * kChunkBytes, start + size);
+            std::memcpy(b.pinned + from, src + from, to - from);
+          });
+      const int rc = r.to_device(b.device + start, b.pinned + start, size, r.stream);
+      if (rc != 0) return rc;
+    }
+    return 0;
+  }
+
+  // Runs `replay` on the op's inputs into its outputs (no GIL): *served=false
+  // when a CUDA call failed (logged; Python serves the call instead).
+  absl::Status RunReplay(OpKernelContext* ctx, Replay* replay, bool* served) {
+    const Replay& r = *replay;
+    const int64_t start = Nanoseconds();
+    int rc = r.set_context(r.context);
+    for (size_t i = 0; rc == 0 && i < r.inputs.size(); ++i) {
+      rc = CopyIn(ctx, r, r.inputs[i], ctx->input(i).tensor_data().data());
+    }
+    const int64_t copied = Nanoseconds();
+    if (rc == 0) rc = r.launch(r.graph, r.stream);
+    for (size_t i = 0; rc == 0 && i < r.outputs.size(); ++i) {
+      rc = r.to_host(r.outputs[i].pinned, r.outputs[i].device, r.outputs[i].nbytes, r.stream);
+    }
+    if (rc == 0) rc = r.synchronize(r.stream);
+    const int64_t synchronized = Nanoseconds();
+    if (rc != 0) {
+      Gil gil;
+      Warn(absl::StrCat(Prefix(), "native replay failed (CUDA error ", rc,
+                        "); calls of these shapes go through Python"));
+      *served = false;
+      return absl::OkStatus();
+    }
+    for (size_t i = 0; i < r.outputs.size(); ++i) {
+      Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), r.outputs[i].shape, &out));
+      std::memcpy(const_cast<char*>(out->tensor_data().data()), r.outputs[i].pinned,
+                  r.outputs[i].nbytes);
+    }
+    replay->Add(1, 1);
+    replay->Add(2, copied - start);
+    replay->Add(3, synchronized - copied);
+    replay->Add(4, Nanoseconds() - synchronized);
+    *served = true;
+    return absl::OkStatus();
+  }
+
+  // Drops replays Python revoked or that failed (GIL held).
+  void DropUnusableReplays() {
+    std::vector<PyObject*> keep;
+    {
+      tensorflow::mutex_lock lock(replay_mu_);
+      for (auto it = replays_.begin(); it != replays_.end();) {
+        if (!(*it)->busy && !(*it)->usable()) {
+          keep.push_back((*it)->keep);
+          it = replays_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (PyObject* k : keep) Py_XDECREF(k);
+  }
+
+  // dispatcher.replay for `key` after a served run (GIL held): keeps the
+  // replay offered, stops asking on False, waits kReplayRetry runs on None.
+  // Errors are logged, never the call's.
+  void AskForReplay(OpKernelContext* ctx, PyObject* handle, PyObject* inputs,
+                    const std::string& key) {
+    PyRef result(CallDispatcher("replay", handle, inputs));
+    std::unique_ptr<Replay> replay;
+    PyObject* keep = nullptr;
+    if (result && result.get() == Py_False) {
+      replays_offered_.store(false, std::memory_order_relaxed);
+      return;
+    }
+    if (result && result.get() != Py_None) {
+      PyObject* packed = nullptr;
+      if (PyArg_ParseTuple(result.get(), "OO", &packed, &keep)) {
+        replay = ParseReplay(packed, ctx, static_cast<int>(in_types_.size()), out_types_);
+      }
+    }
+    if (PyErr_Occurred()) {
+      Warn(std::string(StatusFromPyErr(Prefix() + "no native replay: ").message()));
+    }
+    tensorflow::mutex_lock lock(replay_mu_);
+    if (!replay) {
+      replay_wait_[key] = kReplayRetry;
+      if (replay_wait_.size() > 1024) replay_wait_.clear();  // bounded
+      return;
+    }
+    Py_INCREF(keep);
+    replay->keep = keep;
+    replay->key = key;
+    replay_wait_.erase(key);
+    replays_.push_back(std::move(replay));
+    replay_cv_.notify_all();
+  }
+
   // Calls dispatcher.run; on a list result sets the outputs and *served=true,
-  // on None leaves *served=false. Holds the GIL only within.
-  absl::Status RunDispatcher(OpKernelContext* ctx, bool* served) {
+  // on None leaves *served=false; then, when `replay_key` is given, asks for a
+  // native replay of these shapes. Holds the GIL only within.
+  absl::Status RunDispatcher(OpKernelContext* ctx, const std::string* replay_key,
+                             bool* served) {
     const int n_in = static_cast<int>(in_types_.size());
     Gil gil;
+    DropUnusableReplays();
     PyRef inputs(PyList_New(n_in));
     if (!inputs) return StatusFromPyErr(Prefix());
     for (int i = 0; i < n_in; ++i) {
@@ -523,6 +896,7 @@ class TRTEngineOp : public AsyncOpKernel {
       TF_RETURN_IF_ERROR(SetOutput(ctx, i, item));
     }
     *served = true;
+    if (replay_key != nullptr) AskForReplay(ctx, handle.get(), inputs.get(), *replay_key);
     return absl::OkStatus();
   }
 
@@ -670,6 +1044,13 @@ class TRTEngineOp : public AsyncOpKernel {
   DataTypeVector out_types_;
   int64_t handle_ = 0;   // from dispatcher.create
   bool created_ = false;  // whether release() is owed
+
+  // Native replays; replay_mu_ is never held while taking the GIL.
+  std::atomic<bool> replays_offered_{true};  // false once Python said never
+  tensorflow::mutex replay_mu_;
+  tensorflow::condition_variable replay_cv_;
+  std::vector<std::unique_ptr<Replay>> replays_ TF_GUARDED_BY(replay_mu_);
+  std::map<std::string, int> replay_wait_ TF_GUARDED_BY(replay_mu_);
 
   tensorflow::mutex mu_;
   FunctionLibraryRuntime* func_lib_ TF_GUARDED_BY(mu_) = nullptr;

@@ -5,13 +5,18 @@ weights are the engine's and shared. A TRTEngineOp served from several threads t
 context for each call, making a new one while fewer than ``TFTRT_PY_CONTEXTS_PER_ENGINE`` (default 4)
 exist, else waiting for one to come back (a context that cannot be made, e.g. for want of GPU memory,
 caps the pool at those it has). A single caller only ever uses the first.
+
+Contexts can also be exported as native replays (engine.replay) that the kernel runs without Python: up to
+``size`` per input shapes, each an idle context taken out of the pool (the pool makes another if Python's calls
+need one) or a new one; an exported context is never used from Python again.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from typing import List, Optional, Sequence
+import weakref
+from typing import Dict, List, Optional, Sequence
 
 __all__ = ["ContextPool", "CONTEXTS_ENV", "contexts_per_engine"]
 
@@ -36,9 +41,12 @@ class ContextPool:
         self.engine = engine
         self.size = size or contexts_per_engine()
         first = engine.create_execution_context()  # the first now: a context that cannot be made fails here
+        self.replays: bool = getattr(first, "replays", False)  # whether the backend offers native replays
         self._all: List[object] = [first]
         self._idle: List[object] = [first]
         self._making = 0
+        self._exported: Dict[tuple, weakref.WeakSet] = {}  # input shapes -> the native replays made of them
+        self._export_lock = threading.Lock()
         self._cond = threading.Condition()
         self._profiler = None
 
@@ -83,6 +91,44 @@ class ContextPool:
             return context.execute_v2(inputs, outputs)
         finally:
             self._release(context)
+
+    def export(self, inputs: Sequence, out_dtypes: Sequence):
+        """An execution context as a native replay at the shapes of `inputs` (engine.replay), or None: the backend
+        offers none, ``size`` replays that are not revoked exist for these shapes already, or the engine cannot be
+        replayed (then :attr:`replays` turns False)."""
+        from tftrt_py.engine.replay import ENABLED
+
+        shapes = tuple(tuple(a.shape) for a in inputs)
+        if not self.replays:
+            return None
+        with self._export_lock:  # rare (once per context and shapes): one at a time keeps the count right
+            live = self._exported.setdefault(shapes, weakref.WeakSet())
+            if sum(1 for r in list(live) if r.state[ENABLED]) >= self.size:
+                return None
+            with self._cond:
+                context = self._idle.pop() if self._idle else None
+                if context is not None:
+                    self._all.remove(context)
+            replay = None
+            try:
+                if context is None:
+                    context = self.engine.create_execution_context()
+                replay = context.native_replay(inputs, out_dtypes)
+                if replay is None:  # not one CUDA graph, other dtypes: no context of this engine will do
+                    self.replays = False
+            except Exception as exc:  # e.g. out of memory: the calls keep running through Python
+                logger.warning("engine %r: no native replay for %s (%s: %s)", self.engine.name, list(shapes),
+                               type(exc).__name__, exc)
+            if replay is None:
+                if context is not None:
+                    with self._cond:
+                        self._all.append(context)
+                        self._idle.append(context)
+                        self._cond.notify()
+                return None
+            replay.limit = self.size
+            live.add(replay)
+            return replay
 
     @property
     def profiler(self):

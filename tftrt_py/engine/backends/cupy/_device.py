@@ -5,14 +5,16 @@ machine without a GPU; :func:`require` raises BackendError with the reason inste
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import threading
-from typing import Tuple
+from typing import Optional, Tuple
 
 from tftrt_py.engine.errors import BackendError
 
-__all__ = ["UNAVAILABLE", "probe", "require", "cudnn_module", "device_name", "is_out_of_memory"]
+__all__ = ["UNAVAILABLE", "probe", "require", "cudnn_module", "device_name", "is_out_of_memory", "driver",
+           "current_context"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +89,31 @@ def is_out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "cudaErrorMemoryAllocation" in text or "out of memory" in text.lower()
+
+
+#: The CUDA driver calls a native replay makes (engine.replay.Functions, in its order).
+DRIVER_CALLS = ("cuCtxSetCurrent", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuGraphLaunch",
+                "cuStreamSynchronize")
+
+
+@functools.lru_cache(maxsize=None)
+def driver() -> Optional[tuple]:
+    """(the CUDA driver library, the addresses of DRIVER_CALLS), or None when the driver lacks them (logged)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        return lib, tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in DRIVER_CALLS)
+    except (OSError, AttributeError) as exc:
+        logger.warning("the CUDA driver's calls for native replays are unavailable (%s): engine ops run through "
+                       "Python", exc)
+        return None
+
+
+def current_context() -> int:
+    """The calling thread's current CUDA context (0 when none): where cupy's runtime calls on this thread run."""
+    found = driver()
+    if found is None:
+        return 0
+    handle = ctypes.c_void_p()
+    if found[0].cuCtxGetCurrent(ctypes.byref(handle)) != 0:
+        return 0
+    return handle.value or 0

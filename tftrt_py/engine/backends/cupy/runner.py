@@ -231,6 +231,43 @@ class Runner:
             self._pinned = pinned
         return self._pinned
 
+    def native_replay(self, ctx, arrays, out_dtypes):
+        """A :class:`~tftrt_py.engine.replay.Replay` of this context at the shapes of host `arrays` (engine input
+        order), for the TRTEngineOp kernel to run without Python; None when the engine is not one CUDA graph
+        (steps that synchronize with the host, a failed capture), its output dtypes differ from `out_dtypes`, or
+        the driver's calls are missing. Runs the engine twice on `arrays` first (the first run captures)."""
+        from tftrt_py.engine.replay import Buffer, Functions, Replay
+
+        eng = self.engine
+        bindings = {t.name: a for t, a in zip(eng.inputs, arrays)}
+        for _ in range(2):
+            self.execute(ctx, bindings)
+        found = _device.driver()
+        single = self.capture and self.segments is not None and len(self.segments) == 1 \
+            and self.segments[0][0] == "graph"
+        if found is None or not single or len(arrays) != len(eng.inputs):
+            return None
+        values, batch = ctx._check_inputs(bindings, pad=False)
+        rows = _first_rows(batch if batch is not None and eng.rowwise and batch < eng.max_batch_size else None)
+        staged, slots = self._staging(), dict(self.program.inputs + self.program.outputs)
+        inputs = []
+        for t in eng.inputs:
+            pinned, device = rows(staged[slots[t.name]]), rows(self.views[slots[t.name]])
+            if pinned.nbytes != values[t.name].nbytes:
+                return None
+            inputs.append(Buffer(pinned.nbytes, pinned.ctypes.data, device.data.ptr))
+        outputs = []
+        for t, dtype in zip(eng.outputs, out_dtypes):
+            pinned, device = rows(staged[slots[t.name]]), rows(self.views[slots[t.name]])
+            if pinned.dtype != dtype or not device.flags.c_contiguous:
+                return None
+            outputs.append(Buffer(pinned.nbytes, pinned.ctypes.data, device.data.ptr, tuple(pinned.shape)))
+        graph = self.segments[0][1]
+        context = _device.current_context()
+        if not graph.graphExec or not context:
+            return None
+        return Replay(Functions(*found[1]), context, self.rc.stream.ptr, graph.graphExec, inputs, outputs, keep=ctx)
+
     # -- device bindings --------------------------------------------------------------------------------
     def execute_device(self, bindings: Mapping[str, object], outputs: Optional[Mapping[str, object]] = None,
                        profiler=None):
