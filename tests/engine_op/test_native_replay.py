@@ -38,7 +38,8 @@ class FakeGpu:
             return 0
 
         def to_device(device, host, nbytes, stream):
-            self.calls["to_device"] += 1
+            with self.lock:
+                self.calls["to_device"] += 1
             ctypes.memmove(device, host, nbytes)
             return 0
 
@@ -225,14 +226,14 @@ def test_concurrent_callers_share_at_most_limit_replays_never_one_at_once(ops, f
     assert sum(r.runs for r in fake.offered) + len(fake.runs) == 150
 
 
-def test_large_inputs_go_in_parallel_chunks_and_groups(ops, fake, gpu):
+def test_large_buffers_go_in_parallel_chunks(ops, fake, gpu):
     offering(fake, gpu)
     f = engine_op(ops)
-    rows = (20 << 20) // 12  # 20 MiB: three 8 MiB groups
+    rows = ((20 << 20) + 6) // 12  # 20 MiB and a bit: 21 chunks, each sent to the device once it is in
     call(f, rows, 0)
     before = gpu.calls["to_device"]
     call(f, rows, 1)
-    assert gpu.calls["to_device"] - before == 3
+    assert gpu.calls["to_device"] - before == 21
     assert fake.offered[0].state[RUNS] == 1 and fake.offered[0].state[ENABLED] == 1
 
 

@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -379,8 +380,7 @@ std::string NativeFormat(const Py_buffer& b) {
 // the engine's backend; `keep` owns what they point into.
 
 constexpr uint64_t kReplayVersion = 1;
-constexpr size_t kChunkBytes = 1 << 20;   // inputs beyond this: copied in parallel
-constexpr size_t kGroupBytes = 8 << 20;   // ... and sent to the device in groups
+constexpr size_t kChunkBytes = 1 << 20;   // larger buffers: copied in chunks, in parallel
 constexpr int kReplayRetry = 64;          // Python runs before asking again
 constexpr uint64_t kMaxRank = 16;
 
@@ -703,29 +703,36 @@ class TRTEngineOp : public AsyncOpKernel {
     replay_cv_.notify_all();
   }
 
-  // Copies input `src` into the replay's pinned buffer and queues its DMA;
-  // large inputs are copied by TF's CPU workers in chunks, a group's DMA
-  // queued while the next group is copied. Returns a CUDA error code, or 0.
+  // fn(from, to) over the kChunkBytes chunks of `nbytes` bytes, in parallel
+  // on TF's CPU workers (one call when small).
+  static void ForChunks(OpKernelContext* ctx, size_t nbytes,
+                        const std::function<void(size_t, size_t)>& fn) {
+    const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+    if (nbytes <= kChunkBytes || threads == nullptr || threads->workers == nullptr) {
+      fn(0, nbytes);
+      return;
+    }
+    const int64_t chunks = static_cast<int64_t>((nbytes + kChunkBytes - 1) / kChunkBytes);
+    threads->workers->ParallelFor(chunks, /*cost_per_unit=*/1 << 20, [&](int64_t first, int64_t last) {
+      for (int64_t c = first; c < last; ++c) {
+        fn(c * kChunkBytes, std::min(nbytes, (c + 1) * kChunkBytes));
+      }
+    });
+  }
+
+  // Copies input `src` into the replay's pinned buffer, each chunk's DMA
+  // queued as soon as it is in (from the worker that copied it, so DMAs
+  // overlap the copying of later chunks). A CUDA error code, or 0.
   static int CopyIn(OpKernelContext* ctx, const Replay& r, const Replay::Buffer& b,
                     const char* src) {
-    const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
-    if (b.nbytes <= kChunkBytes || threads == nullptr || threads->workers == nullptr) {
-      std::memcpy(b.pinned, src, b.nbytes);
-      return r.to_device(b.device, b.pinned, b.nbytes, r.stream);
-    }
-    for (size_t start = 0; start < b.nbytes; start += kGroupBytes) {
-      const size_t size = std::min(kGroupBytes, b.nbytes - start);
-      const int64_t chunks = static_cast<int64_t>((size + kChunkBytes - 1) / kChunkBytes);
-      threads->workers->ParallelFor(
-          chunks, /*cost_per_unit=*/1 << 20, [&](int64_t first, int64_t last) {
-            const size_t from = start + first * kChunkBytes;
-            const size_t to = std::min(start + last * kChunkBytes, start + size);
-            std::memcpy(b.pinned + from, src + from, to - from);
-          });
-      const int rc = r.to_device(b.device + start, b.pinned + start, size, r.stream);
-      if (rc != 0) return rc;
-    }
-    return 0;
+    std::atomic<int> rc{0};
+    ForChunks(ctx, b.nbytes, [&](size_t from, size_t to) {
+      std::memcpy(b.pinned + from, src + from, to - from);
+      int e = r.set_context(r.context);  // a worker's thread may not have it
+      if (e == 0) e = r.to_device(b.device + from, b.pinned + from, to - from, r.stream);
+      if (e != 0) rc.store(e);
+    });
+    return rc.load();
   }
 
   // Runs `replay` on the op's inputs into its outputs (no GIL): *served=false
@@ -754,8 +761,11 @@ class TRTEngineOp : public AsyncOpKernel {
     for (size_t i = 0; i < r.outputs.size(); ++i) {
       Tensor* out = nullptr;
       TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), r.outputs[i].shape, &out));
-      std::memcpy(const_cast<char*>(out->tensor_data().data()), r.outputs[i].pinned,
-                  r.outputs[i].nbytes);
+      char* dst = const_cast<char*>(out->tensor_data().data());
+      const char* src = r.outputs[i].pinned;
+      ForChunks(ctx, r.outputs[i].nbytes, [&](size_t from, size_t to) {
+        std::memcpy(dst + from, src + from, to - from);
+      });
     }
     replay->Add(1, 1);
     replay->Add(2, copied - start);
