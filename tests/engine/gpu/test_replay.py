@@ -2,6 +2,7 @@
 calls it names, through ctypes, from a thread that never used cupy, and the answers compared with the context's
 own on fresh inputs."""
 import ctypes
+import logging
 import threading
 
 import numpy as np
@@ -72,3 +73,30 @@ def test_no_replay_for_engines_with_host_synchronizing_steps_or_other_output_dty
     conv = cupy_engine(conv_relu_pool_net(4), "FP16")
     images = np.random.default_rng(1).standard_normal((4, 8, 8, 3)).astype(np.float32)
     assert conv.create_execution_context().native_replay([images], [np.dtype(np.float16)]) is None
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_an_invalidated_capture_is_tried_again_before_running_eagerly(monkeypatch, caplog, failures):
+    from tftrt_py.engine.backends.cupy import runner
+
+    caplog.set_level(logging.INFO, logger=runner.__name__)
+    real, left = runner.Runner._capture, [failures]
+
+    def flaky(self):
+        if left[0]:
+            left[0] -= 1
+            raise RuntimeError("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (simulated)")
+        return real(self)
+    monkeypatch.setattr(runner.Runner, "_capture", flaky)
+    engine = cupy_engine(conv_relu_pool_net(4), "FP16")
+    reference = Engine(conv_relu_pool_net(4), backend="numpy").create_execution_context()
+    context = engine.create_execution_context()
+    x = np.random.default_rng(5).standard_normal((4, 8, 8, 3)).astype(np.float32)
+    replay = context.native_replay([x], [np.dtype(np.float32)])
+    assert "attempt 1" in caplog.text
+    if failures < runner.CAPTURE_ATTEMPTS:
+        (got,) = run_replay(replay, [x], [np.float32])
+    else:  # eager from then on: no replay, the context still answers
+        assert replay is None and "runs it eagerly" in caplog.text
+        got = context.execute({"TensorRTInputPH_0": x})["TensorRTOutputPH_0"]
+    assert_close(got, reference.execute({"TensorRTInputPH_0": x})["TensorRTOutputPH_0"], "FP16")

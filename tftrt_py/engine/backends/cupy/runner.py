@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Dict, Mapping, Optional
 
@@ -26,6 +27,10 @@ from tftrt_py.engine.errors import RuntimeExecutionError
 __all__ = ["Runner"]
 
 logger = logging.getLogger(__name__)
+
+#: Captures tried before a context runs eagerly: an invalidated capture (seen with other contexts running
+#: concurrently, cause not found) usually succeeds when tried again.
+CAPTURE_ATTEMPTS = 3
 
 
 class Runner:
@@ -150,12 +155,18 @@ class Runner:
             with CAPTURE_LOCK:
                 self._run_eager()  # the first run warms every kernel up (compiles, loads modules)
                 self.rc.stream.synchronize()
-                try:
-                    self._capture()
-                except Exception as exc:
-                    logger.warning("CUDA-graph capture of engine %r failed (%s); this context runs it eagerly",
-                                   self.engine.name, exc)
-                    self.capture = False
+                for attempt in range(CAPTURE_ATTEMPTS):
+                    try:
+                        self._capture()
+                        return
+                    except Exception as exc:  # seen: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED under concurrent load
+                        failure = exc
+                        logger.info("CUDA-graph capture of engine %r failed (attempt %d: %s)", self.engine.name,
+                                    attempt + 1, exc)
+                        time.sleep(0.001 * (attempt + 1))
+                logger.warning("CUDA-graph capture of engine %r failed %d times (%s); this context runs it eagerly",
+                               self.engine.name, CAPTURE_ATTEMPTS, failure)
+                self.capture = False
             return
         with self.rc.stream:
             for kind, item, _ in self.segments:
