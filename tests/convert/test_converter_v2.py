@@ -1,13 +1,12 @@
 """TrtGraphConverterV2 end to end: convert, build, save, load, serve — and its errors."""
 import re
 import os
-import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import random_array, run_json_process
+from support import random_array, run_json_process, run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.summary import conversion_ratio
 from tftrt_py.engine_op import dispatcher
@@ -231,21 +230,12 @@ def test_concurrent_calls_get_right_answers(saved_model):
     original = tf.saved_model.load(saved_model("small_cnn")).signatures["serving_default"]
     inputs = [tf.constant(random_array((b, 32, 32, 3))) for b in (1, 2, 3, 2, 1, 3)]
     expected = [original(image=x)["output_0"].numpy() for x in inputs]
-    results, errors = {}, []
+    results = {}
 
     def worker(i):
-        try:
-            for _ in range(3):
-                results[i] = func(image=inputs[i])["output_0"].numpy()
-        except Exception as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+        for _ in range(3):
+            results[i] = func(image=inputs[i])["output_0"].numpy()
+    run_threads(worker, range(len(inputs)))
     for i, want in enumerate(expected):
         np.testing.assert_allclose(results[i], want, rtol=1e-5, atol=1e-5)
 

@@ -1,11 +1,9 @@
 """On a machine with an NVIDIA GPU, converted models run their engines with the cupy backend."""
-import threading
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import random_array
+from support import random_array, run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.engine.backends.cupy import available
 from tftrt_py.engine_op import dispatcher
@@ -36,20 +34,7 @@ def test_saved_and_loaded_model_serves_from_gpu_engines(saved_model, tmp_path, p
                                    rtol=tol, atol=tol)
     for batch in (8, 5, 8, 5, 8, 5):  # the built engine and a smaller batch it serves; then native replays
         check(batch)
-    errors = []
-
-    def caller(batch):
-        try:
-            for _ in range(6):
-                check(batch)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=caller, args=(b,)) for b in (8, 8, 8, 5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(lambda batch: [check(batch) for _ in range(6)], (8, 8, 8, 5))  # concurrent callers
     [key] = [n.attr["segment_key"].s.decode() for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
     op = dispatcher.find(key)
     assert [e.backend_name for e in op.engines()] == ["cupy"]

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import function_pb2, node_def_pb2
 
+from support import run_threads
 from tftrt_py.engine_op import dispatcher, library
 
 
@@ -377,22 +378,11 @@ def test_concurrent_calls(ops, fake, native):
     def f(x):
         return ops.trt_engine_op([x], [], OutT=[tf.float32], segment_func=seg)
 
-    errors = []
-
     def worker(k):
-        try:
-            for i in range(20):
-                x = np.full(k + i + 1, float(k * 100 + i), np.float32)
-                np.testing.assert_array_equal(f(x)[0].numpy(), x * 2 + 1)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+        for i in range(20):
+            x = np.full(k + i + 1, float(k * 100 + i), np.float32)
+            np.testing.assert_array_equal(f(x)[0].numpy(), x * 2 + 1)
+    run_threads(worker, range(4))
     assert len(fake.runs) == 80
 
 

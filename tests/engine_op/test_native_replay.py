@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from support import run_threads
 from tftrt_py.engine.replay import ENABLED, RUNS, Buffer, Functions, Replay
 from tests.engine_op.test_kernel import as_array, fake, ops, segment  # noqa: F401 - fixtures
 
@@ -207,21 +208,7 @@ def test_malformed_replays_are_refused_and_logged(ops, fake, gpu, packed, messag
 def test_concurrent_callers_share_at_most_limit_replays_never_one_at_once(ops, fake, gpu):
     offering(fake, gpu, limit=2)
     f = engine_op(ops)
-    errors = []
-
-    def worker(k):
-        try:
-            for i in range(25):
-                call(f, 4, 1000 * k + i)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(lambda k: [call(f, 4, 1000 * k + i) for i in range(25)], range(6))
     assert len(fake.offered) == 2 and not gpu.overlap
     assert sum(r.runs for r in fake.offered) + len(fake.runs) == 150
 
