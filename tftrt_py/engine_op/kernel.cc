@@ -636,10 +636,11 @@ class TRTEngineOp : public AsyncOpKernel {
       Replay* replay = AcquireReplay(key, &ask);
       if (replay != nullptr) {
         const absl::Status s = RunReplay(ctx, replay, &served);
+        if (served) replay->Add(5, Nanoseconds() - entered);
+        // Not touched after this: once idle, a revoked replay may be dropped.
         ReleaseReplay(replay, /*failed=*/s.ok() && !served);
         OP_REQUIRES_OK_ASYNC(ctx, s, done);
         if (served) {
-          replay->Add(5, Nanoseconds() - entered);
           done();
           return;
         }
@@ -687,6 +688,7 @@ class TRTEngineOp : public AsyncOpKernel {
         limit = r->limit;
       }
       if (usable == 0 || usable < limit) {
+        if (replay_wait_.size() > 1024) replay_wait_.clear();  // bounded (many shapes)
         int& wait = replay_wait_[key];
         *ask = wait <= 0;
         if (wait > 0) --wait;
@@ -816,7 +818,6 @@ class TRTEngineOp : public AsyncOpKernel {
     tensorflow::mutex_lock lock(replay_mu_);
     if (!replay) {
       replay_wait_[key] = kReplayRetry;
-      if (replay_wait_.size() > 1024) replay_wait_.clear();  // bounded
       return;
     }
     Py_INCREF(keep);
