@@ -347,53 +347,6 @@ def convert(feed, source: str, precision: str, batches, rng, out_dir: str, profi
             "build3_s": build3_s, "build_rest_s": build_rest_s}
 
 
-class Trace:
-    """Wall time spent in the served path's steps during `calls` signature calls (means, ms): the kernel's
-    dispatcher.run, and inside it the engine's copy in, launch and copy out; plus how many TF threads ran it."""
-
-    STEPS = {"run": ("tftrt_py.engine_op.dispatcher", None, "run"),
-             "to_device": ("tftrt_py.engine.backends.cupy.staging", None, "to_device"),
-             "launch": ("tftrt_py.engine.backends.cupy.runner", "Runner", "_run"),
-             "from_pinned": ("tftrt_py.engine.backends.cupy.staging", None, "from_pinned")}
-
-    def __init__(self):
-        self.totals = dict.fromkeys(self.STEPS, 0.0)
-        self.threads = set()
-
-    def measure(self, fn, calls: int) -> dict:
-        import importlib
-
-        saved = []
-        for step, (module, cls, attr) in self.STEPS.items():
-            owner = importlib.import_module(module)
-            owner = getattr(owner, cls) if cls else owner
-            original = getattr(owner, attr)
-            saved.append((owner, attr, original))
-            setattr(owner, attr, self._wrap(step, original))
-        try:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            total = (time.perf_counter() - t0) * 1e3 / calls
-        finally:
-            for owner, attr, original in saved:
-                setattr(owner, attr, original)
-        out = {f"trace_{k}": v / calls for k, v in self.totals.items()}
-        out.update(trace_call=total, trace_threads=len(self.threads))
-        return out
-
-    def _wrap(self, step, original):
-        def timed_step(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.totals[step] += (time.perf_counter() - t0) * 1e3
-                if step == "run":
-                    self.threads.add(threading.get_ident())
-        return timed_step
-
-
 def trivial_signature(native, directory: str):
     """A loaded SavedModel signature with `native`'s inputs that only sums them: TensorFlow's own cost of
     calling a signature (argument handling, function call, outputs) with these inputs."""
@@ -561,8 +514,6 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                                                {k: v.numpy() for k, v in native(**fresh).items()})
             row["native_runs"] = sum(op.stats.native_runs for op in ops)
             row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**tensors).values()])
-            if args.trace:
-                row.update(Trace().measure(lambda: [v.numpy() for v in sig(**tensors).values()], 200))
             row.update(torch_ms.get(b, {}))
             row.update(convert_s=conv["convert_s"], build3_s=conv["build3_s"], build_rest_s=conv["build_rest_s"])
             results.append(row)
@@ -622,7 +573,6 @@ def main() -> int:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 4, 8])
     parser.add_argument("--thread-batch", type=int, default=8)
     parser.add_argument("--thread-calls", type=int, default=100)
-    parser.add_argument("--trace", action="store_true", help="time the served path's steps (see Trace)")
     parser.add_argument("--profile-build", action="store_true", help="cProfile the first precision's build")
     parser.add_argument("--profile-engine", action="store_true",
                         help="per-layer GPU times of each whole-model engine at the largest batch")
