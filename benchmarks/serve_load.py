@@ -1,10 +1,11 @@
 """Load on tftrt-serve, batching off and on: throughput and latency at N concurrent clients, loopback only.
 
-    python benchmarks/serve_load.py [--model small_cnn|resnet50] [--api rest|grpc] [--clients 32]
+    python benchmarks/serve_load.py [--model small_cnn|thin_224|resnet50] [--api rest|grpc] [--clients 32]
                                     [--requests 3000] [--time-limit 60] [--repeat 3] [--json out.json]
 
 The model (random weights, nothing downloaded) is exported and converted into a temporary folder: the demo CNN in
-FP32, `--model resnet50` (Keras ResNet50, 224x224) in FP16 where a GPU serves engines (else FP32), engines built
+FP32, `--model resnet50` (Keras ResNet50, 224x224) in FP16 where a GPU serves engines (else FP32), `--model
+thin_224` (ResNet-50's 600 KB requests through a cheap net: the server's per-byte cost), engines built
 for batch 1 and every allowed batch size. A server (tftrt-serve in this process, or `--server subprocess`) serves
 it on ephemeral loopback ports, once without batching and once with TF Serving's batching parameters
 (--max-batch-size, --batch-timeout-micros, --num-batch-threads, --allowed-batch-sizes). Clients run in
@@ -37,7 +38,27 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "models")]
 import numpy as np  # noqa: E402
 
 MODEL_NAME = "m"
-SIZES = {"small_cnn": 32, "resnet50": 224}
+
+
+def _thin_224():
+    """ResNet-50's requests (224x224x3 float32: 600 KB) through a cheap net (global average pooling and a
+    classifier): what the server spends per byte, without ResNet's compute."""
+    import keras
+
+    inputs = keras.Input((224, 224, 3), name="image")
+    pooled = keras.layers.GlobalAveragePooling2D()(inputs)
+    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(pooled))
+
+
+def _builders():
+    from sample_models import build_keras_application, build_small_cnn
+
+    return {"small_cnn": lambda: build_small_cnn()[0], "thin_224": _thin_224,
+            "resnet50": lambda: build_keras_application("resnet50", size=224)[0]}
+
+
+#: input image size of each model
+SIZES = {"small_cnn": 32, "thin_224": 224, "resnet50": 224}
 
 
 # -- the model ----------------------------------------------------------------------------------------------------
@@ -51,12 +72,11 @@ def convert(model: str, root: str, batches) -> str:
     """The converted model in TF Serving's layout under `root`; its precision."""
     import keras
 
-    from sample_models import build_keras_application, build_small_cnn
     from tftrt_py import trt_convert as trt
 
     size = SIZES[model]
     keras.utils.set_random_seed(0)
-    native = build_small_cnn()[0] if model == "small_cnn" else build_keras_application(model, size=size)[0]
+    native = _builders()[model]()
     native.export(os.path.join(root, "native"), verbose=False)
     precision = "FP16" if model == "resnet50" and _gpu() else "FP32"
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=os.path.join(root, "native"), precision_mode=precision,

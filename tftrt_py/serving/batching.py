@@ -121,10 +121,12 @@ class BatchScheduler:
                 raise ServingError(Code.UNAVAILABLE, "the server is shutting down")
             queue = self._queues.setdefault(queue_id, _Queue(run, label))
             batch = next((b for b in reversed(queue.batches) if b.key == key and not b.closed), None)
-            if batch is None or batch.size + size > limit:
+            new = batch is None or batch.size + size > limit
+            if new:
                 if batch is not None:
                     batch.closed = True
                 if len(queue.batches) >= self.options.max_enqueued_batches:
+                    self._cond.notify_all()  # the batch just closed is ready
                     raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task was "
                                                          "submitted is full")
                 batch = _Batch(key, time.monotonic() + self.options.batch_timeout_micros / 1e6)
@@ -132,7 +134,8 @@ class BatchScheduler:
             batch.tasks.append(task)
             batch.size += size
             batch.closed = batch.size == limit
-            self._cond.notify()
+            if new or batch.closed:  # batch threads learn of a new deadline or a full batch; else nothing changed
+                self._cond.notify_all()
         return task.future
 
     def queue_depths(self) -> Dict[str, int]:

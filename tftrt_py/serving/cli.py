@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batching_parameters_file", help="text-proto BatchingParameters (with --enable_batching)")
     p.add_argument("--rest_api_num_threads", type=int, default=64,
                    help="threads decoding and running REST requests (default: %(default)s)")
-    p.add_argument("--grpc_max_threads", type=int, default=64, help="gRPC handler threads (default: %(default)s)")
+    p.add_argument("--grpc_max_threads", type=int, default=64,
+                   help="threads running unbatched gRPC predicts (default: %(default)s)")
     p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF's)")
     p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF's)")
     for flag in IGNORED_FLAGS:

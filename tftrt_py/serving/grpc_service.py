@@ -1,9 +1,14 @@
 """TF Serving's gRPC services over a Service: PredictionService (Predict, GetModelMetadata) and ModelService
-(GetModelStatus), with the tensorflow-serving-api protos; a ServingError aborts with its gRPC status code."""
+(GetModelStatus), with the tensorflow-serving-api protos, on an asyncio gRPC server (grpc.aio) in a thread of its
+own: a batched Predict awaits its batch on the event loop instead of holding a thread; an unbatched one runs its
+model on a thread pool. A ServingError aborts with its gRPC status code."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Tuple
 
 import grpc
@@ -11,11 +16,13 @@ from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, predict
 
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.service import Service
-from tftrt_py.serving.tensors import from_tensor_proto, to_tensor_proto
+from tftrt_py.serving.tensors import fill_tensor_proto, from_tensor_proto
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_services"]
+__all__ = ["GrpcServer", "add_services"]
+
+MAX_MESSAGE = 2 ** 31 - 1  # TF Serving takes requests of any size
 
 
 def _version(model_spec) -> Tuple[Optional[int], Optional[str]]:
@@ -26,40 +33,43 @@ def _version(model_spec) -> Tuple[Optional[int], Optional[str]]:
     return None, model_spec.version_label if which == "version_label" else None
 
 
-@contextlib.contextmanager
-def _aborting(context: grpc.ServicerContext, service: Service, model: str, api: str):
+@contextlib.asynccontextmanager
+async def _aborting(context: grpc.aio.ServicerContext, service: Service, model: str, api: str):
     """Run the block as a counted request; errors abort the call with their status code."""
     try:
         with service.request(model, api):
             yield
     except ServingError as exc:
-        context.abort(exc.code.grpc_code, exc.message)
+        await context.abort(exc.code.grpc_code, exc.message)
     except Exception as exc:  # a bug answers INTERNAL and is logged; the server goes on
         logger.exception("gRPC %s failed", api)
-        context.abort(Code.INTERNAL.grpc_code, f"{type(exc).__name__}: {exc}")
+        await context.abort(Code.INTERNAL.grpc_code, f"{type(exc).__name__}: {exc}")
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, service: Service):
-        self.service = service
+    """Predict runs unbatched models on `executor`."""
 
-    def Predict(self, request, context):
+    def __init__(self, service: Service, executor: ThreadPoolExecutor):
+        self.service, self.executor = service, executor
+
+    async def Predict(self, request, context):
         spec = request.model_spec
-        with _aborting(context, self.service, spec.name, "grpc_predict"):
+        async with _aborting(context, self.service, spec.name, "grpc_predict"):
             servable, signature = self.service.resolve(spec.name, *_version(spec), spec.signature_name)
             arrays = {k: from_tensor_proto(k, v) for k, v in request.inputs.items()}
-            outputs = self.service.predict(servable, signature, arrays, list(request.output_filter))
+            outputs = await asyncio.wrap_future(self.service.submit(
+                servable, signature, arrays, list(request.output_filter), executor=self.executor))
             response = predict_pb2.PredictResponse()
             response.model_spec.name = servable.name
             response.model_spec.version.value = servable.version
             response.model_spec.signature_name = signature.name
             for name, value in outputs.items():
-                response.outputs[name].CopyFrom(to_tensor_proto(value))
+                fill_tensor_proto(response.outputs[name], value)
             return response
 
-    def GetModelMetadata(self, request, context):
+    async def GetModelMetadata(self, request, context):
         spec = request.model_spec
-        with _aborting(context, self.service, spec.name, "grpc_metadata"):
+        async with _aborting(context, self.service, spec.name, "grpc_metadata"):
             response, _ = self.service.metadata(spec.name, *_version(spec), fields=list(request.metadata_field))
             return response
 
@@ -68,12 +78,54 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, service: Service):
         self.service = service
 
-    def GetModelStatus(self, request, context):
+    async def GetModelStatus(self, request, context):
         spec = request.model_spec
-        with _aborting(context, self.service, spec.name, "grpc_status"):
+        async with _aborting(context, self.service, spec.name, "grpc_status"):
             return self.service.status(spec.name, *_version(spec))
 
 
-def add_services(server: grpc.Server, service: Service) -> None:
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(service), server)
+def add_services(server: grpc.aio.Server, service: Service, executor: ThreadPoolExecutor) -> None:
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(service, executor), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(service), server)
+
+
+class GrpcServer:
+    """The gRPC API of `service` on `host:port` (0: an ephemeral port; `port` holds the bound one after
+    start()), served by an event loop in its own thread; unbatched predicts run on `threads` threads."""
+
+    def __init__(self, service: Service, host: str, port: int, threads: int = 64):
+        self.service, self.host, self.port, self._threads = service, host, port, threads
+        self._loop = self._thread = self._server = self._executor = None
+
+    def start(self) -> "GrpcServer":
+        self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="tftrt-serve-grpc")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tftrt-serve-grpc-loop", daemon=True)
+        self._thread.start()
+        self._server, self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result()
+        return self
+
+    async def _start(self):
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                                          ("grpc.max_send_message_length", MAX_MESSAGE)])
+        add_services(server, self.service, self._executor)
+        address = f"[{self.host}]" if ":" in self.host else self.host
+        port = server.add_insecure_port(f"{address}:{self.port}")
+        if not port:
+            raise RuntimeError(f"gRPC could not bind {self.host}:{self.port}")
+        await server.start()
+        return server, port
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop listening; calls still running after `grace` seconds are cancelled."""
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result()
+            self._server = None
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self._loop = self._thread = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None

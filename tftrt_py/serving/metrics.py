@@ -52,11 +52,16 @@ class Metrics:
         self._depth = Gauge("tftrt_serving_queue_depth", "requests waiting in batch queues", ["model"],
                             registry=self.registry)
         self._queue_depths = queue_depths
+        self._request_series: Dict[tuple, tuple] = {}  # (model, api, status) -> (count, latency): labels() once
         self.registry.register(_EngineOpCollector())
 
     def observe_request(self, model: str, api: str, status: str, seconds: float) -> None:
-        self.requests.labels(model, api, status).inc()
-        self.latency.labels(model, api).observe(seconds)
+        series = self._request_series.get((model, api, status))
+        if series is None:
+            series = self._request_series.setdefault((model, api, status), (
+                self.requests.labels(model, api, status), self.latency.labels(model, api)))
+        series[0].inc()
+        series[1].observe(seconds)
 
     def observe_batch(self, model: str, rows: int, padded: int) -> None:
         self.batch_size.labels(model).observe(rows)

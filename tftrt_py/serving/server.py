@@ -2,7 +2,6 @@
 port, read back from `rest_port` / `grpc_port`; None: that API off) until `stop()`; also a context manager."""
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import socket
 import threading
@@ -15,11 +14,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Server"]
 
-GRPC_MAX_MESSAGE = 2 ** 31 - 1  # TF Serving takes requests of any size
-
 
 class Server:
-    """Serves `models` over REST and gRPC; `batching` (None: off) batches predict calls."""
+    """Serves `models` over REST and gRPC; `batching` (None: off) batches predict calls. Unbatched predicts run
+    on `grpc_threads` / `rest_threads` threads (batched ones wait for their batch on an event loop)."""
 
     def __init__(self, models: Sequence[ModelSpec], *, grpc_port: Optional[int] = 0, rest_port: Optional[int] = 0,
                  host: str = "127.0.0.1", batching: Optional[BatchingOptions] = None, grpc_threads: int = 64,
@@ -73,26 +71,15 @@ class Server:
             time.sleep(0.01)
 
     def _start_grpc(self) -> None:
-        import grpc
+        from tftrt_py.serving.grpc_service import GrpcServer
 
-        from tftrt_py.serving.grpc_service import add_services
-
-        options = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
-                   ("grpc.max_send_message_length", GRPC_MAX_MESSAGE)]
-        self._grpc = grpc.server(concurrent.futures.ThreadPoolExecutor(self._grpc_threads,
-                                                                       thread_name_prefix="tftrt-serve-grpc"),
-                                 options=options)
-        add_services(self._grpc, self.service)
-        address = f"[{self.host}]" if ":" in self.host else self.host
-        self.grpc_port = self._grpc.add_insecure_port(f"{address}:{self.grpc_port}")
-        if not self.grpc_port:
-            raise RuntimeError(f"gRPC could not bind {self.host}")
-        self._grpc.start()
+        self._grpc = GrpcServer(self.service, self.host, self.grpc_port, self._grpc_threads)
+        self.grpc_port = self._grpc.start().port
 
     def stop(self) -> None:
         """Stop listening, fail queued requests (UNAVAILABLE), end the batch threads."""
         if self._grpc is not None:
-            self._grpc.stop(grace=1).wait()
+            self._grpc.stop(grace=1)
             self._grpc = None
         if self._rest is not None:
             self._rest.should_exit = True

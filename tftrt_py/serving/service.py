@@ -2,10 +2,11 @@
 as TF Serving's protos, with each request counted and timed."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from concurrent.futures import Future
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+from concurrent.futures import Executor, Future, InvalidStateError
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,6 +46,9 @@ class Service:
         except ServingError as exc:
             status = exc.code.name
             raise
+        except asyncio.CancelledError:  # an async front end's client went away
+            status = "CANCELLED"
+            raise
         except Exception:
             status = "INTERNAL"
             raise
@@ -57,31 +61,32 @@ class Service:
         servable = self.manager.servable(model, version, label)
         return servable, servable.signature(signature_name)
 
-    def predict(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
-                output_filter: Sequence[str] = ()) -> Dict[str, np.ndarray]:
-        """The signature's outputs (those in `output_filter`, else all) for `arrays`."""
-        return self.submit(servable, signature, arrays, output_filter).result()
-
     def submit(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
-               output_filter: Sequence[str] = ()) -> "Future[Dict[str, np.ndarray]]":
-        """A future of predict's outputs: the batch's (a caller may await it without holding a thread), or,
-        without batching, one computed here before it returns."""
+               output_filter: Sequence[str] = (), executor: Optional[Executor] = None) -> Future:
+        """A future of the signature's outputs (those in `output_filter`, else all) for `arrays`: the batch's (a
+        caller may await it without holding a thread), or, without batching, one run on `executor` (None: computed
+        here before it returns). Cancelling it drops the answer, not the run."""
         arrays = signature.check(arrays)
         names = signature.output_names(output_filter)
-        if self.scheduler is None:
-            source: Future = Future()
-            source.set_result(signature.run(arrays))
-        else:
+        if self.scheduler is not None:
             source = self.scheduler.submit((servable.name, servable.version, signature.name), signature.run, arrays,
                                            servable.name)
+        elif executor is not None:
+            source = executor.submit(signature.run, arrays)
+        else:
+            source = Future()
+            source.set_result(signature.run(arrays))
         result: Future = Future()
 
         def pick(done: Future) -> None:
-            if done.exception() is not None:
-                result.set_exception(done.exception())
-            else:
-                outputs = done.result()
-                result.set_result({k: outputs[k] for k in names})
+            try:
+                if done.exception() is not None:
+                    result.set_exception(done.exception())
+                else:
+                    outputs = done.result()
+                    result.set_result({k: outputs[k] for k in names})
+            except InvalidStateError:  # the caller cancelled (its client went away)
+                pass
         source.add_done_callback(pick)
         return result
 

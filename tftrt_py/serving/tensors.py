@@ -3,15 +3,20 @@ binary strings) and gRPC TensorProtos, to and from numpy arrays checked against 
 from __future__ import annotations
 
 import base64
-from typing import Any, Dict, Mapping, Tuple
+import functools
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.models import Signature, TensorSpec
 
-__all__ = ["rest_inputs", "rest_outputs", "from_tensor_proto", "to_tensor_proto"]
+__all__ = ["rest_inputs", "rest_outputs", "from_tensor_proto", "fill_tensor_proto"]
 
+#: numpy dtypes tf.make_tensor_proto writes as tensor_content bytes (its _TENSOR_CONTENT_TYPES)
+CONTENT_DTYPES = frozenset(map(np.dtype, ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                                          "uint8", "uint32", "uint64")))
 #: JSON value kinds (numpy dtype kinds of np.asarray(value)) each input dtype kind accepts
 ACCEPTS = {"f": "biuf", "c": "biufc", "i": "biu", "u": "biu", "b": "b"}
 
@@ -121,7 +126,42 @@ def rest_outputs(outputs: Mapping[str, np.ndarray], row_format: bool) -> Dict[st
     return {"predictions": [dict(zip(columns, row)) for row in zip(*columns.values())]}
 
 
+@functools.lru_cache(maxsize=None)
+def _content_dtype(datatype: int) -> Optional[np.dtype]:
+    """The numpy dtype a TensorProto's tensor_content holds for DataType `datatype`; None where MakeNdarray
+    must decode it (strings, quantized and bfloat16 types)."""
+    from tensorflow import dtypes
+
+    try:
+        dtype = np.dtype(dtypes.as_dtype(datatype).as_numpy_dtype)
+    except TypeError:  # DT_INVALID, resource, variant
+        return None
+    return dtype if dtype.kind in "biufc" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _datatype(dtype: np.dtype) -> int:
+    from tensorflow import dtypes
+
+    return dtypes.as_dtype(dtype).as_datatype_enum
+
+
 def from_tensor_proto(name: str, proto) -> np.ndarray:
+    """A request TensorProto as an array: numbers in tensor_content are read in place (np.frombuffer over the
+    bytes, read-only: one copy, the field's read), anything else by TF's MakeNdarray."""
+    content = proto.tensor_content  # each read of a bytes field copies it
+    dtype = _content_dtype(proto.dtype) if content else None
+    if dtype is None:
+        return _make_ndarray(name, proto)
+    shape = [d.size for d in proto.tensor_shape.dim]
+    if proto.tensor_shape.unknown_rank or any(d < 0 for d in shape) or \
+            len(content) != math.prod(shape) * dtype.itemsize:
+        raise _invalid(f"input {name!r}: not a valid TensorProto: tensor_content holds {len(content)} bytes, "
+                       f"not the {dtype.name} values of shape {shape}")
+    return np.frombuffer(content, dtype).reshape(shape)
+
+
+def _make_ndarray(name: str, proto) -> np.ndarray:
     from tensorflow.python.framework import tensor_util
 
     try:
@@ -130,7 +170,15 @@ def from_tensor_proto(name: str, proto) -> np.ndarray:
         raise _invalid(f"input {name!r}: not a valid TensorProto: {exc}") from None
 
 
-def to_tensor_proto(array: np.ndarray):
-    from tensorflow.python.framework import tensor_util
+def fill_tensor_proto(proto, array: np.ndarray) -> None:
+    """Write `array` into the (empty) TensorProto `proto` as tf.make_tensor_proto writes it: CONTENT_DTYPES of
+    more than one value as tensor_content bytes (one copy), anything else through make_tensor_proto."""
+    if array.dtype not in CONTENT_DTYPES or array.size <= 1:
+        from tensorflow.python.framework import tensor_util
 
-    return tensor_util.make_tensor_proto(array)
+        proto.CopyFrom(tensor_util.make_tensor_proto(array))
+        return
+    proto.dtype = _datatype(array.dtype)
+    for size in array.shape:
+        proto.tensor_shape.dim.add(size=size)
+    proto.tensor_content = array.tobytes()
