@@ -50,7 +50,9 @@ class CupyBackend(LayerEngines):
         allow_tf32 = _flag(cfg.get("allow_tf32", os.environ.get("TFTRT_PY_ALLOW_TF32", "0")))
         strict = _flag(cfg.get("strict_types", os.environ.get("TFTRT_PY_STRICT_TYPES", "0")))
         return BuildOptions(allow_tf32=allow_tf32, max_workspace=int(cfg.get("max_workspace_size", 1 << 30)),
-                            cudnn_plans=int(os.environ.get("TFTRT_PY_CUDNN_PLANS", "2")), strict_types=strict)
+                            cudnn_plans=int(os.environ.get("TFTRT_PY_CUDNN_PLANS", "2")),
+                            cudnn_runtime_plans=int(os.environ.get("TFTRT_PY_CUDNN_RUNTIME_PLANS", "1")),
+                            strict_types=strict)
 
     def prepare_engine(self, engine) -> None:
         """Compile `engine` for this GPU: choose (or re-use) tactics and upload weights.

@@ -131,9 +131,10 @@ class CudnnConvGraph:
         self.built = {}  # plan index -> (name, workspace bytes)
         self.failed = set()
 
-    def plans(self, limit: int, prefer: Optional[str] = None) -> List[Tuple[int, str, int]]:
-        """Up to `limit` built plans (index, name, workspace) in heuristics order; `prefer` (a plan name)
-        alone when it builds."""
+    def plans(self, limit: int, prefer: Optional[str] = None, runtime_limit: Optional[int] = None
+              ) -> List[Tuple[int, str, int]]:
+        """Up to `limit` built plans (index, name, workspace) in heuristics order, at most `runtime_limit` of them
+        runtime-compiled (None: any number); `prefer` (a plan name) alone when it builds."""
         g = self.graph
         count = g.get_execution_plan_count()
         with self.lock:
@@ -145,13 +146,25 @@ class CudnnConvGraph:
                     except Exception:
                         continue
                 return []
-            out = []
+            out, compiled = [], 0
             for i in range(count):
                 if len(out) >= limit:
                     break
+                runtime = self._runtime_compiled(i)
+                if runtime and runtime_limit is not None and compiled >= runtime_limit:
+                    continue
                 if self._build(i):
                     out.append((i, *self.built[i]))
+                    compiled += runtime
             return out
+
+    def _runtime_compiled(self, i: int) -> bool:
+        """Whether plan `i` is compiled at build time (cuDNN's behavior note RUNTIME_COMPILATION)."""
+        note = getattr(_device.cudnn_module().behavior_note, "RUNTIME_COMPILATION", None)
+        try:
+            return note is not None and note in self.graph.get_behavior_notes_for_plan_at_index(i)
+        except Exception:
+            return False
 
     def _build(self, i: int) -> bool:
         if i in self.built:
@@ -384,7 +397,7 @@ def _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_
             continue
         try:
             graph = cudnn_graph(geom, dtype, b is not None, residual_n, activation, fusion, opts)
-            plans = graph.plans(opts.cudnn_plans, prefer.get("plan"))
+            plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
         except Exception as exc:
             logger.debug("cuDNN graph (%s) for %s not supported: %s", fusion, layer.name, exc)
             continue

@@ -105,7 +105,7 @@ def fp8_conv_candidates(spec: Spec) -> List[Op]:
     try:
         graph = _cudnn_int8_graph(geom, "fused", bias is not None, residual, activation, spec.out_dtypes[0], opts,
                                   fp8=True)
-        plans = graph.plans(opts.cudnn_plans, prefer.get("plan"))
+        plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
     except Exception as exc:
         logger.debug("cuDNN FP8 graph for %s not supported: %s", layer.name, exc)
         return []

@@ -458,7 +458,7 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
                 continue
             try:
                 graph = _cudnn_int8_graph(geom, fusion, bias is not None, residual, activation, out_dtype, opts)
-                plans = graph.plans(opts.cudnn_plans, prefer.get("plan"))
+                plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
             except Exception as exc:
                 logger.debug("cuDNN int8 graph (%s) for %s not supported: %s", fusion, layer.name, exc)
                 continue
