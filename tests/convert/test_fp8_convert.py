@@ -23,9 +23,9 @@ def rel_l2(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def test_fp8_calibrates_like_int8_and_serves_near_tensorflow(saved_model):
+def test_fp8_calibrates_like_int8_by_max_value_unless_told_and_serves_near_tensorflow(saved_model):
     path = saved_model("small_cnn")
-    params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode="FP8", calibration_algorithm="minmax")
+    params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode="FP8")
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=path, conversion_params=params)
     func = converter.convert(calibration_input_fn=lambda: ((x,) for x in CALIBRATION))
     node, engine = engine_of(converter._converted_graph_def)

@@ -46,3 +46,18 @@ def test_unknown_profile_strategy_is_refused():
     trt.TrtGraphConverterV2(input_saved_model_dir="unused", dynamic_shape_profile_strategy="Widest")
     trt.TrtGraphConverterV2(input_saved_model_dir="unused", use_dynamic_shape=True,
                             dynamic_shape_profile_strategy="range+optimal")
+
+
+@pytest.mark.parametrize("precision, chosen, used", [
+    ("INT8", None, "entropy"),  # TensorRT's default
+    ("int8", None, "entropy"),
+    ("FP8", None, "minmax"),  # E4M3's range covers the outliers entropy clips
+    ("fp8", None, "minmax"),
+    ("FP8", "Entropy", "entropy"),  # a chosen calibrator always wins
+    ("INT8", "percentile", "percentile"),
+])
+def test_the_calibrator_is_the_chosen_one_else_the_precisions_default(precision, chosen, used):
+    from tftrt_py.convert.params import calibration_algorithm
+
+    params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision, calibration_algorithm=chosen)
+    assert calibration_algorithm(params) == used

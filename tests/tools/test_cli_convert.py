@@ -98,7 +98,7 @@ def test_dynamic_shape_and_calibration_flags_pass_through():
     plain = cli_convert.converter_kwargs(parser.parse_args(["--input-dir", "a", "--output-dir", "b"]))
     assert "use_dynamic_shape" not in plain and "dynamic_shape_profile_strategy" not in plain
     assert plain["allow_build_at_runtime"] is True and plain["precision_mode"] == "FP32"
-    assert plain["calibration_algorithm"] == "entropy"
+    assert plain["calibration_algorithm"] is None  # the precision's default calibrator
     chosen = parser.parse_args(["--input-dir", "a", "--output-dir", "b", "--calibration-algorithm", "MinMax"])
     assert cli_convert.converter_kwargs(chosen)["calibration_algorithm"] == "minmax"
 

@@ -20,7 +20,7 @@ from tftrt_py.convert.build import SegmentGraph, build_engine
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
-                                     canonical_precision, check_conversion_params, quantized)
+                                     calibration_algorithm, canonical_precision, check_conversion_params, quantized)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite, segment_max_batch_size
 from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine_op import dispatcher, library
@@ -218,7 +218,7 @@ class TrtGraphConverter:
         nodes = [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
         keys = [n.attr["segment_key"].s.decode() for n in nodes]
         for key in keys:
-            dispatcher.start_calibrating(key, self._conversion_params.calibration_algorithm)
+            dispatcher.start_calibrating(key, calibration_algorithm(self._conversion_params))
         try:
             with tf.compat.v1.Session(graph=graph, config=self._session_config) as sess:
                 for _ in range(num_runs):

@@ -18,7 +18,7 @@ from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
-                                     canonical_precision, check_conversion_params, quantized)
+                                     calibration_algorithm, canonical_precision, check_conversion_params, quantized)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.cache import engine_asset_name, pack_plans
@@ -48,7 +48,7 @@ class TrtGraphConverterV2:
                  use_dynamic_shape=None, dynamic_shape_profile_strategy=None,
                  max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, precision_mode=TrtPrecisionMode.FP32,
                  minimum_segment_size=3, maximum_cached_engines=1, use_calibration=True, allow_build_at_runtime=True,
-                 conversion_params: Optional[TrtConversionParams] = None, calibration_algorithm="entropy"):
+                 conversion_params: Optional[TrtConversionParams] = None, calibration_algorithm=None):
         if not tf.executing_eagerly():
             raise RuntimeError("TrtGraphConverterV2 needs eager execution (TF2 behaviour); use TrtGraphConverter "
                                "in tf.compat.v1 graph mode")
@@ -140,7 +140,7 @@ class TrtGraphConverterV2:
     def _execute_calibration(self, calibration_input_fn):
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
         its calibration_data attribute and rebuild the converted function (as TF-TRT does)."""
-        algorithm = self._conversion_params.calibration_algorithm.lower()
+        algorithm = calibration_algorithm(self._conversion_params)
         nodes = self._engine_nodes()
         keys = [n.attr["segment_key"].s.decode() for n in nodes]
         start = time.perf_counter()

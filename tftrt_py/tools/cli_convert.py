@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "native segment); by default that is an error")
     p.add_argument("--calibration-data", action="append", default=[], metavar="FILE",
                    help=".npy/.npz calibration batch for INT8 (repeatable: one batch per file)")
-    p.add_argument("--calibration-algorithm", type=str.lower, choices=CALIBRATION_ALGORITHMS, default="entropy",
-                   help="INT8 calibrator for --calibration-data (default: %(default)s)")
+    p.add_argument("--calibration-algorithm", type=str.lower, choices=CALIBRATION_ALGORITHMS, default=None,
+                   help="calibrator for --calibration-data (default: entropy for INT8, minmax for FP8)")
     p.add_argument("--use-dynamic-shape", action="store_true", default=None,
                    help="build engines with shape profiles (passed to TrtGraphConverterV2(use_dynamic_shape))")
     p.add_argument("--profile-strategy", default=None,
