@@ -136,18 +136,19 @@ def test_graph_ranges_win_and_calibration_gives_the_rest(tmp_path):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05
 
 
-def test_tf1_calibrate_fills_calibration_data_with_the_table():
+@pytest.mark.parametrize("precision, header", [("INT8", b"EntropyCalibration2"), ("FP8", b"MinMaxCalibration")])
+def test_tf1_calibrate_fills_calibration_data_with_the_table_of_the_precisions_calibrator(precision, header):
     rng = np.random.default_rng(4)
     w1, w2 = (tf.constant(rng.standard_normal(s).astype("float32") * 0.3) for s in ((3, 3, 3, 8), (3, 3, 8, 4)))
     fn = lambda x: tf.identity(tf.nn.conv2d(tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME")), w2, 1, "SAME"), name="y")
     graph_def, _, _ = frozen_graph_def(fn, [tf.TensorSpec([None, 16, 16, 3], tf.float32, name="x")])
     x = rng.standard_normal((4, 16, 16, 3)).astype("float32")
     with tf.Graph().as_default():
-        converter = trt.TrtGraphConverter(input_graph_def=graph_def, nodes_denylist=["y"], precision_mode="INT8")
+        converter = trt.TrtGraphConverter(input_graph_def=graph_def, nodes_denylist=["y"], precision_mode=precision)
         converter.convert()
         trt_graph = converter.calibrate(["y:0"], num_runs=2, feed_dict_fn=lambda: {"x:0": x})
     (node,) = [n for n in trt_graph.node if n.op == "TRTEngineOp"]
-    assert node.attr["calibration_data"].s.startswith(b"TRT-tftrt_py-EntropyCalibration2\n")
+    assert node.attr["calibration_data"].s.startswith(b"TRT-tftrt_py-" + header + b"\n")
     op = dispatcher.find(node.attr["segment_key"].s.decode())
     assert op.calibration_table() == node.attr["calibration_data"].s
     with tf.Graph().as_default():
@@ -156,7 +157,7 @@ def test_tf1_calibrate_fills_calibration_data_with_the_table():
             got = sess.run("y:0", {"x:0": x})
     want = fn(tf.constant(x)).numpy()  # entropy clips the relu of this random net hard: compare as a whole
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.25
-    assert [layer.precision for e in op.engines() for layer in e.network.layers] == ["INT8", "INT8"]
+    assert [layer.precision for e in op.engines() for layer in e.network.layers] == [precision, precision]
 
 
 # -- FP16 and INT8 engines against TensorFlow on small graphs (DESIGN: 1e-2 and 1e-1) --------------------

@@ -5,7 +5,7 @@ op does): each run executes an FP32 calibration engine for the input shapes, rec
 the collector, and returns its outputs. :meth:`OpCalibration.finish` turns the histograms into the table;
 from then on the op builds INT8 engines with the table's ranges. TrtGraphConverterV2.convert() starts
 calibration explicitly with the conversion's calibration_algorithm (:func:`dispatcher.start_calibrating`);
-otherwise an op starts the default (entropy) on its first run.
+otherwise an op starts its precision's default calibrator on its first run.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 class OpCalibration:
     """Calibration state of one engine op."""
 
-    def __init__(self, op_name: str, needed: bool, calibration_data: bytes = b""):
-        self.op_name = op_name
+    def __init__(self, op_name: str, needed: bool, calibration_data: bytes = b"", default: str = "entropy"):
+        self.op_name, self.default = op_name, default
         self.needed = needed  # INT8 with use_calibration
         self.table = b""
         self.ranges: Optional[Dict[str, float]] = None  # by engine tensor name, once there is a table
@@ -49,8 +49,9 @@ class OpCalibration:
             self.collector = None
             self._engines.clear()
 
-    def start(self, algorithm: str = "entropy") -> None:
-        """Collect statistics (again) with `algorithm`; the op's runs calibrate until finish()."""
+    def start(self, algorithm: Optional[str] = None) -> None:
+        """Collect statistics (again) with `algorithm` (None: the default); the op's runs calibrate until finish()."""
+        algorithm = algorithm or self.default
         with self._lock:
             self.collector = Collector(algorithm)
             self._engines.clear()

@@ -37,6 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.convert.errors import MissingQuantizationRangeError
+from tftrt_py.convert.params import DEFAULT_CALIBRATORS
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
 from tftrt_py.convert.variables import weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
@@ -219,7 +220,8 @@ class EngineOp:
         # INT8 and FP8: the calibration table, or the collector filling it (see engine_op.calibration)
         ranged = self.precision in QUANTIZED
         self.calibration = OpCalibration(self.name, ranged and bool(node.attr("use_calibration")),
-                                         (node.attr("calibration_data") or b"") if ranged else b"")
+                                         (node.attr("calibration_data") or b"") if ranged else b"",
+                                         DEFAULT_CALIBRATORS.get(self.precision, "entropy"))
         self.missing_ranges: Dict[tuple, List[str]] = {}  # input shapes -> tensors their INT8/FP8 build lacked
         static = node.attr("serialized_segment") or b""
         if static and not static.startswith(PLAN_MAGIC) and self._segment_from_serialized(static):
@@ -572,7 +574,7 @@ _HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
 _COLLECTING: Dict[str, List[tuple]] = {}  # segment key -> input shapes seen while collecting
-_CALIBRATING: Dict[str, str] = {}  # segment key of an op not created yet -> calibration algorithm
+_CALIBRATING: Dict[str, Optional[str]] = {}  # segment key of an op not created yet -> its calibrator (None: default)
 
 
 def _text(key) -> str:
@@ -594,9 +596,9 @@ def stop_collecting(segment_key: str) -> List[tuple]:
         return _COLLECTING.pop(_text(segment_key), [])
 
 
-def start_calibrating(segment_key: str, algorithm: str = "entropy") -> None:
-    """The op of `segment_key` (now, or once it is created) calibrates with `algorithm` until
-    finish_calibrating."""
+def start_calibrating(segment_key: str, algorithm: Optional[str] = None) -> None:
+    """The op of `segment_key` (now, or once it is created) calibrates with `algorithm` (None: its precision's
+    default) until finish_calibrating."""
     key = _text(segment_key)
     with _LOCK:
         op = _LATEST.get(key)
@@ -635,9 +637,8 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
         if op is None:
             op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def, callees)
             op.key = key
-            algorithm = _CALIBRATING.pop(segment_key, None)
-            if algorithm is not None:
-                op.calibration.start(algorithm)
+            if segment_key in _CALIBRATING:
+                op.calibration.start(_CALIBRATING.pop(segment_key))
         elif calibration_data and op.precision in QUANTIZED and not op.calibration.table:  # a calibrated graph
             op.calibration.set_table(calibration_data)
         if function_def and not op._function_def:
