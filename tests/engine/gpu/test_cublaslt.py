@@ -225,26 +225,5 @@ def test_int8_matrix_multiply(case, lt_only):
     """test_int8's int8 MatrixMultiply cases, their GEMM through cuBLASLt, against the int8 contract."""
     import test_int8
 
-    sa, sb, params, const = test_int8.MATMUL_CASES[case]
-    a_const, b_const = const == "a", const is True
-    rng = np.random.default_rng(len(case))
-    a = rng.standard_normal(sa).astype(np.float32)
-    b = (rng.standard_normal(sb) / np.sqrt(sb[-2])).astype(np.float32)
-
-    def build():
-        net = Network(f"int8_{case}")
-        operands = []
-        for key, value, is_const in (("a", a, a_const), ("b", b, b_const)):
-            if is_const:
-                operands.append(net.add_constant(value, name=f"w{key}"))
-            else:
-                t = net.add_input(key, "float32", value.shape)
-                t.dynamic_range = float(np.max(np.abs(value)))
-                operands.append(t)
-        net.mark_output(net.add_layer("MatrixMultiply", operands, params, {}, name="mm").outputs[0], name="y")
-        return net
-
-    inputs = {k: v for k, v, c in (("a", a, a_const), ("b", b, b_const)) if not c}
-    emulated = {"y": test_int8.emulate_matmul(build().layers[-1], a, b, consts=(a_const, b_const))}
-    engine = test_int8.check(build, inputs, emulated, case)
+    engine = test_int8.check(*test_int8.matmul_case(case, bias=False, b_range=1.0), case)
     assert engine.tactics["mm"]["op"] == "cublaslt_gemm_int8", engine.tactics

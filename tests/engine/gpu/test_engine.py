@@ -1,7 +1,6 @@
 """Whole engines on the cupy backend: ResNet-50 in FP32/FP16 against the numpy backend, plans,
 tactics, device checks, concurrency, device arrays, memory accounting and errors."""
 import logging
-import threading
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from tftrt_py.engine.backends.cupy import _device
 
 import gpu_resnet50 as resnet50
 from networks import conv_relu_pool_net
+from support import run_threads
 from gpu_helpers import GPU, assert_close, healthy_gpu  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
@@ -81,24 +81,14 @@ def test_plan_from_another_gpu_is_retuned(fp16_engine, reference, caplog):
 
 
 def test_contexts_run_concurrently_from_threads(fp16_engine, reference):
-    errors = []
-
     def work(seed):
-        try:
-            ctx = fp16_engine.create_execution_context()
-            rng = np.random.default_rng(seed)
-            for _ in range(4):
-                x = images(rng)
-                assert_close(ctx.execute(x)["logits"], reference.execute(x)["logits"], "FP16")
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        ctx = fp16_engine.create_execution_context()
+        rng = np.random.default_rng(seed)
+        for _ in range(4):
+            x = images(rng)
+            assert_close(ctx.execute(x)["logits"], reference.execute(x)["logits"], "FP16")
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(work, range(4))
 
 
 def test_smaller_batch_and_device_arrays(fp16_engine, reference):

@@ -281,15 +281,16 @@ MATMUL_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(MATMUL_CASES))
-def test_int8_matrix_multiply(case):
+def matmul_case(case: str, bias: bool = True, b_range: float = 0.95):
+    """(build, inputs, emulated outputs) of MATMUL_CASES[case]: random operands, a bias where b is constant (if
+    `bias`), and b's dynamic range `b_range` times its max |value| (under 1: saturation is exercised)."""
     sa, sb, params, const = MATMUL_CASES[case]
     a_const, b_const = const == "a", const is True
     rng = np.random.default_rng(len(case))
     a = rng.standard_normal(sa).astype(np.float32)
     b = (rng.standard_normal(sb) / np.sqrt(sb[-2])).astype(np.float32)
     weights = {"bias": (rng.standard_normal(sb[-2] if params.get("transpose_b") else sb[-1]) * 0.1).astype(
-        np.float32)} if b_const else {}
+        np.float32)} if b_const and bias else {}
 
     def build():
         net = Network(f"int8_{case}")
@@ -299,15 +300,19 @@ def test_int8_matrix_multiply(case):
                 operands.append(net.add_constant(value, name=f"w{key}"))
             else:
                 t = net.add_input(key, "float32", value.shape)
-                t.dynamic_range = float(np.max(np.abs(value))) * (0.95 if key == "b" else 1.0)
+                t.dynamic_range = float(np.max(np.abs(value))) * (b_range if key == "b" else 1.0)
                 operands.append(t)
         layer = net.add_layer("MatrixMultiply", operands, params, weights, name="mm")
         net.mark_output(layer.outputs[0], name="y")
         return net
 
     inputs = {k: v for k, v, c in (("a", a, a_const), ("b", b, b_const)) if not c}
-    emulated = {"y": emulate_matmul(build().layers[-1], a, b, consts=(a_const, b_const))}
-    engine = check(build, inputs, emulated, case)
+    return build, inputs, {"y": emulate_matmul(build().layers[-1], a, b, consts=(a_const, b_const))}
+
+
+@pytest.mark.parametrize("case", sorted(MATMUL_CASES))
+def test_int8_matrix_multiply(case):
+    engine = check(*matmul_case(case), case)
     assert engine.tactics["mm"]["op"] in INT8_GEMMS, engine.tactics
 
 
