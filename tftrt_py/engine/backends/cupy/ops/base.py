@@ -58,7 +58,7 @@ class BuildOptions:
     max_workspace: int = 1 << 30
     #: How many cuDNN plans (heuristics order) are built and timed per convolution.
     cudnn_plans: int = 2
-    #: How many of those may be runtime-compiled (cuDNN's runtime fusion engine: 0.2-0.5 s of NVRTC and ptxas per
+    #: How many of those may be runtime-compiled (cuDNN's runtime fusion engine: 0.2-0.8 s of NVRTC and ptxas per
     #: plan on an H100, against milliseconds for its precompiled engines); the rest come from precompiled engines.
     cudnn_runtime_plans: int = 1
     #: INT8 layers stay int8 even where the fp16 kernel is faster (TensorRT's strict types).
