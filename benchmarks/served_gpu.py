@@ -515,7 +515,7 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                 row["engine_host"] = timed(calls[0])
                 row["engine_device"] = timed(calls[1])
                 row["dispatch"] = timed(calls[2])
-                if args.profile_engine and b == max(batches):
+                if args.profile_engine:
                     calls[3](f"{name} {precision} batch {b}")
             fresh = {k: tf.constant(v) for k, v in feed(b, np.random.default_rng(1000 + b)).items()}
             row["max_rel_err_fresh"] = rel_err({k: v.numpy() for k, v in sig(**fresh).items()},
@@ -583,7 +583,7 @@ def main() -> int:
     parser.add_argument("--thread-calls", type=int, default=100)
     parser.add_argument("--profile-build", action="store_true", help="cProfile the first precision's build")
     parser.add_argument("--profile-engine", action="store_true",
-                        help="per-layer GPU times of each whole-model engine at the largest batch")
+                        help="per-layer GPU times of each whole-model engine at each batch")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "served.json"))
     args = parser.parse_args()
     os.environ.setdefault("TFTRT_PY_BACKEND", "cupy")

@@ -186,7 +186,10 @@ def _matmul_rowwise(layer, batched):
 @register("MatrixMultiply", rowwise=_matmul_rowwise, params=dict(
     transpose_a=optional(boolean), transpose_b=optional(boolean), activation=optional(ACTIVATION)))
 def _matmul(layer):
-    """np.matmul semantics with optional transposes of the last two axes; optional bias/activation."""
+    """np.matmul semantics with optional transposes of the last two axes; optional bias, a residual (third input,
+    the output's shape) added before the optional activation."""
+    if len(layer.inputs) not in (2, 3):
+        raise NetworkError(f"MatrixMultiply takes a, b and at most a residual, got {len(layer.inputs)} inputs")
     a, b = layer.inputs[:2]
     if a.rank < 2 or b.rank < 2:
         raise NetworkError("MatrixMultiply needs operands of rank >= 2")
@@ -197,24 +200,34 @@ def _matmul(layer):
         sb[-2], sb[-1] = sb[-1], sb[-2]
     if sa[-1] != sb[-2]:
         raise NetworkError(f"inner dims differ: {a.shape} x {b.shape}")
-    batch = broadcast_shape(sa[:-2], sb[:-2])
-    return [(a.dtype, (*batch, sa[-2], sb[-1]))]
+    shape = (*broadcast_shape(sa[:-2], sb[:-2]), sa[-2], sb[-1])
+    _check_residual(layer, layer.inputs[2:], shape)
+    return [(a.dtype, shape)]
+
+
+def _check_residual(layer, residual, shape) -> None:
+    """A GEMM's residual input (if any) has its output's shape and dtype."""
+    if residual and (residual[0].shape != shape or residual[0].dtype != layer.inputs[0].dtype):
+        raise NetworkError(f"{layer.kind} residual {residual[0].dtype} {list(residual[0].shape)} is not like its "
+                           f"output ({layer.inputs[0].dtype} {list(shape)})")
 
 
 @register("MLP", rowwise=lambda layer, batched: batched[0],
           params=dict(activations=list_of(optional(ACTIVATION), max_length=256)))
 def _mlp(layer):
     """Fused 2-d matrix multiplies: x [M, K]; layer i computes x = activation_i(x @ w_i + b_i), with
-    weights w_i [K_i, N_i], b_i [N_i] and ``activations`` (dict or None per layer)."""
+    weights w_i [K_i, N_i], b_i [N_i] and ``activations`` (dict or None per layer); an optional residual
+    (second input, the output's shape) is added in the last layer, before its activation."""
     x = layer.inputs[0]
-    if x.rank != 2:
-        raise NetworkError(f"MLP needs a 2-d input, got {x.shape}")
+    if x.rank != 2 or len(layer.inputs) > 2:
+        raise NetworkError(f"MLP needs a 2-d input and at most a residual, got {[t.shape for t in layer.inputs]}")
     width = x.shape[1]
     for i in range(len(layer.params["activations"])):
         w, b = layer.weights[f"w{i}"], layer.weights[f"b{i}"]
         if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
             raise NetworkError(f"MLP layer {i}: weights {w.shape} and bias {b.shape} do not follow width {width}")
         width = w.shape[1]
+    _check_residual(layer, layer.inputs[1:], (x.shape[0], width))
     return [(x.dtype, (x.shape[0], width))]
 
 

@@ -20,7 +20,8 @@ def network(dtype="float32"):
 
 def build(precision="FP32", fused=True, net=None, dtype="float32"):
     pipeline = builder.PIPELINE if fused else [p for p in builder.PIPELINE if p[0] not in FUSIONS]
-    with mock.patch.object(builder, "PIPELINE", pipeline):
+    late = builder.LATE_PASSES if fused else []  # unfused: the residual sums stay sums
+    with mock.patch.object(builder, "PIPELINE", pipeline), mock.patch.object(builder, "LATE_PASSES", late):
         return Builder(BuilderConfig(precision=precision)).build_engine(net or network(dtype))
 
 

@@ -127,6 +127,51 @@ def test_mlp(precision):
     compare(single("MLP", [("float32", (8, 32))], params, weights), normal((8, 32)), precision)
 
 
+#: Residual GEMMs: (a, b, bias, activation); 2-d products take cuBLASLt's C operand, batched ones the epilogue kernel.
+RESIDUAL_CASES = {
+    "2d": ((16, 32), (32, 24), False, None),
+    "2d_bias_gelu_tanh": ((16, 32), (32, 24), True, {"type": "gelu_tanh"}),
+    "2d_bias_relu": ((16, 32), (32, 24), True, {"type": "relu"}),
+    "batched_bias": ((3, 16, 32), (32, 8), True, None),
+}
+
+
+@pytest.mark.parametrize("gemm", ["cublas", "cublaslt"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", sorted(RESIDUAL_CASES))
+def test_matrix_multiply_with_residual(case, precision, gemm, monkeypatch):
+    """y = act(a @ b + bias + r): r added before the activation (``TFTRT_PY_GEMM`` picks the cupy path)."""
+    from tftrt_py.engine import Network
+
+    monkeypatch.setenv("TFTRT_PY_GEMM", gemm)
+    sa, sb, has_bias, act = RESIDUAL_CASES[case]
+    w, bias = kernel(*sb), rng0.standard_normal(sb[-1]).astype(np.float32)
+    out = (*sa[:-1], sb[-1])
+
+    def build():
+        net = Network("residual_fc")
+        x, r = net.add_input("x0", "float32", sa), net.add_input("x1", "float32", out)
+        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w), r], {"activation": act},
+                          {"bias": bias} if has_bias else {}).outputs[0]
+        net.mark_output(y, name="y0")
+        return net
+
+    compare(build, normal(sa, out), precision)
+
+
+@pytest.mark.parametrize("gemm", ["cublas", "cublaslt"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("last", [None, {"type": "gelu_tanh"}], ids=["linear", "gelu_tanh"])
+def test_mlp_with_residual(last, precision, gemm, monkeypatch):
+    """A pre-norm FFN: x2 = act(gelu(x W0 + b0) W1 + b1 + r)."""
+    monkeypatch.setenv("TFTRT_PY_GEMM", gemm)
+    weights = {"w0": kernel(32, 64), "b0": rng0.standard_normal(64).astype(np.float32),
+               "w1": kernel(64, 32), "b1": rng0.standard_normal(32).astype(np.float32)}
+    params = {"activations": [{"type": "gelu_tanh"}, last]}
+    compare(single("MLP", [("float32", (8, 32)), ("float32", (8, 32))], params, weights), normal((8, 32), (8, 32)),
+            precision)
+
+
 @pytest.mark.parametrize("op", [op for op in layer_kinds.ELEMENTWISE_OPS if op != "bitwise_and"])  # ints only
 def test_elementwise_fp32(op):
     shapes = ((2, 3, 4), (3, 1))

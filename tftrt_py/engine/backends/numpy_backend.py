@@ -228,14 +228,19 @@ def _matmul(layer, inputs):
     out = np.matmul(a, b)
     if "bias" in layer.weights:
         out = out + layer.weights["bias"]
+    if len(inputs) > 2:
+        out = out + inputs[2]
     return [apply_activation(out, p.get("activation")).astype(layer.outputs[0].dtype, copy=False)]
 
 
 @kernel("MLP")
 def _mlp(layer, inputs):
-    x = inputs[0]
+    x, last = inputs[0], len(layer.params["activations"]) - 1
     for i, activation in enumerate(layer.params["activations"]):
-        x = apply_activation(x @ layer.weights[f"w{i}"] + layer.weights[f"b{i}"], activation)
+        x = x @ layer.weights[f"w{i}"] + layer.weights[f"b{i}"]
+        if i == last and len(inputs) > 1:
+            x = x + inputs[1]
+        x = apply_activation(x, activation)
     return [x.astype(layer.outputs[0].dtype, copy=False)]
 
 

@@ -1,6 +1,6 @@
 """The builder: Network -> optimized Network -> Engine (serializable to a plan).
 
-The pipeline is a flat, named list of passes run to a fixed point; with
+The pipeline is a flat, named list of passes run to a fixed point, then again with the late passes; with
 ``BuilderConfig.lint`` the network is checked between passes.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Callable, List, Optional, Tuple
 
 from tftrt_py.engine.builder import passes
 from tftrt_py.engine.builder.precision import assign_precisions
-from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, horizontal, match, mlp, normalization,
-                                             reduce, shuffle)
+from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, gemm, horizontal, match, mlp,
+                                             normalization, reduce, shuffle)
 from tftrt_py.engine.errors import BuildError, EngineError
 
-__all__ = ["BuilderConfig", "Builder", "PIPELINE", "PRECISIONS"]
+__all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES", "PRECISIONS"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,12 @@ PIPELINE: List[Tuple[str, Callable]] = [
     ("attention column windows", attention.read_attention_windows),
 ]
 
+#: Passes that wait for PIPELINE's fixed point (they would take patterns that its passes fuse better), then run
+#: with it to a new one: residual sums no Normalization absorbed go into their GEMMs.
+LATE_PASSES: List[Tuple[str, Callable]] = [
+    ("GEMM residual fusion", gemm.fuse_gemm_residuals),
+]
+
 MAX_ROUNDS = 50
 
 
@@ -75,22 +81,25 @@ class Builder:
         self.config = config or BuilderConfig()
 
     def optimize(self, network) -> None:
-        """Run the pass pipeline in place until it reaches a fixed point."""
+        """Run the pass pipeline in place until it reaches a fixed point, then with the late passes to another."""
+        for stage in (PIPELINE, PIPELINE + LATE_PASSES):
+            self._settle(network, stage)
+        counts = match.fusion_counts(network)
+        if counts:
+            logger.info("fusions in %s: %s", network.name, ", ".join(f"{n} x {r}" for r, n in sorted(counts.items())))
+
+    def _settle(self, network, stage: List[Tuple[str, Callable]]) -> None:
         for _ in range(MAX_ROUNDS):
             changed = False
-            for name, pass_ in PIPELINE:
+            for name, pass_ in stage:
                 if pass_(network):
                     changed = True
                     logger.debug("pass %s changed %s", name, network.name)
                     if self.config.lint:
                         network.lint()
             if not changed:
-                break
-        else:
-            logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
-        counts = match.fusion_counts(network)
-        if counts:
-            logger.info("fusions in %s: %s", network.name, ", ".join(f"{n} x {r}" for r, n in sorted(counts.items())))
+                return
+        logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
 
     def build_engine(self, network):
         from tftrt_py.engine.runtime import Engine

@@ -10,7 +10,7 @@ Run once after the fusion passes have settled (a layer's kind and inputs decide 
   statistics in fp32.
 * INT8: Convolution and MatrixMultiply layers in int8 (activations quantized with their tensors' dynamic
   ranges, weights per output channel); the other layers as in FP16, since TF-TRT's INT8 mode enables FP16
-  too. An int8 layer reading a tensor without a range is an error naming those tensors
+  too, and so does a MatrixMultiply holding a residual sum (fusions/gemm.py: its quantized kernels take none). An int8 layer reading a tensor without a range is an error naming those tensors
   (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range at all: then the network
   builds without int8 layers, with a warning.
 * FP8 (our extension): as INT8, the same layers and ranges, quantized to E4M3 (scale = range / 448)
@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from tftrt_py.engine.builder.fusions.match import gemm_residual
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.network import Layer, Network, Tensor
 
@@ -133,7 +134,7 @@ def _all_tensors(network: Network) -> List[Tensor]:
 
 def _int8_candidates(network: Network) -> List[Layer]:
     return [l for l in network.layers if l.kind in INT8_KINDS and l.outputs[0].dtype in FLOATS
-            and fp32_reason(l) is None]
+            and fp32_reason(l) is None and gemm_residual(l) is None]
 
 
 def _check_ranges(network: Network, candidates: List[Layer], precision: str) -> bool:

@@ -84,13 +84,15 @@ class LtGemm:
     accumulation; A stored [m, k] and B [n, k]: cuBLASLt's int8 kernels want both K-contiguous) or float8_e4m3
     (fp32 accumulation, per-tensor `scales` (device float32 addresses of s_a, s_b), B stored [n, k]).
     `bias`: a device array [n] of the output's dtype, kept referenced here; `epilogue` a name from
-    :func:`fused_epilogue`. `algos` algorithms are kept, in the heuristics' order.
+    :func:`fused_epilogue`. `residual`: D = AB + C (beta 1, C laid out as D) with C given to :meth:`run`,
+    before the epilogue's bias and activation. `algos` algorithms are kept, in the heuristics' order.
     """
 
     def __init__(self, m: int, n: int, k: int, dtype: str, *, out_dtype: Optional[str] = None, trans_a: bool = False,
                  trans_b: bool = False, lda: Optional[int] = None, ldb: Optional[int] = None,
                  ldd: Optional[int] = None, batch: int = 1, stride_a: int = 0, stride_b: int = 0,
-                 stride_d: Optional[int] = None, epilogue: str = "DEFAULT", bias=None, allow_tf32: bool = False,
+                 stride_d: Optional[int] = None, epilogue: str = "DEFAULT", bias=None, residual: bool = False,
+                 allow_tf32: bool = False,
                  scales: Optional[Tuple[int, int]] = None, alpha: float = 1.0, max_workspace: int = 32 << 20,
                  algos: int = 4):
         import cupy
@@ -99,7 +101,7 @@ class LtGemm:
         lt = nv.lt
         out_dtype = out_dtype or dtype
         self.m, self.n, self.k, self.dtype, self.out_dtype, self.epilogue = m, n, k, dtype, out_dtype, epilogue
-        self.bias = bias
+        self.bias, self.residual = bias, bool(residual)
         lda = lda or (m if trans_a else k)
         ldb = ldb or (k if trans_b else n)
         ldd = ldd or n
@@ -110,7 +112,9 @@ class LtGemm:
             tf32 = allow_tf32 and dtype == "float32"
             compute = nv.compute.COMPUTE_32F_FAST_TF32 if tf32 else nv.compute.COMPUTE_32F
             scale = nv.dtype.CUDA_R_32F
-            self._alpha, self._beta = np.array([alpha], np.float32), np.zeros(1, np.float32)
+            self._alpha, self._beta = np.array([alpha], np.float32), np.array([float(self.residual)], np.float32)
+        if residual and dtype not in ("float16", "float32"):
+            raise ValueError(f"a residual (C operand) is for float16/float32 GEMMs, not {dtype}")
         if dtype in ("int8", "float8_e4m3") and (trans_a or not trans_b):
             raise ValueError(f"{dtype} GEMMs take A as [m, k] and B as [n, k] (both K-contiguous)")
         t_in, t_out = getattr(nv.dtype, _DTYPES[dtype]), getattr(nv.dtype, _DTYPES[out_dtype])
@@ -172,15 +176,20 @@ class LtGemm:
         """Workspace bytes algorithm `algo` needs."""
         return self.algos[algo][1]
 
-    def run(self, algo: int, a: int, b: int, d: int, workspace: int, workspace_bytes: int, stream: int) -> None:
-        """Enqueue algorithm `algo` on `stream`: addresses of A, B and D, and the caller's workspace."""
-        if (a | b | d) % MIN_ALIGNMENT:
+    def run(self, algo: int, a: int, b: int, d: int, workspace: int, workspace_bytes: int, stream: int,
+            c: Optional[int] = None) -> None:
+        """Enqueue algorithm `algo` on `stream`: addresses of A, B and D (and C, the residual, when the plan
+        has one), and the caller's workspace."""
+        if self.residual != (c is not None):
+            raise BackendError("a residual GEMM plan runs with a C operand, the others without")
+        c = d if c is None else c
+        if (a | b | c | d) % MIN_ALIGNMENT:
             raise BackendError(f"cuBLASLt operands must be {MIN_ALIGNMENT}-byte aligned")
         struct, need = self.algos[algo]
         if need > workspace_bytes:
             raise BackendError(f"cuBLASLt algorithm {algo} needs {need} workspace bytes, {workspace_bytes} given")
         _nvmath().lt.matmul(self.handle, self.desc, self._alpha.ctypes.data, b, self.a_layout, a, self.b_layout,
-                            self._beta.ctypes.data, d, self.d_layout, d, self.d_layout, struct.ctypes.data,
+                            self._beta.ctypes.data, c, self.d_layout, d, self.d_layout, struct.ctypes.data,
                             workspace, workspace_bytes, stream)
 
     def close(self) -> None:

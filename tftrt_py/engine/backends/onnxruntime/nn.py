@@ -96,16 +96,24 @@ def matmul_epilogue(g: Graph, layer, out: str) -> str:
     return biased_activation(g, out, width, bias, layer.params.get("activation"), np.float32)
 
 
+def _with_residual(g: Graph, x: str, residual: List[str]) -> str:
+    """A GEMM's product plus its residual input, if it has one (before its bias and activation: they commute)."""
+    return g.node("Add", [x, residual[0]]) if residual else x
+
+
 @lowers("MatrixMultiply")
 def _matmul(g, layer, ins):
-    return [matmul_epilogue(g, layer, g.node("MatMul", matmul_operands(g, layer, ins)))]
+    product = g.node("MatMul", matmul_operands(g, layer, ins[:2]))
+    return [matmul_epilogue(g, layer, _with_residual(g, product, ins[2:]))]
 
 
 @lowers("MLP")
 def _mlp(g, layer, ins):
-    x = ins[0]
+    x, last = ins[0], len(layer.params["activations"]) - 1
     for i, act in enumerate(layer.params["activations"]):
         x = g.node("MatMul", [x, g.const(weight(layer, f"w{i}"), np.float32)])
+        if i == last:
+            x = _with_residual(g, x, ins[1:])
         b = weight(layer, f"b{i}")
         x = biased_activation(g, x, b.shape[0], b, act, np.float32)
     return [x]

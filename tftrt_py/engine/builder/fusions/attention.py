@@ -56,7 +56,8 @@ class _Attention:
 def _plain(layer: Layer, transpose_b: Sequence[bool]) -> bool:
     """A MatrixMultiply without bias, activation or transposed A, transposing B as one of `transpose_b`."""
     p = layer.params
-    return (layer.kind == "MatrixMultiply" and "bias" not in layer.weights and not p.get("activation")
+    return (layer.kind == "MatrixMultiply" and len(layer.inputs) == 2 and "bias" not in layer.weights
+            and not p.get("activation")
             and not p.get("transpose_a") and bool(p.get("transpose_b")) in transpose_b)
 
 

@@ -32,7 +32,7 @@ def _key(layer, x) -> Optional[Tuple]:
         k = layer.weights["kernel"]
         return ("Convolution", shared, k.shape[:-1], *(tuple(p[a]) for a in ("strides", "dilations", "pre_padding",
                                                                                "post_padding")))
-    b = constant_value(layer.inputs[1]) if layer.kind == "MatrixMultiply" else None
+    b = constant_value(layer.inputs[1]) if layer.kind == "MatrixMultiply" and len(layer.inputs) == 2 else None
     if b is None or b.ndim != 2:
         return None
     flags = (bool(p.get("transpose_a")), bool(p.get("transpose_b")))

@@ -19,7 +19,7 @@ from tftrt_py.engine.network import Layer, Network, Tensor
 
 __all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "constant_value", "produced_by",
            "private", "sole_producer", "squared", "channel_vector", "affine", "activation_of", "with_activation",
-           "bias_key", "FLOATS"]
+           "bias_key", "gemm_residual", "GEMM_OPERANDS", "FLOATS"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +154,16 @@ def with_activation(layer: Layer, activation: dict) -> dict:
 
 def bias_key(layer: Layer) -> str:
     return f"b{len(layer.params['activations']) - 1}" if layer.kind == "MLP" else "bias"
+
+
+#: GEMM kinds and how many inputs they take before an optional residual (added before their activation).
+GEMM_OPERANDS = {"MatrixMultiply": 2, "MLP": 1}
+
+
+def gemm_residual(layer: Layer) -> Optional[Tensor]:
+    """The residual input of a MatrixMultiply or MLP layer, or None."""
+    n = GEMM_OPERANDS.get(layer.kind)
+    return layer.inputs[n] if n is not None and len(layer.inputs) > n else None
 
 
 # -- rewriting ----------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Layer i of an MLP computes ``x = activation_i(x @ w_i + b_i)``; weights are w0, b0, w1, b1, ...
 and ``params["activations"]`` lists each layer's activation (or None). Biases and activations
-after the last matrix multiply fuse through the affine and activation passes.
+after the last matrix multiply fuse through the affine and activation passes; a residual the last
+matrix multiply holds (fusions/gemm.py) stays the MLP's second input.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.builder.fusions.match import FLOATS, Fused, apply_rules, constant_value, sole_producer
+from tftrt_py.engine.builder.fusions.match import (FLOATS, Fused, apply_rules, constant_value, gemm_residual,
+                                                  sole_producer)
 
 __all__ = ["fuse_mlp", "MAX_LAYERS", "MAX_WEIGHT_ELEMENTS"]
 
@@ -24,11 +26,12 @@ MAX_WEIGHT_ELEMENTS = 1 << 22
 
 
 def _units(layer) -> Optional[List[Tuple[np.ndarray, np.ndarray, Optional[dict]]]]:
-    """(w, b, activation) of each matrix multiply `layer` does, if it can be part of an MLP."""
+    """(w, b, activation) of each matrix multiply `layer` does, if it can be part of an MLP (its residual
+    input, if any, aside)."""
     if layer.kind == "MLP":
         acts = layer.params["activations"]
         return [(layer.weights[f"w{i}"], layer.weights[f"b{i}"], a) for i, a in enumerate(acts)]
-    a, b = layer.inputs
+    a, b = layer.inputs[:2]
     w = constant_value(b)
     if (a.rank != 2 or w is None or w.ndim != 2 or layer.params.get("transpose_a") or a.dtype not in FLOATS
             or w.size > MAX_WEIGHT_ELEMENTS):
@@ -39,9 +42,11 @@ def _units(layer) -> Optional[List[Tuple[np.ndarray, np.ndarray, Optional[dict]]
 
 
 def chained_matmuls(network, users, layer):
-    """x -> MatrixMultiply | MLP -> MatrixMultiply | MLP (constant 2-d B) -> y   =>   x -> MLP -> y"""
+    """x -> MatrixMultiply | MLP -> MatrixMultiply | MLP (constant 2-d B) -> y   =>   x -> MLP -> y
+
+    The second may hold a residual (it stays the MLP's); the first may not (it would be added mid-chain)."""
     first = sole_producer(network, users, layer.inputs[0], ("MatrixMultiply", "MLP"))
-    units = first and _units(first)
+    units = first and not gemm_residual(first) and _units(first)
     second = units and _units(layer)
     if not second or len(units) + len(second) > MAX_LAYERS:
         return None
@@ -49,7 +54,8 @@ def chained_matmuls(network, users, layer):
     weights = {}
     for i, (w, b, _) in enumerate(units):
         weights[f"w{i}"], weights[f"b{i}"] = w, b
-    return Fused("MLP", [first, layer], "MLP", first.inputs[:1],
+    residual = gemm_residual(layer)
+    return Fused("MLP", [first, layer], "MLP", first.inputs[:1] + ([residual] if residual else []),
                  {"activations": [a for _, _, a in units]}, weights)
 
 

@@ -1,7 +1,8 @@
-"""MatrixMultiply and MLP: batched GEMMs captured in CUDA graphs, either cuBLAS (our own handle) with bias +
-activation applied by one in-place epilogue kernel, or cuBLASLt (cublaslt.py) with bias and tanh GELU in its
-epilogue (other activations, erf GELU and ReLU among them, still take the epilogue kernel). Both are candidates:
-the tactic timer keeps the faster. ``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only that one (tests)."""
+"""MatrixMultiply and MLP: batched GEMMs captured in CUDA graphs, either cuBLAS (our own handle) with bias, residual
+and activation applied by one in-place epilogue kernel, or cuBLASLt (cublaslt.py) with bias and tanh GELU in its
+epilogue and the residual as its C operand (other activations, erf GELU and ReLU among them, still take the epilogue
+kernel). Both are candidates: the tactic timer keeps the faster. ``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only
+that one (tests)."""
 from __future__ import annotations
 
 import logging
@@ -70,9 +71,10 @@ class MatMulOp(Op):
         self.workspace = offset
         self.bias_np = spec.weights.get("bias")
         self.activation = p.get("activation")
+        self.residual = len(spec.in_shapes) > 2  # the third input, added before the activation
         self.bias = cupy.asarray(self.bias_np.astype(np.float32)) if self.bias_np is not None else None
-        self.epilogue = epilogue_op(self.dtype, self.bias is not None, False, self.activation) if (
-            self.bias is not None or self.activation) else None
+        self.epilogue = epilogue_op(self.dtype, self.bias is not None, self.residual, self.activation) if (
+            self.bias is not None or self.activation or self.residual) else None
         self.device_bytes = int(self.bias.nbytes) if self.bias is not None else 0
         self.tactic = {"op": "cublas_gemm", "expand": len(self.expand), "workspace": self.workspace}
 
@@ -84,11 +86,11 @@ class MatMulOp(Op):
             cupy.copyto(view, cupy.broadcast_to(ins[i], full))
             ptrs[i] = view.data.ptr
         y = outs[0]
-        self._gemm(rc, ptrs[0], ptrs[1], y.data.ptr)
+        self._gemm(rc, ptrs[0], ptrs[1], y.data.ptr, ins[2].data.ptr if self.residual else None)
         if self.epilogue is not None:
-            self.epilogue(*([self.bias] if self.bias is not None else []), y)
+            self.epilogue(*([self.bias] if self.bias is not None else []), *ins[2:], y)
 
-    def _gemm(self, rc, a: int, b: int, y: int) -> None:
+    def _gemm(self, rc, a: int, b: int, y: int, residual: Optional[int]) -> None:
         rc.cublas.gemm(self.dtype, self.m, self.n, self.k, a, self.lda, self.ta, b, self.ldb, self.tb, y, self.n,
                        batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1],
                        stride_c=self.m * self.n, allow_tf32=self.allow_tf32)
@@ -96,7 +98,8 @@ class MatMulOp(Op):
 
 class LtMatMulOp(MatMulOp):
     """The same product through one cuBLASLt algorithm of `plan`; a single (unbatched) product takes bias
-    and activation in cuBLASLt's epilogue where it has them (the bias then in the output's dtype)."""
+    and activation in cuBLASLt's epilogue where it has them (the bias then in the output's dtype), and its
+    residual as C (D = AB + C, beta 1)."""
 
     def __init__(self, spec: Spec, plan: cublaslt.LtGemm, algo: int, fused: bool):
         super().__init__(spec)
@@ -107,9 +110,10 @@ class LtMatMulOp(MatMulOp):
         self.tactic = {"op": "cublaslt_gemm", "plan": algo, "epilogue": plan.epilogue, "expand": len(self.expand),
                        "workspace": self.workspace}
 
-    def _gemm(self, rc, a: int, b: int, y: int) -> None:
+    def _gemm(self, rc, a: int, b: int, y: int, residual: Optional[int]) -> None:
         ws = rc.cublas
-        self.plan.run(self.algo, a, b, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr)
+        self.plan.run(self.algo, a, b, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr,
+                      c=residual if self.plan.residual else None)
 
 
 def _lt_matmul_ops(spec: Spec, base: MatMulOp) -> List[Op]:
@@ -120,14 +124,15 @@ def _lt_matmul_ops(spec: Spec, base: MatMulOp) -> List[Op]:
     bias = cupy.asarray(base.bias_np.astype(base.dtype)) if fused and base.bias_np is not None else None
     plan = cublaslt.LtGemm(base.m, base.n, base.k, base.dtype, trans_a=base.ta, trans_b=base.tb, lda=base.lda,
                            ldb=base.ldb, batch=base.batch, stride_a=base.strides[0], stride_b=base.strides[1],
-                           epilogue=epilogue, bias=bias, allow_tf32=base.allow_tf32, max_workspace=CUBLAS_WORKSPACE,
-                           algos=LT_ALGOS)
+                           epilogue=epilogue, bias=bias, residual=fused and base.residual, allow_tf32=base.allow_tf32,
+                           max_workspace=CUBLAS_WORKSPACE, algos=LT_ALGOS)
     want = (spec.prefer or {}).get("plan")
     return [LtMatMulOp(spec, plan, i, fused) for i in range(len(plan.algos)) if want in (None, i)]
 
 
 class MLPOp(Op):
-    """Chained GEMM + bias + activation; intermediates ping-pong in the workspace."""
+    """Chained GEMM + bias + activation; intermediates ping-pong in the workspace; the residual (second input, if
+    any) is added in the last GEMM's epilogue."""
 
     def __init__(self, spec: Spec):
         cupy = _device.require()
@@ -135,11 +140,13 @@ class MLPOp(Op):
         self.allow_tf32 = spec.options.allow_tf32
         self.rows = spec.in_shapes[0][0]
         self.acts = spec.params["activations"]
+        self.residual = len(spec.in_shapes) > 1
         self.layers = []
         for i, act in enumerate(self.acts):
             w = spec.weights[f"w{i}"]
+            residual = self.residual and i == len(self.acts) - 1
             self.layers.append((cupy.asarray(w.astype(self.dtype)), cupy.asarray(spec.weights[f"b{i}"].astype(np.float32)),
-                                epilogue_op(self.dtype, True, False, act), w.shape[0], w.shape[1]))
+                                epilogue_op(self.dtype, True, residual, act), w.shape[0], w.shape[1]))
         widest = max([n for *_, n in self.layers[:-1]] or [0])
         self.half = align(self.rows * widest * np.dtype(self.dtype).itemsize)
         self.workspace = 2 * self.half if len(self.layers) > 1 else 0
@@ -151,12 +158,13 @@ class MLPOp(Op):
         last = len(self.layers) - 1
         for i, (w, b, epilogue, k, n) in enumerate(self.layers):
             y = outs[0] if i == last else rc.scratch((i % 2) * self.half, (self.rows, n), self.dtype)
-            self._gemm(rc, i, x.data.ptr, y.data.ptr)
+            residual = ins[1:] if i == last else []
+            self._gemm(rc, i, x.data.ptr, y.data.ptr, residual[0].data.ptr if residual else None)
             if epilogue is not None:
-                epilogue(*([b] if b is not None else []), y)
+                epilogue(*([b] if b is not None else []), *residual, y)
             x = y
 
-    def _gemm(self, rc, i: int, x: int, y: int) -> None:
+    def _gemm(self, rc, i: int, x: int, y: int, residual: Optional[int]) -> None:
         w, _, _, k, n = self.layers[i]
         rc.cublas.gemm(self.dtype, self.rows, n, k, x, k, False, w.data.ptr, n, False, y, n,
                        allow_tf32=self.allow_tf32)
@@ -164,7 +172,7 @@ class MLPOp(Op):
 
 class LtMLPOp(MLPOp):
     """The same chain through cuBLASLt (each GEMM's first heuristic algorithm), bias and activation in the
-    epilogue where cuBLASLt has them."""
+    epilogue where cuBLASLt has them, and then the residual as the last GEMM's C."""
 
     def __init__(self, spec: Spec):
         super().__init__(spec)
@@ -173,7 +181,8 @@ class LtMLPOp(MLPOp):
         for i, (w, b, epilogue, k, n) in enumerate(self.layers):
             name, fused = _lt_epilogue(True, self.acts[i])
             bias = cupy.asarray(spec.weights[f"b{i}"].astype(self.dtype)) if fused else None
-            self.plans.append(cublaslt.LtGemm(self.rows, n, k, self.dtype, epilogue=name, bias=bias,
+            residual = fused and self.residual and i == len(self.layers) - 1
+            self.plans.append(cublaslt.LtGemm(self.rows, n, k, self.dtype, epilogue=name, bias=bias, residual=residual,
                                               allow_tf32=self.allow_tf32, max_workspace=CUBLAS_WORKSPACE, algos=1))
             if fused:
                 self.layers[i] = (w, None, None, k, n)
@@ -181,9 +190,11 @@ class LtMLPOp(MLPOp):
         self.device_bytes += sum(int(p.bias.nbytes) for p in self.plans if p.bias is not None)
         self.tactic = {"op": "cublaslt_mlp", "layers": len(self.layers), "epilogues": [p.epilogue for p in self.plans]}
 
-    def _gemm(self, rc, i: int, x: int, y: int) -> None:
+    def _gemm(self, rc, i: int, x: int, y: int, residual: Optional[int]) -> None:
         ws = rc.cublas
-        self.plans[i].run(0, x, self.layers[i][0].data.ptr, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr)
+        plan = self.plans[i]
+        plan.run(0, x, self.layers[i][0].data.ptr, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr,
+                 c=residual if plan.residual else None)
 
 
 def _lt_or_skip(what: str, build) -> List[Op]:
