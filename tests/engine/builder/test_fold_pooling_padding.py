@@ -121,7 +121,8 @@ def test_near_misses_keep_the_padding():
         out = add(net, "Padding", [r], "out_pad", **pads)  # a network output
         net.mark_output(out)
         net.mark_output(pool(net, out, "out_pool"))
-        net.mark_output(pool(net, add(net, "Padding", [r], "avg_pad", **pads), "avg_pool", kind="avg", pad=1,
+        avg_pads = dict(pre=[0, 1, 2, 0], post=[0, 2, 1, 0])  # not shared_pad's: equal layers merge
+        net.mark_output(pool(net, add(net, "Padding", [r], "avg_pad", **avg_pads), "avg_pool", kind="avg", pad=1,
                              count_include_pad=False))  # average pooling that does not count its own padding
         return net
 

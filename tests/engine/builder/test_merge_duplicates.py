@@ -1,6 +1,7 @@
 """Duplicate merging: equal data-moving layers (Shuffle, Slice, Identity) reading the same tensors become one, so
 the layers after them see one input (Keras's Tensordot reshapes a hidden state once per dense layer: q, k and v
-then fuse horizontally); computing layers are never merged; network outputs stay."""
+then fuse horizontally); computing layers and equal constants merge only once fusions have settled (the late
+common-subexpression pass); network outputs stay."""
 import numpy as np
 
 from fusion_nets import add, build_and_compare, matmul, network, rand
@@ -30,7 +31,7 @@ def test_layers_that_differ_or_compute_stay_apart():
         net.mark_output(add(net, "Slice", [x], "b", start=[0, 3], size=[4, 3], stride=[1, 1]))  # other params
         net.mark_output(add(net, "Slice", [y], "c", start=[0, 0], size=[4, 3], stride=[1, 1]))  # another input
         net.mark_output(add(net, "Unary", [x], "abs1", op="abs"))
-        net.mark_output(add(net, "Unary", [x], "abs2", op="abs"))  # computes: left as built
+        net.mark_output(add(net, "Unary", [x], "abs2", op="abs"))  # an output: kept
         return net
 
     engine = build_and_compare(make, [rand(4, 6), rand(4, 6)])
@@ -52,3 +53,36 @@ def test_a_duplicate_read_by_others_merges_and_an_output_stays():
     out = engine.create_execution_context().execute({"x0": x})
     np.testing.assert_allclose(out[engine.outputs[0].name], 2 * x.T, rtol=1e-6)
     np.testing.assert_array_equal(out[engine.outputs[1].name], x.T)
+
+
+def _block_mask(net, x, pad, i, value=1.0):
+    """What a converted GPT-2 block rebuilds from the padding mask: min(padding, a constant triangle)."""
+    tri = net.add_constant(np.tril(np.full((6, 6), value, "float32")), name=f"tri{i}")
+    return add(net, "ElementWise", [pad, tri], f"mask{i}", op="min")
+
+
+def test_equal_computations_and_constants_merge_once_fusions_settle():
+    def make():
+        net, (x, pad) = network((2, 6, 6), (2, 1, 6))
+        y = x
+        for i in range(3):
+            y = add(net, "ElementWise", [y, _block_mask(net, x, pad, i)], f"apply{i}", op="prod")
+        net.mark_output(y)
+        return net
+
+    engine = build_and_compare(make, [rand(2, 6, 6), rand(2, 1, 6)])
+    assert kinds(engine).count("ElementWise") == 4  # one mask, three products
+    masks = [l for l in engine.network.layers if l.name.startswith("mask")]
+    assert [l.name for l in masks] == ["mask0"]
+    assert [l for l in engine.network.layers if l.kind == "Constant"][0].name == "tri0"
+
+
+def test_computations_with_other_constants_stay_apart():
+    def make():
+        net, (x, pad) = network((2, 6, 6), (2, 1, 6))
+        y = add(net, "ElementWise", [x, _block_mask(net, x, pad, 0)], "apply0", op="prod")
+        net.mark_output(add(net, "ElementWise", [y, _block_mask(net, x, pad, 1, value=2.0)], "apply1", op="prod"))
+        return net
+
+    engine = build_and_compare(make, [rand(2, 6, 6), rand(2, 1, 6)])
+    assert kinds(engine).count("ElementWise") == 4

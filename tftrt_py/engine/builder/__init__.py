@@ -49,8 +49,10 @@ PIPELINE: List[Tuple[str, Callable]] = [
 ]
 
 #: Passes that wait for PIPELINE's fixed point (they would take patterns that its passes fuse better), then run
-#: with it to a new one: residual sums no Normalization absorbed go into their GEMMs.
+#: with it to a new one: equal computations merge (fusions want each their own copy), residual sums no
+#: Normalization absorbed go into their GEMMs.
 LATE_PASSES: List[Tuple[str, Callable]] = [
+    ("common subexpression merging", passes.merge_common_subexpressions),
     ("GEMM residual fusion", gemm.fuse_gemm_residuals),
 ]
 

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Hashable
+from typing import Dict, Hashable, List
 
 import numpy as np
 
 from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 
-__all__ = ["fold_constants", "eliminate_dead_layers", "merge_duplicates"]
+__all__ = ["fold_constants", "eliminate_dead_layers", "merge_duplicates", "merge_common_subexpressions"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,25 +68,46 @@ def _frozen(value) -> Hashable:
 #: dense layer): merged when equal. Computing kinds are left as built: a fusion may want each its own.
 MERGEABLE = ("Shuffle", "Slice", "Identity")
 
+#: Constants up to this many elements are compared by value when merging common subexpressions.
+MAX_MERGED_CONSTANT = 1 << 20
+
 
 def merge_duplicates(network) -> bool:
     """Data-moving layers doing the same thing (kind, params, the same input tensors) merge into the first one:
     its readers read the first's outputs (e.g. the one reshape of a hidden state that q, k and v projections each
     made, so horizontal fusion sees one input)."""
+    return _merge_equal(network, lambda layer: layer.kind in MERGEABLE and not layer.weights and layer.inputs)
+
+
+def merge_common_subexpressions(network) -> bool:
+    """Once fusions have settled (a late pass): any layers computing the same thing (kind, params, equal weights,
+    the same input tensors) merge, and so do equal constants (up to MAX_MERGED_CONSTANT elements) — e.g. the
+    attention mask a converted GPT-2 rebuilds in each of its 12 blocks from the same padding mask."""
+    return _merge_equal(network, lambda layer: layer.kind != "Constant" or layer.weights["value"].size <= MAX_MERGED_CONSTANT)
+
+
+def _merge_equal(network, eligible) -> bool:
+    """Merge each `eligible` layer into the first earlier one doing the same (kind, params, weights of equal
+    values, the same input tensors): its readers read that one's outputs. Network outputs stay as they are."""
     changed = False
-    first = {}
+    kept: Dict[Hashable, List] = {}
     for layer in list(network.layers):
-        if (layer.kind not in MERGEABLE or layer.weights or not layer.inputs
-                or any(network.is_output(t) for t in layer.outputs)):
+        if not eligible(layer) or any(network.is_output(t) for t in layer.outputs):
             continue
-        key = (layer.kind, _frozen(layer.params), tuple(id(t) for t in layer.inputs))
-        kept = first.setdefault(key, layer)
-        if kept is layer:
+        weights = tuple((k, v.dtype.str, v.shape) for k, v in sorted(layer.weights.items()))
+        key = (layer.kind, _frozen(layer.params), weights, tuple(id(t) for t in layer.inputs))
+        same = kept.setdefault(key, [])
+        first = next((k for k in same if all(np.array_equal(k.weights[n], layer.weights[n]) for n in layer.weights)),
+                     None)
+        if first is None:
+            same.append(layer)
             continue
-        for old, new in zip(layer.outputs, kept.outputs):
+        for old, new in zip(layer.outputs, first.outputs):
+            if new.dynamic_range is None:
+                new.dynamic_range = old.dynamic_range
             network.replace_all_uses(old, new)
         network.layers.remove(layer)
-        logger.debug("merged layer %s into %s", layer.name, kept.name)
+        logger.debug("merged layer %s into %s", layer.name, first.name)
         changed = True
     return changed
 
