@@ -199,6 +199,15 @@ __device__ __forceinline__ void tt_mma(float* c, const unsigned* a, unsigned b0,
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 b16 tiles of shared memory, transposed: lane l gives the address of row l % 8 of tile l / 8.
+__device__ __forceinline__ void tt_ldmatrix_x4_trans(unsigned* r, const half_t* row) {
+  unsigned long long shared;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(shared) : "l"(row));
+  unsigned addr = (unsigned)shared;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 // One block: BR query rows of one (batch, head) matrix, WARPS warps of 16 rows each.
 extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     unsigned long long q_ptr, unsigned long long k_ptr, unsigned long long v_ptr, unsigned long long o_ptr,
@@ -294,13 +303,15 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     for (int kc = 0; kc < BC / 16; ++kc) {
       unsigned pa[4] = {tt_pack(s[2 * kc][0], s[2 * kc][1]), tt_pack(s[2 * kc][2], s[2 * kc][3]),
                         tt_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]), tt_pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-      const half_t* vrow = sV + (kc * 16 + t4 * 2) * LDS + g;
+      // v's B fragments, two head columns of 8 at a time: ldmatrix.trans of the 8x8 tiles (keys kc*16 (+8),
+      // columns dt*8 (+8)); lane l gives the row address of tile l / 8.
+      const half_t* vrow = sV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
 #pragma unroll
-      for (int dt = 0; dt < HD / 8; ++dt) {
-        const half_t* vp = vrow + dt * 8;
-        unsigned b0 = (unsigned)vp[0] | ((unsigned)vp[LDS] << 16);
-        unsigned b1 = (unsigned)vp[8 * LDS] | ((unsigned)vp[9 * LDS] << 16);
-        tt_mma(o[dt], pa, b0, b1);
+      for (int dt = 0; dt < HD / 8; dt += 2) {
+        unsigned b[4];
+        tt_ldmatrix_x4_trans(b, vrow + dt * 8);
+        tt_mma(o[dt], pa, b[0], b[1]);
+        tt_mma(o[dt + 1], pa, b[2], b[3]);
       }
     }
   }

@@ -171,10 +171,20 @@ class MLPOp(Op):
 
 
 class LtMLPOp(MLPOp):
-    """The same chain through cuBLASLt (each GEMM's first heuristic algorithm), bias and activation in the
-    epilogue where cuBLASLt has them, and then the residual as the last GEMM's C."""
+    """The same chain through cuBLASLt, bias and activation in the epilogue where cuBLASLt has them, and then the
+    residual as the last GEMM's C; each GEMM runs heuristic algorithm `algo` of its plan (its last, where it has
+    fewer). `like`: another algorithm over the same plans and weights."""
 
-    def __init__(self, spec: Spec):
+    def __init__(self, spec: Spec, algo: int = 0, like: Optional["LtMLPOp"] = None):
+        if like is not None:
+            self.__dict__.update(like.__dict__)
+        else:
+            self._build(spec)
+        self.algo = algo
+        self.tactic = {"op": "cublaslt_mlp", "plan": algo, "layers": len(self.layers),
+                       "epilogues": [p.epilogue for p in self.plans]}
+
+    def _build(self, spec: Spec) -> None:
         super().__init__(spec)
         cupy = _device.require()
         self.plans = []
@@ -183,18 +193,25 @@ class LtMLPOp(MLPOp):
             bias = cupy.asarray(spec.weights[f"b{i}"].astype(self.dtype)) if fused else None
             residual = fused and self.residual and i == len(self.layers) - 1
             self.plans.append(cublaslt.LtGemm(self.rows, n, k, self.dtype, epilogue=name, bias=bias, residual=residual,
-                                              allow_tf32=self.allow_tf32, max_workspace=CUBLAS_WORKSPACE, algos=1))
+                                              allow_tf32=self.allow_tf32, max_workspace=CUBLAS_WORKSPACE,
+                                              algos=LT_ALGOS))
             if fused:
                 self.layers[i] = (w, None, None, k, n)
         self.device_bytes = sum(int(w.nbytes) + (int(b.nbytes) if b is not None else 0) for w, b, *_ in self.layers)
         self.device_bytes += sum(int(p.bias.nbytes) for p in self.plans if p.bias is not None)
-        self.tactic = {"op": "cublaslt_mlp", "layers": len(self.layers), "epilogues": [p.epilogue for p in self.plans]}
 
     def _gemm(self, rc, i: int, x: int, y: int, residual: Optional[int]) -> None:
         ws = rc.cublas
         plan = self.plans[i]
-        plan.run(0, x, self.layers[i][0].data.ptr, y, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr,
-                 c=residual if plan.residual else None)
+        plan.run(min(self.algo, len(plan.algos) - 1), x, self.layers[i][0].data.ptr, y, ws.workspace_ptr,
+                 ws.workspace_bytes, rc.stream.ptr, c=residual if plan.residual else None)
+
+
+def _lt_mlp_ops(spec: Spec) -> List[Op]:
+    first = LtMLPOp(spec)
+    ops = [first] + [LtMLPOp(spec, i, first) for i in range(1, max(len(p.algos) for p in first.plans))]
+    want = (spec.prefer or {}).get("plan")
+    return [op for op in ops if want in (None, op.algo)]
 
 
 def _lt_or_skip(what: str, build) -> List[Op]:
@@ -221,5 +238,5 @@ def matmul_candidates(spec: Spec) -> List[Op]:
 @register("MLP")
 def mlp_candidates(spec: Spec) -> List[Op]:
     want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_mlp", "cublaslt_mlp")
-    lt = _lt_or_skip(spec.layer.name, lambda: [LtMLPOp(spec)]) if want_lt else []
+    lt = _lt_or_skip(spec.layer.name, lambda: _lt_mlp_ops(spec)) if want_lt else []
     return ([MLPOp(spec)] if want_cublas or not lt else []) + lt

@@ -231,8 +231,14 @@ extern "C" __global__ void tt_row_norm(const T* __restrict__ x, const T* __restr
     int c = (it * nt + t) * VEC;
     if (c >= LEN) continue;
     tt_vec out;
+    float gc[VEC], bc[VEC];  // scale and bias as 16-byte loads (VEC is 4 or 8 floats)
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out.e[e] = st<T>((v[it][e] - mean) * rstd * g[c + e] + b[c + e]);
+    for (int e = 0; e < VEC; e += 4) {
+      *(float4*)(gc + e) = *(const float4*)(g + c + e);
+      *(float4*)(bc + e) = *(const float4*)(b + c + e);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out.e[e] = st<T>((v[it][e] - mean) * rstd * gc[e] + bc[e]);
     *(uint4*)(y + base + c) = out.u;
   }
 }
