@@ -3,8 +3,9 @@
 * GemmAttentionOp: two batched cuBLAS GEMMs around a softmax kernel (scores in fp32 in the workspace; any float
   dtype, any head width);
 * FlashAttentionOp (fp16, head width 64 or 128): one kernel, tensor-core mma.sync (fp16 in, fp32 accumulate) and
-  an online softmax over tiles of 64 keys; the scores never leave registers. Blocks of 4 or 8 warps (64 or 128
-  query rows: the larger reads k and v half as often), timed as two candidates.
+  an online softmax over tiles of 64 keys; the scores never leave registers. Tiles arrive by cp.async into two
+  stages (the next loads while this one computes), k and v fragments by ldmatrix. Blocks of 4 or 8 warps (64 or
+  128 query rows: the larger reads k and v half as often), timed as two candidates.
 
 Both read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, and with ``columns``
 q, k and v as column windows of wider inputs (a fused QKV projection). The mask input (bool, broadcast to the
@@ -199,13 +200,39 @@ __device__ __forceinline__ void tt_mma(float* c, const unsigned* a, unsigned b0,
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 b16 tiles of shared memory, transposed: lane l gives the address of row l % 8 of tile l / 8.
-__device__ __forceinline__ void tt_ldmatrix_x4_trans(unsigned* r, const half_t* row) {
+__device__ __forceinline__ unsigned tt_shared(const void* p) {
   unsigned long long shared;
-  asm("cvta.to.shared.u64 %0, %1;" : "=l"(shared) : "l"(row));
-  unsigned addr = (unsigned)shared;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(shared) : "l"(p));
+  return (unsigned)shared;
+}
+
+// Four 8x8 b16 tiles of shared memory (transposed with TRANS): lane l gives the address of row l % 8 of tile l / 8.
+__device__ __forceinline__ void tt_ldmatrix_x4(unsigned* r, const half_t* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tt_shared(row)));
+}
+__device__ __forceinline__ void tt_ldmatrix_x4_trans(unsigned* r, const half_t* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tt_shared(row)));
+}
+
+// 16 bytes global -> shared without registers (zeros where !in: src then reads nothing).
+__device__ __forceinline__ void tt_cp_async(half_t* dst, const half_t* src, bool in) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(tt_shared(dst)), "l"(src), "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void tt_cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void tt_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+
+// Key/value tile kv0 into stage buffers sk, sv, asynchronously.
+__device__ __forceinline__ void tt_load_kv(half_t* sk, half_t* sv, const half_t* kb, const half_t* vb, int kv0, int sk_len,
+                                           int ldk, int ldv, int tid) {
+  for (int c = tid; c < BC * (HD / 8); c += NT) {
+    int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
+    bool in = kv0 + r < sk_len;
+    long long row = in ? kv0 + r : 0;
+    tt_cp_async(sk + r * LDS + col, kb + row * ldk + col, in);
+    tt_cp_async(sv + r * LDS + col, vb + row * ldv + col, in);
+  }
 }
 
 // One block: BR query rows of one (batch, head) matrix, WARPS warps of 16 rows each.
@@ -215,19 +242,24 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     int sq, int sk, int heads, int ldq, int ldk, int ldv, int ldo, float scale, float mask_value) {
   extern __shared__ __align__(16) unsigned char tt_smem[];
   half_t* sQ = (half_t*)tt_smem;
-  half_t* sK = sQ + BR * LDS;
-  half_t* sV = sK + BC * LDS;
+  half_t* sK = sQ + BR * LDS;       // two stages of key tiles: the next loads while this one computes
+  half_t* sV = sK + 2 * BC * LDS;
   const float LOG2E = 1.4426950408889634f;
   int n = blockIdx.y, b = n / heads, h = n % heads, q0 = blockIdx.x * BR;
   const half_t* qb = (const half_t*)q_ptr + (long long)b * sq * ldq + h * HD;
   const half_t* kb = (const half_t*)k_ptr + (long long)b * sk * ldk + h * HD;
   const half_t* vb = (const half_t*)v_ptr + (long long)b * sk * ldv + h * HD;
   int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   for (int c = tid; c < BR * (HD / 8); c += NT) {
     int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
-    *(uint4*)(sQ + r * LDS + col) = q0 + r < sq ? *(const uint4*)(qb + (long long)(q0 + r) * ldq + col) : zero;
+    bool in = q0 + r < sq;
+    tt_cp_async(sQ + r * LDS + col, qb + (long long)(in ? q0 + r : 0) * ldq + col, in);
   }
+  int kv_end = SKIP_ABOVE ? min(sk, q0 + BR) : sk;
+  int tiles = (kv_end + BC - 1) / BC;
+  if (tiles > 0) tt_load_kv(sK, sV, kb, vb, 0, sk, ldk, ldv, tid);
+  tt_cp_commit();
+  tt_cp_wait<0>();
   __syncthreads();
   int r0 = warp * 16 + g;
   unsigned qa[HD / 16][4];
@@ -245,24 +277,32 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   int rows[2] = {q0 + r0, q0 + r0 + 8};
   const unsigned char* mrow[2];
   if (HAS_MASK) for (int r = 0; r < 2; ++r) mrow[r] = mask + moff[n] + (long long)min(rows[r], sq - 1) * msi;
-  int kv_end = SKIP_ABOVE ? min(sk, q0 + BR) : sk;
-  for (int kv0 = 0; kv0 < kv_end; kv0 += BC) {
-    __syncthreads();
-    for (int c = tid; c < BC * (HD / 8); c += NT) {
-      int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
-      bool in = kv0 + r < sk;
-      *(uint4*)(sK + r * LDS + col) = in ? *(const uint4*)(kb + (long long)(kv0 + r) * ldk + col) : zero;
-      *(uint4*)(sV + r * LDS + col) = in ? *(const uint4*)(vb + (long long)(kv0 + r) * ldv + col) : zero;
+  for (int t = 0; t < tiles; ++t) {
+    int kv0 = t * BC;
+    half_t* tK = sK + (t & 1) * BC * LDS;
+    half_t* tV = sV + (t & 1) * BC * LDS;
+    if (t + 1 < tiles) {  // the next tile into the other stage (free: the loop's last barrier passed it)
+      tt_load_kv(sK + ((t + 1) & 1) * BC * LDS, sV + ((t + 1) & 1) * BC * LDS, kb, vb, kv0 + BC, sk, ldk, ldv, tid);
+      tt_cp_commit();
     }
-    __syncthreads();
+    if (t > 0) {  // this tile's loads (issued one iteration ago) done, the next one's may still run
+      if (t + 1 < tiles) tt_cp_wait<1>(); else tt_cp_wait<0>();
+      __syncthreads();
+    }
     float s[BC / 8][4];
+    // k's B fragments, two 16-wide column chunks at a time: ldmatrix of the 8x8 tiles (keys nt*8, columns kc*16
+    // (+8, +16, +24)); lane l gives the row address of tile l / 8.
+    const half_t* krow = tK + (lane & 7) * LDS + (lane >> 3) * 8;
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      const half_t* krow = sK + (nt * 8 + g) * LDS + t4 * 2;
 #pragma unroll
-      for (int kc = 0; kc < HD / 16; ++kc)
-        tt_mma(s[nt], qa[kc], *(const unsigned*)(krow + kc * 16), *(const unsigned*)(krow + kc * 16 + 8));
+      for (int kc = 0; kc < HD / 16; kc += 2) {
+        unsigned b[4];
+        tt_ldmatrix_x4(b, krow + nt * 8 * LDS + kc * 16);
+        tt_mma(s[nt], qa[kc], b[0], b[1]);
+        tt_mma(s[nt], qa[kc + 1], b[2], b[3]);
+      }
     }
     float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -305,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
                         tt_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]), tt_pack(s[2 * kc + 1][2], s[2 * kc + 1][3])};
       // v's B fragments, two head columns of 8 at a time: ldmatrix.trans of the 8x8 tiles (keys kc*16 (+8),
       // columns dt*8 (+8)); lane l gives the row address of tile l / 8.
-      const half_t* vrow = sV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+      const half_t* vrow = tV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
 #pragma unroll
       for (int dt = 0; dt < HD / 8; dt += 2) {
         unsigned b[4];
@@ -314,6 +354,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
         tt_mma(o[dt + 1], pa, b[2], b[3]);
       }
     }
+    __syncthreads();  // every warp is done with this stage before the next iteration loads into it
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -361,7 +402,7 @@ class FlashAttentionOp(Op):
         self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
         head = _mask_head(spec) + f"#define HD {g.d}\n#define WARPS {warps}\n"
         self.kernel = kernels.raw_kernel(head + _FLASH, "tt_flash_attention")
-        self.warps, self.smem = warps, (16 * warps + 2 * 64) * (g.d + 8) * 2
+        self.warps, self.smem = warps, (16 * warps + 2 * 2 * 64) * (g.d + 8) * 2  # q rows, two k and v stages
         self.kernel.max_dynamic_shared_size_bytes = self.smem
         self.mask_value = _mask_value(spec)
         self.tactic = {"op": "flash_attention", "warps": warps}
