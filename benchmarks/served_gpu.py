@@ -315,8 +315,10 @@ def convert(feed, source: str, precision: str, batches, rng, out_dir: str, profi
                                                         maximum_cached_engines=len(batches) + 1)
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=source, conversion_params=params)
     t0 = time.perf_counter()
-    if precision == "INT8":
-        converter.convert(calibration_input_fn=lambda: iter([feed(8, rng) for _ in range(2)]))
+    if precision == "INT8":  # calibrated at the smallest batch: an engine serves smaller batches than its own
+        # (TF-TRT's implicit batch), so calibrating at 8 left batch 1 to the batch-8 engine built then
+        calib = min(batches)
+        converter.convert(calibration_input_fn=lambda: iter([feed(calib, rng) for _ in range(max(2, 16 // calib))]))
     else:
         converter.convert()
     convert_s = time.perf_counter() - t0

@@ -2,9 +2,9 @@
 few runs, replayed and timed with events, so host overhead does not count), keep the fastest.
 
 The candidates are timed in interleaved rounds (each one's median counts), after the GPU has been kept busy
-for WARM_UP_MS when it was idle: timed one after another straight after an idle spell (an INT8 build follows
-TensorFlow's calibration on the CPU), the first candidates ran while the clocks were still rising and the later
-ones won (an H100 BERT-base INT8 engine at batch 1 kept MLP and GEMM algorithms 1.6x slower than FP16's).
+for WARM_UP_MS when it was idle (a build can follow minutes of CPU work, e.g. TensorFlow's INT8 calibration):
+timed one after another, candidates timed while clocks rise or other work shares the GPU would lose to those
+timed later for no reason of their own.
 
 Layers with the same signature (kind, shapes, dtypes, params) share the choice, and a tactic
 recorded in a plan for this GPU is rebuilt directly instead of being timed again.
