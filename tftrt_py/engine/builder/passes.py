@@ -1,6 +1,7 @@
 """Builder passes: plain functions ``pass_(network) -> bool`` (True when they changed it)."""
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Dict, Hashable, List
 
@@ -86,6 +87,12 @@ def merge_common_subexpressions(network) -> bool:
     return _merge_equal(network, lambda layer: layer.kind != "Constant" or layer.weights["value"].size <= MAX_MERGED_CONSTANT)
 
 
+def _digest(value: np.ndarray) -> tuple:
+    """dtype, shape and a hash of the bytes of `value`: equal arrays, equal digests."""
+    data = memoryview(np.ascontiguousarray(value)).cast("B")
+    return value.dtype.str, value.shape, hashlib.blake2b(data, digest_size=16).digest()
+
+
 def _merge_equal(network, eligible) -> bool:
     """Merge each `eligible` layer into the first earlier one doing the same (kind, params, weights of equal
     values, the same input tensors): its readers read that one's outputs. Network outputs stay as they are."""
@@ -94,10 +101,13 @@ def _merge_equal(network, eligible) -> bool:
     for layer in list(network.layers):
         if not eligible(layer) or any(network.is_output(t) for t in layer.outputs):
             continue
-        weights = tuple((k, v.dtype.str, v.shape) for k, v in sorted(layer.weights.items()))
+        # Constants (no inputs to tell them apart) by a hash of their value; other weights compared when the rest
+        # of the key matches, which their same input tensors make rare.
+        weights = tuple((k, _digest(v) if layer.kind == "Constant" else (v.dtype.str, v.shape))
+                        for k, v in sorted(layer.weights.items()))
         key = (layer.kind, _frozen(layer.params), weights, tuple(id(t) for t in layer.inputs))
         same = kept.setdefault(key, [])
-        first = next((k for k in same if all(np.array_equal(k.weights[n], layer.weights[n]) for n in layer.weights)),
+        first = next((k for k in same if all(np.array_equal(k.weights[n], v) for n, v in layer.weights.items())),
                      None)
         if first is None:
             same.append(layer)
