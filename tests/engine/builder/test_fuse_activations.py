@@ -99,6 +99,46 @@ def test_an_activation_behind_a_reshape_moves_before_it_and_fuses():
     assert mlp.kind == "MLP" and mlp.params["activations"] == [{"type": "gelu_tanh"}, None]
 
 
+def test_a_bias_and_its_gelu_behind_a_reshape_move_before_it_and_fold():
+    """Keras's Dense on [B, S, K] (ViT's MLP): reshape, then BiasAdd and the erf GELU on [B, S, N] (the GELU fuses into
+    the bias Scale first). The Scale moves before the reshape (it keeps the channels) and folds into the GEMM with
+    its activation: one MLP."""
+    def make():
+        net, (x,) = network((6, 8))
+        h = add(net, "Shuffle", [matmul(net, x, 16, "dense1")], "unflatten", reshape=[2, 3, 16])
+        h = add(net, "Scale", [h], "bias1", {"shift": rand(16)}, channel_axis=2)
+        h = add(net, "Activation", [h], "gelu", type="gelu_erf")
+        h = add(net, "Shuffle", [h], "flatten", reshape=[6, 16])
+        h = add(net, "Shuffle", [matmul(net, h, 4, "dense2")], "unflatten2", reshape=[2, 3, 4])
+        net.mark_output(add(net, "Scale", [h], "bias2", {"shift": rand(4)}, channel_axis=2))
+        return net
+
+    engine = build_and_compare(make, [rand(6, 8)], rtol=1e-4)
+    (mlp, reshape) = [l for l in engine.network.layers if l.kind != "Constant"]
+    assert mlp.kind == "MLP" and mlp.params["activations"] == [{"type": "gelu_erf"}, None]
+    assert reshape.kind == "Shuffle" and np.any(mlp.weights["b1"] != 0)
+
+
+@pytest.mark.parametrize("near_miss", ["scaled", "last_axis_changes", "transposed"])
+def test_a_scale_behind_a_reshape_stays_where_moving_it_would_not_fold(near_miss):
+    def make():
+        net, (x,) = network((6, 8))
+        y = matmul(net, x, 16, "dense")
+        if near_miss == "transposed":
+            y = add(net, "Shuffle", [y], "shuffle", first_perm=[1, 0])
+        else:
+            y = add(net, "Shuffle", [y], "shuffle", reshape=[2, 3, 16] if near_miss == "scaled" else [6, 4, 4])
+        channels = y.shape[-1]
+        weights = {"shift": rand(channels)}
+        if near_miss == "scaled":
+            weights["scale"] = rand(channels, positive=True)
+        net.mark_output(add(net, "Scale", [y], "bias", weights, channel_axis=len(y.shape) - 1))
+        return net
+
+    engine = build_and_compare(make, [rand(6, 8)])
+    assert [l.kind for l in engine.network.layers if l.kind != "Constant"] == ["MatrixMultiply", "Shuffle", "Scale"]
+
+
 def test_an_activation_behind_a_transpose_moves_too_unless_the_transpose_is_read_elsewhere():
     def make(read_elsewhere):
         net, (x,) = network((6, 8))

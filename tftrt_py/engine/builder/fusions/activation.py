@@ -8,8 +8,9 @@ from typing import List, Optional
 import numpy as np
 
 from tftrt_py.engine.backends.numpy_backend import ACTIVATION_FNS, KERNELS
-from tftrt_py.engine.builder.fusions.match import (FLOATS, Fused, activation_of, apply_rules, constant_value,
-                                                   private, sole_producer, with_activation)
+from tftrt_py.engine.builder.fusions.match import (BIASED, FLOATS, Fused, activation_of, affine, apply_rules,
+                                                   constant_value, private, reshape_only, sole_producer,
+                                                   with_activation)
 from tftrt_py.engine.layers import ACTIVATIONS, UNARY_OPS
 
 __all__ = ["recognize_activations", "fuse_activations", "activation_before_reshape", "nonnegative", "FUSABLE",
@@ -143,24 +144,44 @@ def fuse_activations(network) -> bool:
     return apply_rules(network, {"Activation": [activation_epilogue]}, logger)
 
 
+def _before_reshape(network, users, layer) -> Optional[tuple]:
+    """(Shuffle, params of `layer` moved before it) when `layer` reads a Shuffle of an output that can take it in
+    its epilogue: an Activation (element-wise: it commutes with moving elements), or a bias Scale (shift only, per
+    channel of the last axis, which the Shuffle must only reshape and keep) and its activation."""
+    shuffle = sole_producer(network, users, layer.inputs[0], ("Shuffle",))
+    if shuffle is None:
+        return None
+    x, act = shuffle.inputs[0], layer.params.get("type") if layer.kind == "Activation" else activation_of(layer)
+    if layer.kind == "Activation":
+        p, params = sole_producer(network, users, x, tuple(FUSABLE)), dict(layer.params)
+    else:
+        found = layer.kind == "Scale" and affine(layer, activated=True)
+        if (not found or np.any(found[1] != 1) or not reshape_only(shuffle) or not x.rank
+                or x.shape[-1] != shuffle.outputs[0].shape[-1]):
+            return None
+        p, params = sole_producer(network, users, x, BIASED), dict(layer.params, channel_axis=x.rank - 1)
+        act = act and act["type"]
+    if p is None or activation_of(p) is not None or (act is not None and act not in FUSABLE[p.kind]):
+        return None
+    return shuffle, params
+
+
 def activation_before_reshape(network) -> bool:
-    """x -> Shuffle -> Activation -> y   =>   x -> Activation -> Shuffle -> y, where x comes from a layer that can
-    apply the activation itself (element-wise, so it commutes with moving elements): the activation fuses into
-    that layer next (a dense layer's GELU behind the reshape Keras's Tensordot adds)."""
+    """x -> Shuffle -> Activation | bias Scale -> y   =>   x -> Activation | Scale -> Shuffle -> y, where x comes
+    from a layer that can apply it itself (see _before_reshape): it fuses into that layer next (a dense layer's
+    bias and GELU behind the reshape Keras's Tensordot adds)."""
     changed = False
     users = network.consumers()
     for layer in list(network.layers):
-        if layer.kind != "Activation":
+        if layer.kind not in ("Activation", "Scale"):
             continue
-        shuffle = sole_producer(network, users, layer.inputs[0], ("Shuffle",))
-        if shuffle is None:
+        found = _before_reshape(network, users, layer)
+        if found is None:
             continue
-        p = sole_producer(network, users, shuffle.inputs[0], tuple(FUSABLE))
-        if p is None or activation_of(p) is not None or layer.params["type"] not in FUSABLE[p.kind]:
-            continue
+        shuffle, params = found
         old = layer.outputs[0]
         with network.inserting_before(shuffle):
-            act = network.add_layer("Activation", shuffle.inputs, dict(layer.params), name=layer.name)
+            act = network.add_layer(layer.kind, shuffle.inputs, params, dict(layer.weights), name=layer.name)
         with network.inserting_before(layer):
             moved = network.add_layer("Shuffle", act.outputs, dict(shuffle.params), name=shuffle.name)
         act.outputs[0].dynamic_range = old.dynamic_range
@@ -169,7 +190,7 @@ def activation_before_reshape(network) -> bool:
         network.erase(shuffle)
         if network.is_output(moved.outputs[0]):
             moved.outputs[0].name = old.name
-        logger.info("activation before reshape: %s", act.name)
+        logger.info("%s before reshape: %s", layer.kind, act.name)
         users = network.consumers()
         changed = True
     return changed

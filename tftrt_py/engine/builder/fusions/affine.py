@@ -6,8 +6,9 @@ import logging
 
 import numpy as np
 
-from tftrt_py.engine.builder.fusions.match import (Bypass, Fused, activation_of, affine, apply_rules, bias_key,
-                                                   constant_value, sole_producer)
+from tftrt_py.engine.builder.fusions.activation import FUSABLE
+from tftrt_py.engine.builder.fusions.match import (BIASED, Bypass, Fused, activation_of, affine, apply_rules,
+                                                   bias_key, constant_value, sole_producer, with_activation)
 
 __all__ = ["erase_identities", "fold_affine", "IDENTITY_OPERANDS"]
 
@@ -16,9 +17,6 @@ logger = logging.getLogger(__name__)
 #: (ElementWise op, index of the constant operand) -> the constant value that makes it the identity
 IDENTITY_OPERANDS = {("sum", 0): 0, ("sum", 1): 0, ("sub", 1): 0, ("prod", 0): 1, ("prod", 1): 1, ("div", 1): 1,
                      ("pow", 1): 1}
-
-#: kinds whose output can absorb a bias; only Convolution also absorbs a scale (into its kernel)
-BIASED = ("Convolution", "MatrixMultiply", "MLP")
 
 
 def erase_scale(network, users, layer):
@@ -45,15 +43,17 @@ def erase_elementwise(network, users, layer):
 def fold_into_producer(network, users, layer):
     """Convolution/MatrixMultiply/MLP -> Scale or ElementWise(per-channel constant) -> y
 
-    The shift becomes bias; a scale (Convolution only, without residual) multiplies kernel and bias.
-    Not when the producer has an activation, or the scale has a power other than 1.
+    The shift becomes bias; a scale (Convolution only, without residual) multiplies kernel and bias; a Scale's
+    activation becomes the producer's, where it can apply it. Not when the producer has an activation, or the
+    scale has a power other than 1.
     """
-    found = affine(layer)
+    found = affine(layer, activated=True)
     if found is None:
         return None
     x, scale, shift = found
     p = sole_producer(network, users, x, BIASED)
-    if p is None or activation_of(p) is not None:
+    act = layer.params.get("activation") if layer.kind == "Scale" else None
+    if p is None or activation_of(p) is not None or (act and act["type"] not in FUSABLE.get(p.kind, ())):
         return None
     scaled = np.any(scale != 1)
     if scaled and (p.kind != "Convolution" or len(p.inputs) > 1):
@@ -64,7 +64,8 @@ def fold_into_producer(network, users, layer):
     if scaled:
         weights["kernel"] = (p.weights["kernel"].astype(np.float64) * scale).astype(x.dtype)
     what = "Scale" if scaled else "bias"
-    return Fused(f"{p.kind} + {what}", [p, layer], p.kind, p.inputs, p.params, weights)
+    return Fused(f"{p.kind} + {what}", [p, layer], p.kind, p.inputs, with_activation(p, act) if act else p.params,
+                 weights)
 
 
 def erase_identities(network) -> bool:

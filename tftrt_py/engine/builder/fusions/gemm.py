@@ -16,7 +16,7 @@ import logging
 from typing import Optional, Tuple
 
 from tftrt_py.engine.builder.fusions.match import (FLOATS, GEMM_OPERANDS, activation_of, gemm_residual, record,
-                                                  sole_producer)
+                                                  reshape_only, sole_producer)
 from tftrt_py.engine.network import Layer, Network, Tensor
 
 __all__ = ["fuse_gemm_residuals"]
@@ -24,18 +24,11 @@ __all__ = ["fuse_gemm_residuals"]
 logger = logging.getLogger(__name__)
 
 
-def _memory_order_reshape(layer: Layer) -> bool:
-    """A Shuffle that only reshapes (no transposes)."""
-    return layer.kind == "Shuffle" and all(
-        layer.params.get(k) is None or list(layer.params[k]) == list(range(len(layer.params[k])))
-        for k in ("first_perm", "second_perm"))
-
-
 def _fusable(network: Network, users, tensor: Tensor) -> Optional[Tuple[Layer, Optional[Layer]]]:
     """(GEMM, reshape or None) producing `tensor` for this sum alone: a float GEMM without activation or residual."""
     reshape = sole_producer(network, users, tensor, ("Shuffle",))
     if reshape is not None:
-        if not _memory_order_reshape(reshape):
+        if not reshape_only(reshape):
             return None
         tensor = reshape.inputs[0]
     gemm = sole_producer(network, users, tensor, tuple(GEMM_OPERANDS))

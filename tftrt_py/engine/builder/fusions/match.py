@@ -19,7 +19,7 @@ from tftrt_py.engine.network import Layer, Network, Tensor
 
 __all__ = ["Fused", "Bypass", "Rule", "apply_rules", "record", "fusion_counts", "constant_value", "produced_by",
            "private", "sole_producer", "squared", "channel_vector", "affine", "activation_of", "with_activation",
-           "bias_key", "gemm_residual", "GEMM_OPERANDS", "FLOATS"]
+           "bias_key", "gemm_residual", "reshape_only", "BIASED", "GEMM_OPERANDS", "FLOATS"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +105,12 @@ def channel_vector(value: np.ndarray, rank: int, channels: int) -> Optional[np.n
     return np.broadcast_to(value.astype(np.float64).reshape(-1), (channels,))
 
 
-def affine(layer: Layer) -> Optional[Tuple[Tensor, np.ndarray, np.ndarray]]:
+def affine(layer: Layer, activated: bool = False) -> Optional[Tuple[Tensor, np.ndarray, np.ndarray]]:
     """(x, scale, shift) when `layer` computes x * scale + shift with [C] vectors over x's last axis.
 
-    Matches a Scale (per last-axis channel or uniform, power 1, no activation) and an ElementWise
-    sum/sub/prod/div with such a constant that does not broadcast x.
+    Matches a Scale (per last-axis channel or uniform, power 1, no activation unless `activated`: then the
+    activation comes after the affine) and an ElementWise sum/sub/prod/div with such a constant that does not
+    broadcast x.
     """
     out = layer.outputs[0]
     if out.dtype not in FLOATS:
@@ -117,7 +118,7 @@ def affine(layer: Layer) -> Optional[Tuple[Tensor, np.ndarray, np.ndarray]]:
     channels = out.shape[-1] if out.rank else 1
     if layer.kind == "Scale":
         x, w = layer.inputs[0], layer.weights
-        if layer.params.get("activation") or np.any(w.get("power", 1) != 1):
+        if (layer.params.get("activation") and not activated) or np.any(w.get("power", 1) != 1):
             return None
         if x.rank and layer.params.get("channel_axis", -1) % x.rank != x.rank - 1 and any(
                 w[k].size > 1 for k in ("scale", "shift") if k in w):
@@ -152,9 +153,19 @@ def with_activation(layer: Layer, activation: dict) -> dict:
     return {**layer.params, "activation": activation}
 
 
+def reshape_only(layer: Layer) -> bool:
+    """A Shuffle that only reshapes (no transposes): elements keep their memory order."""
+    return layer.kind == "Shuffle" and all(
+        layer.params.get(k) is None or list(layer.params[k]) == list(range(len(layer.params[k])))
+        for k in ("first_perm", "second_perm"))
+
+
 def bias_key(layer: Layer) -> str:
     return f"b{len(layer.params['activations']) - 1}" if layer.kind == "MLP" else "bias"
 
+
+#: kinds whose output can absorb a bias; only Convolution also absorbs a scale (into its kernel)
+BIASED = ("Convolution", "MatrixMultiply", "MLP")
 
 #: GEMM kinds and how many inputs they take before an optional residual (added before their activation).
 GEMM_OPERANDS = {"MatrixMultiply": 2, "MLP": 1}
