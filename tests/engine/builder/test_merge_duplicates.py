@@ -86,3 +86,18 @@ def test_computations_with_other_constants_stay_apart():
 
     engine = build_and_compare(make, [rand(2, 6, 6), rand(2, 1, 6)])
     assert kinds(engine).count("ElementWise") == 4
+
+
+def test_empty_and_scalar_constants_are_compared_by_value_too():
+    from tftrt_py.engine.builder.passes import merge_common_subexpressions
+    from tftrt_py.engine import Network
+
+    net = Network("consts")
+    x = net.add_input("x", "float32", (2, 3))
+    for i, value in enumerate([np.zeros((0, 3), "float32"), np.zeros((0, 3), "float32"), np.float32(2), np.float32(2),
+                               np.float32(3)]):
+        c = net.add_constant(np.asarray(value), name=f"c{i}")
+        net.mark_output(net.add_layer("Concatenation" if c.shape == (0, 3) else "ElementWise", [x, c],
+                                      {"axis": 0} if c.shape == (0, 3) else {"op": "prod"}, name=f"use{i}").outputs[0])
+    assert merge_common_subexpressions(net)
+    assert [l.name for l in net.layers if l.kind == "Constant"] == ["c0", "c2", "c4"]

@@ -89,8 +89,7 @@ def merge_common_subexpressions(network) -> bool:
 
 def _digest(value: np.ndarray) -> tuple:
     """dtype, shape and a hash of the bytes of `value`: equal arrays, equal digests."""
-    data = memoryview(np.ascontiguousarray(value)).cast("B")
-    return value.dtype.str, value.shape, hashlib.blake2b(data, digest_size=16).digest()
+    return value.dtype.str, value.shape, hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16).digest()
 
 
 def _merge_equal(network, eligible) -> bool:
