@@ -22,7 +22,7 @@ class RampingGpu:
             if fail_at is not None and self.calls.count(name) >= fail_at:
                 raise RuntimeError("launch failed")
             ms = cost * (1 + 2 * max(0.0, 1 - self.busy_ms / tactics.WARM_UP_MS))
-            self.busy_ms += ms * 5  # a timer replays 5 runs
+            self.busy_ms += ms * tactics.INNER  # a timer replays INNER runs
             return ms
         return SimpleNamespace(tactic={"op": name}), run
 

@@ -84,12 +84,14 @@ def merge_common_subexpressions(network) -> bool:
     """Once fusions have settled (a late pass): any layers computing the same thing (kind, params, equal weights,
     the same input tensors) merge, and so do equal constants (up to MAX_MERGED_CONSTANT elements) — e.g. the
     attention mask a converted GPT-2 rebuilds in each of its 12 blocks from the same padding mask."""
-    return _merge_equal(network, lambda layer: layer.kind != "Constant" or layer.weights["value"].size <= MAX_MERGED_CONSTANT)
+    return _merge_equal(network, lambda layer: layer.kind != "Constant"
+                        or layer.weights["value"].size <= MAX_MERGED_CONSTANT)
 
 
 def _digest(value: np.ndarray) -> tuple:
     """dtype, shape and a hash of the bytes of `value`: equal arrays, equal digests."""
-    return value.dtype.str, value.shape, hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16).digest()
+    digest = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16).digest()
+    return value.dtype.str, value.shape, digest
 
 
 def _merge_equal(network, eligible) -> bool:

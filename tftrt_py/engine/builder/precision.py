@@ -10,7 +10,8 @@ Run once after the fusion passes have settled (a layer's kind and inputs decide 
   statistics in fp32.
 * INT8: Convolution and MatrixMultiply layers in int8 (activations quantized with their tensors' dynamic
   ranges, weights per output channel); the other layers as in FP16, since TF-TRT's INT8 mode enables FP16
-  too, and so does a MatrixMultiply holding a residual sum (fusions/gemm.py: its quantized kernels take none). An int8 layer reading a tensor without a range is an error naming those tensors
+  too, and so does a MatrixMultiply holding a residual sum (fusions/gemm.py: its quantized kernels take
+  none). An int8 layer reading a tensor without a range is an error naming those tensors
   (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range at all: then the network
   builds without int8 layers, with a warning.
 * FP8 (our extension): as INT8, the same layers and ranges, quantized to E4M3 (scale = range / 448)

@@ -36,10 +36,12 @@ CAPTURE_LOCK = threading.RLock()
 
 _MATCH_KEYS = ("op", "fusion", "plan", "im2col", "pad_c")
 
-#: GPU milliseconds of work before timing when the GPU has been idle for IDLE_S seconds; timing rounds.
+#: GPU milliseconds of work before timing when the GPU has been idle for IDLE_S seconds; timing rounds; runs of
+#: an op per timed replay.
 WARM_UP_MS = 25.0
 IDLE_S = 0.5
 ROUNDS = 5
+INNER = 5
 
 
 class KeepAlive:
@@ -189,7 +191,7 @@ class Tuner:
             warm, deadline = 0.0, time.monotonic() + 0.2
             try:
                 while warm < WARM_UP_MS and time.monotonic() < deadline:
-                    warm += timers[0][1]() * 5
+                    warm += timers[0][1]() * INNER
             except Exception as exc:  # that candidate then fails in the rounds too
                 logger.debug("warm-up with tactic %s failed: %s", timers[0][0].tactic, exc)
         times = {id(op): [] for op, _ in timers}
@@ -206,8 +208,8 @@ class Tuner:
             op.ms = statistics.median(times[id(op)])
         return alive
 
-    def _timer(self, op: Op, ins, outs, inner: int = 5):
-        """A function timing one replay of `inner` runs of `op` (ms per run), after one checked run."""
+    def _timer(self, op: Op, ins, outs):
+        """A function timing one replay of INNER runs of `op` (ms per run), after one checked run."""
         cupy = _device.require()
         rc, stream = self.rc, self.rc.stream
         with stream:
@@ -216,7 +218,7 @@ class Tuner:
         graph = None
         if op.capturable:
             try:
-                graph, keep = capture(stream, lambda: [op.run(rc, ins, outs) for _ in range(inner)])
+                graph, keep = capture(stream, lambda: [op.run(rc, ins, outs) for _ in range(INNER)])
             except Exception as exc:
                 logger.debug("could not capture %s for timing: %s", op.tactic, exc)
                 graph = None
@@ -228,11 +230,11 @@ class Tuner:
                 graph.launch(stream)
             else:
                 with stream:
-                    for _ in range(inner):
+                    for _ in range(INNER):
                         op.run(rc, ins, outs)
             end.record(stream)
             end.synchronize()
-            return cupy.cuda.get_elapsed_time(start, end) / inner
+            return cupy.cuda.get_elapsed_time(start, end) / INNER
         timer.keep = graph and keep  # the graph's memory lives as long as the timer
         return timer
 

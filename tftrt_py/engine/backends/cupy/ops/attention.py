@@ -224,8 +224,8 @@ __device__ __forceinline__ void tt_cp_commit() { asm volatile("cp.async.commit_g
 template <int N> __device__ __forceinline__ void tt_cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 
 // Key/value tile kv0 into stage buffers sk, sv, asynchronously.
-__device__ __forceinline__ void tt_load_kv(half_t* sk, half_t* sv, const half_t* kb, const half_t* vb, int kv0, int sk_len,
-                                           int ldk, int ldv, int tid) {
+__device__ __forceinline__ void tt_load_kv(half_t* sk, half_t* sv, const half_t* kb, const half_t* vb, int kv0,
+                                           int sk_len, int ldk, int ldv, int tid) {
   for (int c = tid; c < BC * (HD / 8); c += NT) {
     int r = c / (HD / 8), col = (c % (HD / 8)) * 8;
     bool in = kv0 + r < sk_len;
