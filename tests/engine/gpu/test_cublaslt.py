@@ -218,6 +218,7 @@ def test_mlp(precision, lt_only):
     engine = compare(single("MLP", [("float32", (24, 32))], params, weights), normal((24, 32)), precision)
     tactic = next(iter(engine.tactics.values()))
     assert tactic["op"] == "cublaslt_mlp" and tactic["epilogues"] == ["GELU_BIAS", "DEFAULT", "BIAS"], tactic
+    assert len(tactic["plan"]) == 3, tactic  # an algorithm per GEMM
 
 
 @pytest.mark.parametrize("case", ["fc_gelu_pad_k", "attention_scores", "constant_a"])

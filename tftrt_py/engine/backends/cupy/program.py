@@ -531,17 +531,18 @@ def _groups_after_views(net, precision, sd) -> Dict[str, List]:
 
 
 def _bind_outputs(prog: Program, net, sd) -> None:
-    """Give each network output a binding buffer: the producing step writes it directly when it can."""
+    """Give each network output a binding buffer: the producing step writes it directly when it can (also
+    through a reshape: the binding is then that view of the buffer)."""
     producer = {}
     for i, step in enumerate(prog.steps):
         for name in step.outputs:
             producer[name] = i
     taken = set()
     for t in net.outputs:
-        slot = prog.slots[t.name]
-        if slot.place == "arena" and t.name in producer and slot.dtype == t.dtype and t.name not in taken:
-            slot.place = "output"
-            taken.add(t.name)
+        slot, root = prog.slots[t.name], prog.root(t.name)  # a view (a reshape) binds the buffer it views
+        if root.place == "arena" and root.name in producer and root.dtype == t.dtype and root.name not in taken:
+            root.place = "output"
+            taken.add(root.name)
             prog.outputs.append((t.name, t.name))
             continue
         name = f"{t.name}@binding{len(prog.outputs)}"

@@ -9,7 +9,8 @@
 
 Both read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, and with ``columns``
 q, k and v as column windows of wider inputs (a fused QKV projection). The mask input (bool, broadcast to the
-scores) is read through per-(batch, head) offsets and row/column strides (0 where it broadcasts); causal keeps
+scores) is read through per-(batch, head) offsets and row/column strides (0 where it broadcasts; the flash kernel
+stages a mask that is the same for every query row, a padding mask, in shared memory per key tile); causal keeps
 keys j <= query i, and the flash kernel skips the key tiles above the diagonal (see SKIP_BELOW).
 
 cuDNN 9.19's flash-attention graphs (nvidia-cudnn-frontend 1.32 ``sdpa``) were tried on an H200 and left
@@ -235,6 +236,13 @@ __device__ __forceinline__ void tt_load_kv(half_t* sk, half_t* sv, const half_t*
   }
 }
 
+// A mask the same for every query row (a padding mask): tile kv0's mask bytes into shared memory, read once
+// per block instead of once per score.
+__device__ __forceinline__ void tt_load_mask(unsigned char* sm, const unsigned char* mrow, long long msj, int kv0,
+                                             int sk_len, int tid) {
+  for (int c = tid; c < BC; c += NT) sm[c] = kv0 + c < sk_len ? mrow[(long long)(kv0 + c) * msj] : 0;
+}
+
 // One block: BR query rows of one (batch, head) matrix, WARPS warps of 16 rows each.
 extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     unsigned long long q_ptr, unsigned long long k_ptr, unsigned long long v_ptr, unsigned long long o_ptr,
@@ -244,6 +252,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   half_t* sQ = (half_t*)tt_smem;
   half_t* sK = sQ + BR * LDS;       // two stages of key tiles: the next loads while this one computes
   half_t* sV = sK + 2 * BC * LDS;
+  __shared__ unsigned char sM[2][BC];  // KEY_MASK: two stages of the key tiles' mask bytes
   const float LOG2E = 1.4426950408889634f;
   int n = blockIdx.y, b = n / heads, h = n % heads, q0 = blockIdx.x * BR;
   const half_t* qb = (const half_t*)q_ptr + (long long)b * sq * ldq + h * HD;
@@ -258,6 +267,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   int kv_end = SKIP_ABOVE ? min(sk, q0 + BR) : sk;
   int tiles = (kv_end + BC - 1) / BC;
   if (tiles > 0) tt_load_kv(sK, sV, kb, vb, 0, sk, ldk, ldv, tid);
+  if (KEY_MASK && tiles > 0) tt_load_mask(sM[0], mask + moff[n], msj, 0, sk, tid);
   tt_cp_commit();
   tt_cp_wait<0>();
   __syncthreads();
@@ -276,7 +286,8 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   float m[2] = {-TT_INF, -TT_INF}, l[2] = {0.0f, 0.0f};
   int rows[2] = {q0 + r0, q0 + r0 + 8};
   const unsigned char* mrow[2];
-  if (HAS_MASK) for (int r = 0; r < 2; ++r) mrow[r] = mask + moff[n] + (long long)min(rows[r], sq - 1) * msi;
+  if (HAS_MASK && !KEY_MASK)
+    for (int r = 0; r < 2; ++r) mrow[r] = mask + moff[n] + (long long)min(rows[r], sq - 1) * msi;
   for (int t = 0; t < tiles; ++t) {
     int kv0 = t * BC;
     half_t* tK = sK + (t & 1) * BC * LDS;
@@ -284,6 +295,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     if (t + 1 < tiles) {  // the next tile into the other stage (free: the loop's last barrier passed it)
       tt_load_kv(sK + ((t + 1) & 1) * BC * LDS, sV + ((t + 1) & 1) * BC * LDS, kb, vb, kv0 + BC, sk, ldk, ldv, tid);
       tt_cp_commit();
+      if (KEY_MASK) tt_load_mask(sM[(t + 1) & 1], mask + moff[n], msj, kv0 + BC, sk, tid);
     }
     if (t > 0) {  // this tile's loads (issued one iteration ago) done, the next one's may still run
       if (t + 1 < tiles) tt_cp_wait<1>(); else tt_cp_wait<0>();
@@ -313,7 +325,8 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
         float x = s[nt][e] * scale;
         bool keep = true;
         if (CAUSAL) keep = j <= i;
-        if (HAS_MASK) keep = keep && (j >= sk || mrow[e >> 1][j * msj]);
+        if (KEY_MASK) keep = keep && sM[t & 1][nt * 8 + t4 * 2 + (e & 1)];
+        else if (HAS_MASK) keep = keep && (j >= sk || mrow[e >> 1][j * msj]);
         x = j >= sk ? -TT_INF : keep ? x : mask_value;
         s[nt][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -400,7 +413,8 @@ class FlashAttentionOp(Op):
         self.starts = [c * 2 for c, _ in attention_columns(spec.layer)]  # bytes into each row
         self.mask = MaskView.of(spec)
         self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
-        head = _mask_head(spec) + f"#define HD {g.d}\n#define WARPS {warps}\n"
+        key_mask = self.mask is not None and self.mask.si == 0
+        head = _mask_head(spec) + f"#define HD {g.d}\n#define WARPS {warps}\n#define KEY_MASK {int(key_mask)}\n"
         self.kernel = kernels.raw_kernel(head + _FLASH, "tt_flash_attention")
         self.warps, self.smem = warps, (16 * warps + 2 * 2 * 64) * (g.d + 8) * 2  # q rows, two k and v stages
         self.kernel.max_dynamic_shared_size_bytes = self.smem

@@ -248,13 +248,24 @@ class PointwiseOp(Op):
 
 
 _EPILOGUE = r"""
+// VEC consecutive elements per load and store (16 bytes where sizes and addresses allow, else 1).
+struct alignas(VEC * sizeof(T)) Pack { T e[VEC]; };
+
 extern "C" __global__ void tt_epilogue(const float* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y,
-                                       IDX total) {
-  for (IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x; i < total; i += (IDX)gridDim.x * blockDim.x) {
-    float v = ld(y[i]);
-    if (HAS_BIAS) v += bias[i % N];
-    if (HAS_RES) v += ld(res[i % RES_TOTAL]);
-    y[i] = st<T>(ACT);
+                                       IDX packs) {
+  for (IDX c = blockIdx.x * (IDX)blockDim.x + threadIdx.x; c < packs; c += (IDX)gridDim.x * blockDim.x) {
+    IDX i = c * VEC;
+    Pack yv = ((const Pack*)y)[c], rv = yv;
+    if (HAS_RES) rv = ((const Pack*)res)[(i % RES_TOTAL) / VEC];
+    int j = (int)(i % N);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      float v = ld(yv.e[e]);
+      if (HAS_BIAS) v += bias[j + e];
+      if (HAS_RES) v += ld(rv.e[e]);
+      yv.e[e] = st<T>(ACT);
+    }
+    ((Pack*)y)[c] = yv;
   }
 }
 """
@@ -263,19 +274,21 @@ extern "C" __global__ void tt_epilogue(const float* __restrict__ bias, const T* 
 class Epilogue:
     """y = act(y + bias + residual), in place, as one generated kernel: bias [N] along y's last dim; the residual
     y's shape or a batch of 1 of it. Call as epilogue(*[bias][, residual], y). The kernel is specialised to
-    y's last dim and sizes (constant divisors, 32-bit indices where they fit)."""
+    y's last dim and sizes (constant divisors, 32-bit indices where they fit) and moves 16 bytes per access
+    where the last dim, the residual's size and the addresses allow."""
 
     def __init__(self, dtype: str, has_bias: bool, has_residual: bool, activation):
         self.dtype, self.has_bias, self.has_residual = dtype, has_bias, has_residual
         self.act = activation_expr("v", activation)
+        self.vec = 16 // np.dtype(dtype).itemsize
         self._kernels: Dict[tuple, object] = {}
 
-    def _kernel(self, n: int, res_total: int, total: int):
-        key = (n, res_total, total < 2 ** 31)
+    def _kernel(self, n: int, res_total: int, total: int, vec: int):
+        key = (n, res_total, total < 2 ** 31, vec)
         if key not in self._kernels:
             head = (f"#define T {kernels.raw_type(self.dtype)}\n#define IDX {'int' if key[2] else 'long long'}\n"
                     f"#define N {n}\n#define RES_TOTAL {res_total}\n#define HAS_BIAS {int(self.has_bias)}\n"
-                    f"#define HAS_RES {int(self.has_residual)}\n#define ACT {self.act}\n")
+                    f"#define HAS_RES {int(self.has_residual)}\n#define ACT {self.act}\n#define VEC {vec}\n")
             self._kernels[key] = kernels.raw_kernel(PREAMBLE + head + _EPILOGUE, "tt_epilogue")
         return self._kernels[key]
 
@@ -283,9 +296,11 @@ class Epilogue:
         y = args[-1]
         bias = args[0] if self.has_bias else y
         res = args[int(self.has_bias)] if self.has_residual else y
-        total = int(y.size)
+        total, n, res_total = int(y.size), int(y.shape[-1]), int(res.size)
+        vec = self.vec if (n % self.vec == 0 and res_total % self.vec == 0 and y.data.ptr % 16 == 0
+                           and res.data.ptr % 16 == 0 and y.flags.c_contiguous) else 1
         index = kernels.i32 if total < 2 ** 31 else kernels.i64
-        kernels.launch(self._kernel(int(y.shape[-1]), int(res.size), total), total, (bias, res, y, index(total)))
+        kernels.launch(self._kernel(n, res_total, total, vec), total // vec, (bias, res, y, index(total // vec)))
 
 
 def epilogue_op(dtype: str, has_bias: bool, has_residual: bool, activation) -> Epilogue:
