@@ -64,6 +64,8 @@ CASES = {  # (b, sq, sk, heads, d, mask shape, causal, packed)
     "causal": (2, 130, 130, 2, 64, None, True, True),
     "causal_padding": (2, 77, 77, 3, 64, "key", True, True),
     "query_key_mask": (2, 70, 70, 2, 128, "full", False, True),
+    "gpt2_causal_padding": (2, 128, 128, 2, 64, "full", True, True),  # a row per query, staged by cp.async
+    "row_mask_partial_tiles": (2, 80, 96, 2, 128, "full", False, True),
     "head_mask": (2, 65, 65, 2, 128, "heads", False, True),
     "cross": (2, 33, 150, 2, 64, "key", False, True),
     "unpacked": (2, 40, 96, 3, 64, "full", True, False),

@@ -10,7 +10,8 @@
 Both read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, and with ``columns``
 q, k and v as column windows of wider inputs (a fused QKV projection). The mask input (bool, broadcast to the
 scores) is read through per-(batch, head) offsets and row/column strides (0 where it broadcasts; the flash kernel
-stages a mask that is the same for every query row, a padding mask, in shared memory per key tile); causal keeps
+stages a mask that is the same for every query row, a padding mask, in shared memory per key tile, and copies the
+tile of a mask with rows per query, a causal-and-padding mask, by cp.async with the keys); causal keeps
 keys j <= query i, and the flash kernel skips the key tiles above the diagonal (see SKIP_BELOW).
 
 cuDNN 9.19's flash-attention graphs (nvidia-cudnn-frontend 1.32 ``sdpa``) were tried on an H200 and left
@@ -243,6 +244,20 @@ __device__ __forceinline__ void tt_load_mask(unsigned char* sm, const unsigned c
   for (int c = tid; c < BC; c += NT) sm[c] = kv0 + c < sk_len ? mrow[(long long)(kv0 + c) * msj] : 0;
 }
 
+// A mask with a row per query (a causal-and-padding mask), rows 16-byte aligned, keys a multiple of 16: the
+// tile's [BR, BC] mask bytes arrive by cp.async with the keys (rows LDM bytes apart: no bank conflicts).
+#define LDM (BC + 16)
+__device__ __forceinline__ void tt_load_row_mask(unsigned char* sm, const unsigned char* base, long long msi, int q0,
+                                                 int kv0, int sq, int sk_len, int tid) {
+  for (int c = tid; c < BR * (BC / 16); c += NT) {
+    int r = c / (BC / 16), col = (c % (BC / 16)) * 16;
+    bool in = q0 + r < sq && kv0 + col < sk_len;
+    const unsigned char* src = base + (in ? (long long)(q0 + r) * msi + kv0 + col : 0);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(tt_shared(sm + r * LDM + col)), "l"(src),
+                 "r"(in ? 16 : 0));
+  }
+}
+
 // One block: BR query rows of one (batch, head) matrix, WARPS warps of 16 rows each.
 extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     unsigned long long q_ptr, unsigned long long k_ptr, unsigned long long v_ptr, unsigned long long o_ptr,
@@ -253,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   half_t* sK = sQ + BR * LDS;       // two stages of key tiles: the next loads while this one computes
   half_t* sV = sK + 2 * BC * LDS;
   __shared__ unsigned char sM[2][BC];  // KEY_MASK: two stages of the key tiles' mask bytes
+  __shared__ __align__(16) unsigned char sR[ROW_MASK ? 2 * BR * LDM : 16];  // ROW_MASK: two stages of mask tiles
   const float LOG2E = 1.4426950408889634f;
   int n = blockIdx.y, b = n / heads, h = n % heads, q0 = blockIdx.x * BR;
   const half_t* qb = (const half_t*)q_ptr + (long long)b * sq * ldq + h * HD;
@@ -267,6 +283,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   int kv_end = SKIP_ABOVE ? min(sk, q0 + BR) : sk;
   int tiles = (kv_end + BC - 1) / BC;
   if (tiles > 0) tt_load_kv(sK, sV, kb, vb, 0, sk, ldk, ldv, tid);
+  if (ROW_MASK && tiles > 0) tt_load_row_mask(sR, mask + moff[n], msi, q0, 0, sq, sk, tid);
   if (KEY_MASK && tiles > 0) tt_load_mask(sM[0], mask + moff[n], msj, 0, sk, tid);
   tt_cp_commit();
   tt_cp_wait<0>();
@@ -286,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
   float m[2] = {-TT_INF, -TT_INF}, l[2] = {0.0f, 0.0f};
   int rows[2] = {q0 + r0, q0 + r0 + 8};
   const unsigned char* mrow[2];
-  if (HAS_MASK && !KEY_MASK)
+  if (HAS_MASK && !KEY_MASK && !ROW_MASK)
     for (int r = 0; r < 2; ++r) mrow[r] = mask + moff[n] + (long long)min(rows[r], sq - 1) * msi;
   for (int t = 0; t < tiles; ++t) {
     int kv0 = t * BC;
@@ -294,6 +311,7 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
     half_t* tV = sV + (t & 1) * BC * LDS;
     if (t + 1 < tiles) {  // the next tile into the other stage (free: the loop's last barrier passed it)
       tt_load_kv(sK + ((t + 1) & 1) * BC * LDS, sV + ((t + 1) & 1) * BC * LDS, kb, vb, kv0 + BC, sk, ldk, ldv, tid);
+      if (ROW_MASK) tt_load_row_mask(sR + ((t + 1) & 1) * BR * LDM, mask + moff[n], msi, q0, kv0 + BC, sq, sk, tid);
       tt_cp_commit();
       if (KEY_MASK) tt_load_mask(sM[(t + 1) & 1], mask + moff[n], msj, kv0 + BC, sk, tid);
     }
@@ -325,7 +343,8 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
         float x = s[nt][e] * scale;
         bool keep = true;
         if (CAUSAL) keep = j <= i;
-        if (KEY_MASK) keep = keep && sM[t & 1][nt * 8 + t4 * 2 + (e & 1)];
+        if (ROW_MASK) keep = keep && sR[((t & 1) * BR + r0 + (e >> 1) * 8) * LDM + nt * 8 + t4 * 2 + (e & 1)];
+        else if (KEY_MASK) keep = keep && sM[t & 1][nt * 8 + t4 * 2 + (e & 1)];
         else if (HAS_MASK) keep = keep && (j >= sk || mrow[e >> 1][j * msj]);
         x = j >= sk ? -TT_INF : keep ? x : mask_value;
         s[nt][e] = x;
@@ -413,19 +432,30 @@ class FlashAttentionOp(Op):
         self.starts = [c * 2 for c, _ in attention_columns(spec.layer)]  # bytes into each row
         self.mask = MaskView.of(spec)
         self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
-        key_mask = self.mask is not None and self.mask.si == 0
-        head = _mask_head(spec) + f"#define HD {g.d}\n#define WARPS {warps}\n#define KEY_MASK {int(key_mask)}\n"
+        self.key_mask, self.row_mask = self._mask_kind()
+        head = _mask_head(spec) + (f"#define HD {g.d}\n#define WARPS {warps}\n#define KEY_MASK {int(self.key_mask)}\n"
+                                   f"#define ROW_MASK {int(self.row_mask)}\n")
         self.kernel = kernels.raw_kernel(head + _FLASH, "tt_flash_attention")
         self.warps, self.smem = warps, (16 * warps + 2 * 2 * 64) * (g.d + 8) * 2  # q rows, two k and v stages
         self.kernel.max_dynamic_shared_size_bytes = self.smem
         self.mask_value = _mask_value(spec)
         self.tactic = {"op": "flash_attention", "warps": warps}
 
+    def _mask_kind(self) -> Tuple[bool, bool]:
+        """(key, rows) -- key: one mask row for every query (staged per key tile); rows: a row per query that
+        cp.async can copy (contiguous keys, 16-byte aligned rows, keys a multiple of 16); neither: mask bytes read
+        one by one."""
+        m = self.mask
+        key = m is not None and m.si == 0
+        rows = (m is not None and not key and m.sj == 1 and m.si % 16 == 0 and self.g.sk % 16 == 0
+                and not bool((m.offsets % 16).any()))
+        return key, rows
+
     def run(self, rc, ins, outs):
         g = self.g
         ptrs = [a.data.ptr + c for a, c in zip(ins[:3], self.starts)] + [outs[0].data.ptr]
-        if any(p % 16 for p in ptrs):
-            raise ValueError("flash attention needs 16-byte aligned q, k, v and output")
+        if any(p % 16 for p in ptrs) or (self.row_mask and ins[3].data.ptr % 16):
+            raise ValueError("flash attention needs 16-byte aligned q, k, v, mask and output")
         mask = self.mask.args(ins) if self.mask else (np.uint64(0), np.uint64(0), kernels.i64(0), kernels.i64(0))
         self.kernel((-(-g.sq // (16 * self.warps)), g.batch * g.heads), (32 * self.warps,),
                     (*map(np.uint64, ptrs), *mask, *map(kernels.i32, (g.sq, g.sk, g.heads, *self.ld, g.heads * g.dv)),
