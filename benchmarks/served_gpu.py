@@ -2,8 +2,9 @@
 engine called directly and against PyTorch, on one GPU machine in one run.
 
 Models (random weights, nothing downloaded): Keras ResNet50, a keras-hub BERT-base encoder (sequence 128, token
-ids + segment ids + padding mask with padded tails) and a keras-hub GPT-2 small (causal, padding mask), each in FP16
-and INT8. Each is exported, converted (engines built for every batch; the build of the first three batches is
+ids + segment ids + padding mask with padded tails), a keras-hub GPT-2 small (causal, padding mask) and a keras-hub
+ViT-B/16 (224x224, 197 tokens, erf GELU; PyTorch's ViTModel has random weights of its own: timing only), each in
+FP16 and INT8. Each is exported, converted (engines built for every batch; the build of the first three batches is
 timed), saved, loaded and checked against native TF (``err``); BERT and GPT-2 also against HF ``transformers``
 models holding the same weights, run in fp32 (``vs_torch32``). Per batch it times, in milliseconds (median of
 single calls, wall clock):
@@ -122,6 +123,22 @@ def gpt2_keras(directory: str):
     return _keras_hub_base(directory, "GPT2Backbone", 50257, 1024)
 
 
+def vit_keras(directory: str):
+    """keras-hub ViT-B/16 at 224x224 (197 tokens, erf GELU), random weights, exported to `directory`."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.ViTBackbone(image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12,
+                                         hidden_dim=768, mlp_dim=3072)
+    model.export(directory, verbose=False)
+    return model
+
+
+def vit_feed(batch: int, rng) -> dict:
+    return {"images": rng.uniform(-1, 1, (batch, 224, 224, 3)).astype(np.float32)}
+
+
 def resnet50_feed(batch: int, rng) -> dict:
     return {"inputs": rng.uniform(-1, 1, (batch, 224, 224, 3)).astype(np.float32)}
 
@@ -159,6 +176,35 @@ def resnet50_torch(torch, source):
             return y.float().cpu()
         return call
     return model, prepare, host_call, None
+
+
+def vit_torch(torch, source):
+    """HF `transformers` ViTModel, ViT-B/16 at 224 without its pooler (random weights: timing only, its outputs are
+    not compared)."""
+    import transformers
+
+    config = transformers.ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                    intermediate_size=3072, image_size=224, patch_size=16, layer_norm_eps=1e-6,
+                                    attn_implementation="sdpa")
+    model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+
+    class Positional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return (self.m(pixel_values=x).last_hidden_state,)
+
+    def prepare(feed, device):
+        x = torch.from_numpy(np.ascontiguousarray(feed["images"].transpose(0, 3, 1, 2)))
+        return (x.cuda().half(),) if device else (x,)
+
+    def host_call(model_):
+        def call(x):
+            return model_(x.cuda().half())[0].float().cpu()
+        return call
+    return Positional().cuda().half(), prepare, host_call, None
 
 
 def _weights(source) -> dict:
@@ -300,6 +346,7 @@ MODELS = {
     "resnet50": dict(export=resnet50_keras, feed=resnet50_feed, torch=resnet50_torch, precisions=("FP16", "INT8")),
     "bert": dict(export=bert_keras, feed=bert_feed, torch=bert_torch, precisions=("FP16", "INT8")),
     "gpt2": dict(export=gpt2_keras, feed=gpt2_feed, torch=gpt2_torch, precisions=("FP16", "INT8")),
+    "vit": dict(export=vit_keras, feed=vit_feed, torch=vit_torch, precisions=("FP16", "INT8")),
 }
 
 
@@ -463,7 +510,7 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
     keras_model = spec["export"](source)
     native = tf.saved_model.load(source).signatures["serving_default"]
     trivial = trivial_signature(native, os.path.join(work, "trivial"))
-    batches = args.batches if name == "resnet50" else args.transformer_batches
+    batches = args.batches if name in ("resnet50", "vit") else args.transformer_batches
     names = list(native.structured_input_signature[1])
 
     def feed(batch, rng_):
@@ -575,7 +622,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=sorted(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 128])
     parser.add_argument("--transformer-batches", "--bert-batches", nargs="+", type=int, default=[1, 8, 32, 128],
-                        help="batches of the transformer models (bert, gpt2)")
+                        help="batches of the text transformer models (bert, gpt2); the image models take --batches")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile-batches", nargs="+", type=int, default=[1, 8, 32, 128])
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True)
