@@ -41,6 +41,7 @@ CONV_CASES = {
     "depthwise": ((2, 8, 8, 16), conv_params(groups=16), (3, 3, 1, 16), True),
     "1x1": ((2, 7, 7, 32), conv_params(k=1, pad=0), (1, 1, 32, 64), True),
     "stem_c3": ((2, 16, 16, 3), conv_params(stride=2, pad=3, act={"type": "relu"}), (7, 7, 3, 16), True),
+    "patches_c3": ((2, 16, 16, 3), conv_params(k=4, stride=4, pad=0), (4, 4, 3, 32), True),  # a ViT's patch embedding
     "leaky": ((1, 6, 6, 8), conv_params(act={"type": "leaky_relu", "alpha": 0.2}), (3, 3, 8, 8), True),
     "sigmoid": ((1, 6, 6, 8), conv_params(act={"type": "sigmoid"}), (3, 3, 8, 8), True),
     "swish": ((1, 6, 6, 8), conv_params(act={"type": "swish"}), (3, 3, 8, 8), True),
@@ -64,7 +65,10 @@ def test_convolution(case, precision):
     weights = {"kernel": kernel(*kshape)}
     if bias:
         weights["bias"] = rng0.standard_normal(kshape[-1]).astype(np.float32)
-    compare(single("Convolution", [("float32", shape)], params, weights), normal(shape), precision)
+    engine = compare(single("Convolution", [("float32", shape)], params, weights), normal(shape), precision)
+    program = getattr(engine, "cupy_program", None)  # None where test_ort_layers reruns this case on onnxruntime
+    if case.startswith("patches") and program is not None:  # the im2col GEMM is timed (and checked) beside cuDNN
+        assert "gemm_conv" in {r["tactic"]["op"] for r in program.tuning_report}, program.tuning_report
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

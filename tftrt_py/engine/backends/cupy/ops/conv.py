@@ -1,6 +1,7 @@
 """Convolution: fused cuDNN graphs (conv + bias + residual add + activation, NHWC) with their plans
-as tactics, and an im2col + cuBLAS GEMM fallback (used for 1x1 convolutions when it is faster,
-and whenever cuDNN has no plan). Channels-last throughout: x [N, *S, C], kernel [*K, C/g, Cout].
+as tactics, and an im2col + cuBLAS GEMM (timed against them for 1x1 convolutions and for patch embeddings,
+kernel = stride: a ViT's 16x16 patches ran 0.27 ms on cuDNN's best plan at batch 32 on an H100; used whenever
+cuDNN has no plan). Channels-last throughout: x [N, *S, C], kernel [*K, C/g, Cout].
 """
 from __future__ import annotations
 
@@ -63,6 +64,12 @@ class ConvGeom:
     def pointwise_gemm(self) -> bool:
         """A 1x1, stride-1, unpadded convolution is a plain GEMM over pixels."""
         return (self.ksize == 1 and all(s == 1 for s in self.strides) and not any(self.pre)
+                and not any(self.post))
+
+    def patches(self) -> bool:
+        """Kernel and stride equal, unpadded, undilated (a ViT's patch embedding): im2col reads every input element
+        once, and the GEMM is a large one."""
+        return (self.kernel == self.strides and all(d == 1 for d in self.dilations) and not any(self.pre)
                 and not any(self.post))
 
     def as2d(self) -> "ConvGeom":
@@ -433,7 +440,8 @@ def conv_candidates(spec: Spec) -> List[Op]:
         for cp in pads:
             cands += _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_n, activation,
                                        opts, prefer)
-    want_gemm = prefer.get("op") == "gemm_conv" or (not prefer and geom.pointwise_gemm()) or not cands
+    want_gemm = (prefer.get("op") == "gemm_conv" or (not prefer and (geom.pointwise_gemm() or geom.patches()))
+                 or not cands)
     if want_gemm and dtype in ("float16", "float32"):
         w_gemm = cupy.asarray(gemm_weights(layer.weights["kernel"], geom.groups).astype(dtype))
         cands.append(GemmConvOp(geom, dtype, w_gemm, bias32, has_residual, activation, opts.allow_tf32))
