@@ -1,6 +1,7 @@
 """Where BERT's GEMM time goes: every cuBLASLt algorithm the heuristics offer for the four GEMMs of a BERT-base
-layer (our LtGemm plans, the epilogues our engines use) against PyTorch's own calls for the same products, and
-the kernels torch.compile runs for the whole layer (torch.profiler). GPU machine only; prints a table last.
+layer (our LtGemm plans, the epilogues our engines use) against PyTorch's own calls for the same products, cuDNN's
+matmul + bias + erf GELU graph for the FFN expansion (the exact GELU that cuBLASLt's epilogues lack), and the
+kernels torch.compile runs for the whole layer (torch.profiler). GPU machine only; prints a table last.
 
     python benchmarks/gemm_algos.py [--tokens 4096] [--algos 16] [--no-torch-profile]
 """
