@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import tensorflow as tf
@@ -96,25 +95,6 @@ def assert_converts(fn, inputs, rtol=1e-5, atol=1e-5, expect_kinds=(), expected=
 
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-
-
-def run_threads(fn, args) -> None:
-    """``fn(arg)`` for each of `args`, each on its own thread, all at once; the first failure is raised."""
-    errors = []
-
-    def target(arg):
-        try:
-            fn(arg)
-        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=target, args=(a,)) for a in args]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def subprocess_env(**extra):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import random_array, run_json_process, run_threads
+from support import random_array, run_json_process
+from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.summary import conversion_ratio
 from tftrt_py.engine_op import dispatcher

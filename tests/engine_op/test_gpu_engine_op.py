@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import random_array, run_threads
+from support import random_array
+from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.engine.backends.cupy import available
 from tftrt_py.engine_op import dispatcher

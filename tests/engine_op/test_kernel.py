@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import function_pb2, node_def_pb2
 
-from support import run_threads
+from threads import run_threads
 from tftrt_py.engine_op import dispatcher, library
 
 

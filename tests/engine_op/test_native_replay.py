@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from support import run_threads
+from threads import run_threads
 from tftrt_py.engine.replay import ENABLED, RUNS, Buffer, Functions, Replay
 from tests.engine_op.test_kernel import as_array, fake, ops, segment  # noqa: F401 - fixtures
 

@@ -1,7 +1,7 @@
-"""The cupy Attention candidates (two GEMMs around a masked softmax; the fp16 flash kernel) and the one-pass
-residual LayerNorm against the numpy backend: fresh random inputs, NaN-poisoned buffers, masks broadcast every
-way with fully masked rows, causal with and without a mask, CUDA-graph replays equal to the eager run, 20 runs
-bitwise identical."""
+"""The cupy Attention candidates (two GEMMs around a masked softmax; the fp16 flash kernel; cuDNN's fused
+attention without a mask input) and the one-pass residual LayerNorm against the numpy backend: fresh random
+inputs, NaN-poisoned buffers, masks broadcast every way with fully masked rows, causal with and without a mask,
+CUDA-graph replays equal to the eager run, 20 runs bitwise identical."""
 import numpy as np
 import pytest
 
@@ -14,13 +14,36 @@ BIG = -2.372671e38  # Keras's large negative for float32
 
 
 def only(monkeypatch, op: str):
-    """Build Attention layers with the one candidate `op`: "gemm", or "flash4" / "flash8" (warps a block)."""
+    """Build Attention layers with the one candidate `op`: "gemm", "flash4" / "flash8" (warps a block), or "cudnn"
+    (cuDNN's plans; skips where the cuDNN frontend is missing)."""
+    from tftrt_py.engine.backends.cupy import _device
     from tftrt_py.engine.backends.cupy.ops import attention
     from tftrt_py.engine.backends.cupy.ops.base import FACTORIES
 
+    if op == "cudnn":
+        if _device.cudnn_module() is None:
+            pytest.skip("no cuDNN frontend")
+        monkeypatch.setitem(FACTORIES, "Attention", attention._sdpa_candidates)
+        return
     make = (lambda spec: attention.GemmAttentionOp(spec)) if op == "gemm" else (
         lambda spec: attention.FlashAttentionOp(spec, int(op[5:])))
     monkeypatch.setitem(FACTORIES, "Attention", lambda spec: [make(spec)])
+
+
+def proposed(monkeypatch, build, precision="FP16"):
+    """The tactic ops the Attention layer's candidates would run (all of them, before timing)."""
+    from tftrt_py.engine.backends.cupy.ops import attention
+    from tftrt_py.engine.backends.cupy.ops.base import FACTORIES
+
+    seen = []
+
+    def spy(spec):
+        cands = attention.attention_candidates(spec)
+        seen.extend(c.tactic["op"] for c in cands)
+        return cands
+    monkeypatch.setitem(FACTORIES, "Attention", spy)
+    cupy_engine(build(), precision)
+    return seen
 
 
 def attention_net(b, sq, sk, heads, d, mask_shape=None, causal=False, mask_value=BIG, packed=True):
@@ -70,6 +93,9 @@ CASES = {  # (b, sq, sk, heads, d, mask shape, causal, packed)
     "cross": (2, 33, 150, 2, 64, "key", False, True),
     "unpacked": (2, 40, 96, 3, 64, "full", True, False),
     "plain": (2, 128, 128, 4, 128, None, False, True),
+    "vit_tokens": (2, 197, 197, 3, 64, None, False, True),  # partial tiles, no mask
+    "cross_plain": (2, 33, 150, 2, 64, None, False, True),
+    "unpacked_causal": (2, 40, 40, 3, 64, None, True, False),
 }
 MASKS = {"key": lambda b, h, sq, sk: (b, 1, 1, sk), "full": lambda b, h, sq, sk: (b, 1, sq, sk),
          "heads": lambda b, h, sq, sk: (1, h, sq, sk)}
@@ -91,6 +117,14 @@ def test_attention_candidates(name, op, precision, monkeypatch):
     assert engine.tactics["attention"]["op"] == ("gemm_attention" if op == "gemm" else "flash_attention")
 
 
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c[5] is None))
+def test_cudnn_attention(name, monkeypatch):
+    """cuDNN's fused attention where it is a candidate: no mask input (causal or not), packed or not."""
+    only(monkeypatch, "cudnn")
+    engine = compare(*case(name), precision="FP16", runs=3)
+    assert engine.tactics["attention"]["op"] == "cudnn_sdpa"
+
+
 @pytest.mark.parametrize("mask_value", [-1e4, -30.0])
 def test_a_mask_value_that_weighs_reaches_every_key(mask_value, monkeypatch):
     """Keys masked with a moderate value still count (causal tiles above the diagonal are not skipped)."""
@@ -99,11 +133,12 @@ def test_a_mask_value_that_weighs_reaches_every_key(mask_value, monkeypatch):
     compare(build, attention_inputs(build, None), precision="FP16")
 
 
-@pytest.mark.parametrize("op", ["gemm", "flash4", "flash8"])
-def test_replays_equal_the_eager_run_and_each_other(op, monkeypatch):
+@pytest.mark.parametrize("op, name", [("gemm", "causal_padding"), ("flash4", "causal_padding"),
+                                      ("flash8", "causal_padding"), ("cudnn", "causal")])
+def test_replays_equal_the_eager_run_and_each_other(op, name, monkeypatch):
     """Run 1 is eager (and captures the graph), runs 2-20 replay it: every output bitwise the same."""
     only(monkeypatch, op)
-    build, make = case("causal_padding")
+    build, make = case(name)
     engine = cupy_engine(build(), "FP16")
     ctx = engine.create_execution_context()
     inputs = make(np.random.default_rng(3))
@@ -121,10 +156,25 @@ def engine_reference(build, inputs):
     return Engine(build(), precision="FP32", backend="numpy").create_execution_context().execute(inputs)["y"]
 
 
-def test_flash_is_a_candidate_only_where_it_runs():
-    for d, precision, n in ((64, "FP16", 3), (128, "FP16", 3), (32, "FP16", 1), (64, "FP32", 1)):
-        engine = cupy_engine(attention_net(2, 16, 16, 2, d)(), precision)
-        assert engine.tactics["attention"]["candidates"] == n, (d, precision, engine.tactics)
+def test_flash_is_a_candidate_only_where_it_runs(monkeypatch):
+    for d, precision, n in ((64, "FP16", 2), (128, "FP16", 2), (32, "FP16", 0), (64, "FP32", 0)):
+        ops = proposed(monkeypatch, attention_net(2, 16, 16, 2, d), precision)
+        assert ops.count("flash_attention") == n and ops.count("gemm_attention") == 1, (d, precision, ops)
+
+
+def test_cudnn_attention_is_a_candidate_only_without_a_mask_input(monkeypatch):
+    """A mask input replaces masked scores (cuDNN would add a bias); causal only where masked keys cannot weigh."""
+    from tftrt_py.engine.backends.cupy import _device
+
+    if _device.cudnn_module() is None:
+        pytest.skip("no cuDNN frontend")
+    cases = {"plain d32": (attention_net(2, 16, 16, 2, 32), "FP16", True),
+             "causal": (attention_net(2, 16, 16, 2, 64, None, True), "FP16", True),
+             "padding mask": (attention_net(2, 16, 16, 2, 64, (2, 1, 1, 16)), "FP16", False),
+             "causal, weighing mask value": (attention_net(2, 16, 16, 2, 64, None, True, -1e4), "FP16", False),
+             "fp32": (attention_net(2, 16, 16, 2, 64), "FP32", False)}
+    for name, (build, precision, expected) in cases.items():
+        assert ("cudnn_sdpa" in proposed(monkeypatch, build, precision)) == expected, name
 
 
 # -- residual LayerNorm ------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from tftrt_py.engine.backends.cupy import _device
 
 import gpu_resnet50 as resnet50
 from networks import conv_relu_pool_net
-from support import run_threads
+from threads import run_threads
 from gpu_helpers import GPU, assert_close, healthy_gpu  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU

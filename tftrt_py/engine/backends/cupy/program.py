@@ -92,7 +92,7 @@ class Program:
 
     @property
     def needs_cudnn(self) -> bool:
-        return any(str(s.op.tactic.get("op", "")).startswith("cudnn_conv") for s in self.steps)
+        return any(s.op.uses_cudnn for s in self.steps)
 
     def root(self, name: str) -> Slot:
         slot = self.slots[name]

@@ -1,4 +1,4 @@
-"""Attention: softmax(masked(q k^T * scale)) v. Two candidates, timed at build time:
+"""Attention: softmax(masked(q k^T * scale)) v. Three candidates, timed at build time:
 
 * GemmAttentionOp: two batched cuBLAS GEMMs around a softmax kernel (scores in fp32 in the workspace; any float
   dtype, any head width);
@@ -14,23 +14,34 @@ stages a mask that is the same for every query row, a padding mask, in shared me
 tile of a mask with rows per query, a causal-and-padding mask, by cp.async with the keys); causal keeps
 keys j <= query i, and the flash kernel skips the key tiles above the diagonal (see SKIP_BELOW).
 
-cuDNN 9.19's flash-attention graphs (nvidia-cudnn-frontend 1.32 ``sdpa``) were tried on an H200 and left
-out: replayed from a CUDA graph they left their output unchanged, and run eagerly between captured
-parts one of four runs came out wrong.
+* CudnnSdpaOp (fp16, no mask input; causal where masked keys cannot weigh): cuDNN's fused flash attention
+  (cuDNN frontend ``sdpa``), its plans timed like a convolution's. At ViT's 197 tokens it ran 26 us against the
+  flash kernel's 47 (batch 32, 12 heads, H100). A mask input stays with the kernels above: cuDNN adds a bias to
+  the scores, where a converted model's mask replaces them (a fully masked row is a uniform softmax).
+
+cuDNN's attention is exact from a captured CUDA graph when the handle it runs with is bound to the capturing
+stream (``benchmarks/cudnn_sdpa_probe.py``): bound to another stream, its kernel runs at capture time outside the
+graph, and a replay leaves the output as it was -- what an earlier version saw.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import threading
 from typing import List, Optional, Tuple
 
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
+from tftrt_py.engine.backends.cupy.ops.conv import CudnnGraph, cudnn_graph_cache
 from tftrt_py.engine.backends.cupy.ops.reduce import BLOCK_REDUCE, row_block
 from tftrt_py.engine.layers import attention_columns, attention_scores_shape
 
-__all__ = ["AttentionGeom", "MaskView", "GemmAttentionOp", "FlashAttentionOp"]
+__all__ = ["AttentionGeom", "MaskView", "GemmAttentionOp", "FlashAttentionOp", "CudnnSdpaOp"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,19 +415,27 @@ extern "C" __global__ void __launch_bounds__(NT) tt_flash_attention(
 #: head widths the flash kernel is built for, and its block sizes (warps of 16 query rows)
 FLASH_HEAD_DIMS = (64, 128)
 FLASH_WARPS = (4, 8)
+#: head widths given to cuDNN's fused attention (its fp16 kernels take multiples of 8 up to 128 on every GPU)
+SDPA_HEAD_DIMS = range(8, 129, 8)
 
 
-def flash_reason(spec: Spec) -> Optional[str]:
-    """Why the flash kernel cannot run this Attention, or None."""
+def _fp16_reason(spec: Spec, head_dims) -> Optional[str]:
+    """Why a fused fp16 kernel for q/k/v heads of equal width in `head_dims`, 16-byte aligned, cannot run this
+    Attention, or None."""
     g = AttentionGeom.of(spec)
     starts = [c for c, _ in attention_columns(spec.layer)]
     if spec.cdt != "float16" or any(d != "float16" for d in spec.in_dtypes[:3]):
         return "computes in fp16 only"
-    if g.d != g.dv or g.d not in FLASH_HEAD_DIMS:
-        return f"head widths {g.d}, {g.dv} not one of {FLASH_HEAD_DIMS}"
+    if g.d != g.dv or g.d not in head_dims:
+        return f"head widths {g.d}, {g.dv} not one of {tuple(head_dims)}"
     if any(s[-1] % 8 for s in spec.in_shapes[:3]) or any(c % 8 for c in starts):
         return "rows or columns not 16-byte aligned"
     return None
+
+
+def flash_reason(spec: Spec) -> Optional[str]:
+    """Why the flash kernel cannot run this Attention, or None."""
+    return _fp16_reason(spec, FLASH_HEAD_DIMS)
 
 
 class FlashAttentionOp(Op):
@@ -462,9 +481,88 @@ class FlashAttentionOp(Op):
                      np.float32(g.scale), self.mask_value), shared_mem=self.smem)
 
 
+def sdpa_reason(spec: Spec) -> Optional[str]:
+    """Why cuDNN's fused attention cannot run this Attention, or None."""
+    reason = _fp16_reason(spec, SDPA_HEAD_DIMS)
+    if reason:
+        return reason
+    if _device.cudnn_module() is None or spec.options.tuner is None or spec.options.tuner.cudnn is None:
+        return "no cuDNN frontend"
+    if len(spec.in_shapes) > 3:
+        return "a mask input (cuDNN adds a bias; a mask replaces the scores)"
+    if spec.params.get("causal") and not float(spec.params["mask_value"]) < SKIP_BELOW:
+        return "causal with a mask value that weighs"
+    return None
+
+
+class CudnnSdpaGraph(CudnnGraph):
+    """cuDNN's scaled-dot-product (flash) attention over [batch, heads, rows, head width] views of the windows the
+    layer reads: row strides `lds` (q, k, v), the output packed [batch, rows, heads * dv]."""
+
+    def __init__(self, g: AttentionGeom, lds: Tuple[int, int, int], causal: bool, max_workspace: int, handle):
+        cudnn = _device.cudnn_module()
+        half, f32 = cudnn.data_type.HALF, cudnn.data_type.FLOAT
+        self.lock = threading.Lock()
+        graph = cudnn.pygraph(io_data_type=half, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+
+        def view(name, rows, width, ld):
+            return graph.tensor(name=name, dim=[g.batch, g.heads, rows, width], stride=[rows * ld, width, ld, 1],
+                                data_type=half)
+
+        self.Q, self.K, self.V = (view(n, r, w, ld) for n, r, w, ld in zip("QKV", (g.sq, g.sk, g.sk),
+                                                                          (g.d, g.d, g.dv), lds))
+        y, _ = graph.sdpa(q=self.Q, k=self.K, v=self.V, attn_scale=g.scale, is_inference=True,
+                          use_causal_mask=causal, name="sdpa")
+        y.set_output(True).set_data_type(half).set_dim([g.batch, g.heads, g.sq, g.dv]).set_stride(
+            [g.sq * g.heads * g.dv, g.dv, g.heads * g.dv, 1])
+        self.Y = y
+        graph.validate()
+        graph.build_operation_graph()
+        graph.deselect_workspace_greater_than(int(max_workspace))
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        self.graph, self.built, self.failed = graph, {}, set()
+
+
+class CudnnSdpaOp(Op):
+    """One plan of a CudnnSdpaGraph, run with the context's cuDNN handle (bound to the stream being captured)."""
+
+    uses_cudnn = True
+
+    def __init__(self, spec: Spec, graph: CudnnSdpaGraph, plan: Tuple[int, str, int]):
+        self.graph, (self.index, name, self.workspace) = graph, plan
+        self.starts = [c * 2 for c, _ in attention_columns(spec.layer)]  # bytes into each row
+        self.tactic = {"op": "cudnn_sdpa", "plan": name, "workspace": self.workspace}
+
+    def run(self, rc, ins, outs):
+        g = self.graph
+        q, k, v = (a.data.ptr + c for a, c in zip(ins[:3], self.starts))
+        if any(p % 16 for p in (q, k, v, outs[0].data.ptr)):
+            raise ValueError("cuDNN attention needs 16-byte aligned q, k, v and output")
+        pack = {g.Q: q, g.K: k, g.V: v, g.Y: outs[0].data.ptr}
+        g.execute(self.index, pack, rc.workspace_ptr if self.workspace else None, rc.cudnn)
+
+
+def _sdpa_candidates(spec: Spec) -> List[Op]:
+    prefer = spec.prefer or {}
+    if prefer.get("op") not in (None, "cudnn_sdpa") or sdpa_reason(spec) is not None:
+        return []
+    g, opts = AttentionGeom.of(spec), spec.options
+    lds = tuple(s[-1] for s in spec.in_shapes[:3])
+    causal = bool(spec.params.get("causal"))
+    key = json.dumps(["sdpa", dataclasses.astuple(g), lds, causal, opts.max_workspace, _device.device_name()])
+    try:
+        graph = cudnn_graph_cache(key, lambda: CudnnSdpaGraph(g, lds, causal, opts.max_workspace, opts.tuner.cudnn))
+        plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
+    except Exception as exc:
+        logger.debug("cuDNN attention for %s not supported: %s", spec.layer.name, exc)
+        return []
+    return [CudnnSdpaOp(spec, graph, plan) for plan in plans]
+
+
 @register("Attention")
 def attention_candidates(spec: Spec) -> List[Op]:
     recorded = spec.prefer.get("warps") if spec.prefer and spec.prefer.get("op") == "flash_attention" else None
     warps = [recorded] if recorded in FLASH_WARPS else FLASH_WARPS
     flash = [FlashAttentionOp(spec, w) for w in warps] if flash_reason(spec) is None else []
-    return [GemmAttentionOp(spec)] + flash
+    return [GemmAttentionOp(spec)] + flash + _sdpa_candidates(spec)

@@ -47,6 +47,8 @@ class Op:
     capturable: bool = True
     #: Device bytes of weights this op holds.
     device_bytes: int = 0
+    #: True when the op runs cuDNN (its context then creates a cuDNN handle bound to its stream).
+    uses_cudnn: bool = False
 
     def run(self, rc, ins: Sequence, outs: Sequence) -> None:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, pad3, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
 
-__all__ = ["ConvGeom", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
+__all__ = ["ConvGeom", "CudnnGraph", "CudnnConvGraph", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,54 +89,12 @@ def nhwc_dims(n: int, c: int, spatial) -> Tuple[List[int], List[int]]:
 
 
 # -- cuDNN graphs ---------------------------------------------------------------------------------
-class CudnnConvGraph:
-    """One cuDNN graph for a convolution geometry and fusion; plans built on demand.
+class CudnnGraph:
+    """A built cuDNN frontend graph (``graph``) whose execution plans are built on demand and run under a lock.
 
-    Shared by every layer (and engine) with the same geometry: plans depend on shapes, not weights.
+    Subclasses build the graph and set ``graph``, ``lock``, ``built`` (plan index -> (name, workspace bytes)) and
+    ``failed``; one graph is shared by every layer (and engine) of its shapes: plans depend on shapes, not weights.
     """
-
-    def __init__(self, geom: ConvGeom, dtype: str, bias: bool, residual_n: Optional[int], activation,
-                 fusion: str, allow_tf32: bool, max_workspace: int, handle):
-        cudnn = _device.cudnn_module()
-        self.lock = threading.Lock()
-        self.fusion, self.dtype = fusion, dtype
-        g2 = geom.as2d()
-        io = cudnn.data_type.HALF if dtype == "float16" else cudnn.data_type.FLOAT
-        f32 = cudnn.data_type.FLOAT
-        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
-        xd, xs = nhwc_dims(g2.n, g2.c, g2.spatial)
-        wd, ws = nhwc_dims(g2.cout, g2.cg, g2.kernel)
-        self.X = g.tensor(name="X", dim=xd, stride=xs, data_type=io)
-        self.W = g.tensor(name="W", dim=wd, stride=ws, data_type=io)
-        y = g.conv_fprop(image=self.X, weight=self.W, pre_padding=list(g2.pre), post_padding=list(g2.post),
-                         stride=list(g2.strides), dilation=list(g2.dilations), compute_data_type=f32, name="conv")
-        self.B = self.R = None
-        if bias and fusion in ("all", "bias"):
-            bd, bs = nhwc_dims(1, g2.cout, [1] * len(g2.spatial))
-            self.B = g.tensor(name="B", dim=bd, stride=bs, data_type=io)
-            y = g.bias(input=y, bias=self.B, name="bias")
-        if fusion == "all":
-            if residual_n is not None:
-                rd, rs = nhwc_dims(residual_n, g2.cout, g2.out)
-                self.R = g.tensor(name="R", dim=rd, stride=rs, data_type=io)
-                y = g.add(a=y, b=self.R, name="residual")
-            if activation:
-                y = _cudnn_activation(g, y, activation)
-        yd, ys = nhwc_dims(g2.n, g2.cout, g2.out)
-        y.set_output(True).set_data_type(io).set_dim(yd).set_stride(ys)
-        self.Y = y
-        g.validate()
-        g.build_operation_graph()
-        if dtype == "float32" and not allow_tf32:
-            notes = [getattr(cudnn.numerical_note, n) for n in ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
-                     if hasattr(cudnn.numerical_note, n)]
-            g.deselect_numeric_notes(notes)
-        g.deselect_workspace_greater_than(int(max_workspace))
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        self.graph = g
-        self.built = {}  # plan index -> (name, workspace bytes)
-        self.failed = set()
 
     def plans(self, limit: int, prefer: Optional[str] = None, runtime_limit: Optional[int] = None
               ) -> List[Tuple[int, str, int]]:
@@ -193,6 +151,52 @@ class CudnnConvGraph:
             self.graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
 
 
+class CudnnConvGraph(CudnnGraph):
+    """One cuDNN graph for a convolution geometry and fusion."""
+
+    def __init__(self, geom: ConvGeom, dtype: str, bias: bool, residual_n: Optional[int], activation,
+                 fusion: str, allow_tf32: bool, max_workspace: int, handle):
+        cudnn = _device.cudnn_module()
+        self.lock = threading.Lock()
+        self.fusion, self.dtype = fusion, dtype
+        g2 = geom.as2d()
+        io = cudnn.data_type.HALF if dtype == "float16" else cudnn.data_type.FLOAT
+        f32 = cudnn.data_type.FLOAT
+        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+        xd, xs = nhwc_dims(g2.n, g2.c, g2.spatial)
+        wd, ws = nhwc_dims(g2.cout, g2.cg, g2.kernel)
+        self.X = g.tensor(name="X", dim=xd, stride=xs, data_type=io)
+        self.W = g.tensor(name="W", dim=wd, stride=ws, data_type=io)
+        y = g.conv_fprop(image=self.X, weight=self.W, pre_padding=list(g2.pre), post_padding=list(g2.post),
+                         stride=list(g2.strides), dilation=list(g2.dilations), compute_data_type=f32, name="conv")
+        self.B = self.R = None
+        if bias and fusion in ("all", "bias"):
+            bd, bs = nhwc_dims(1, g2.cout, [1] * len(g2.spatial))
+            self.B = g.tensor(name="B", dim=bd, stride=bs, data_type=io)
+            y = g.bias(input=y, bias=self.B, name="bias")
+        if fusion == "all":
+            if residual_n is not None:
+                rd, rs = nhwc_dims(residual_n, g2.cout, g2.out)
+                self.R = g.tensor(name="R", dim=rd, stride=rs, data_type=io)
+                y = g.add(a=y, b=self.R, name="residual")
+            if activation:
+                y = _cudnn_activation(g, y, activation)
+        yd, ys = nhwc_dims(g2.n, g2.cout, g2.out)
+        y.set_output(True).set_data_type(io).set_dim(yd).set_stride(ys)
+        self.Y = y
+        g.validate()
+        g.build_operation_graph()
+        if dtype == "float32" and not allow_tf32:
+            notes = [getattr(cudnn.numerical_note, n) for n in ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
+                     if hasattr(cudnn.numerical_note, n)]
+            g.deselect_numeric_notes(notes)
+        g.deselect_workspace_greater_than(int(max_workspace))
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        self.graph = g
+        self.built = {}  # plan index -> (name, workspace bytes)
+        self.failed = set()
+
 def _cudnn_activation(g, y, act):
     t, a, b = act["type"], act.get("alpha"), act.get("beta")
     if t == "relu":
@@ -209,7 +213,7 @@ def _cudnn_activation(g, y, act):
     return getattr(g, fn)(input=y, name="act")
 
 
-_GRAPHS: "collections.OrderedDict[str, CudnnConvGraph]" = collections.OrderedDict()
+_GRAPHS: "collections.OrderedDict[str, CudnnGraph]" = collections.OrderedDict()
 _GRAPHS_LOCK = threading.Lock()
 _MAX_GRAPHS = 512
 
@@ -222,7 +226,7 @@ def cudnn_graph(geom, dtype, bias, residual_n, activation, fusion, options) -> C
                                                          options.tuner.cudnn))
 
 
-def cudnn_graph_cache(key: str, make) -> CudnnConvGraph:
+def cudnn_graph_cache(key: str, make) -> CudnnGraph:
     """The cached graph for `key`, else ``make()`` (cached; least recently used graphs are dropped)."""
     with _GRAPHS_LOCK:
         graph = _GRAPHS.get(key)
@@ -239,6 +243,8 @@ def cudnn_graph_cache(key: str, make) -> CudnnConvGraph:
 
 class CudnnConvOp(Op):
     """One built cuDNN plan; residual/activation (and bias) not in the graph run as an epilogue."""
+
+    uses_cudnn = True
 
     def __init__(self, graph: CudnnConvGraph, plan: Tuple[int, str, int], w, b, b32, has_residual: bool,
                  activation, pad=None):

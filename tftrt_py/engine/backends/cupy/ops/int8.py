@@ -316,6 +316,8 @@ class CudnnInt8ConvGraph(CudnnConvGraph):
 class CudnnInt8ConvOp(Op):
     """One plan of a cuDNN int8 convolution graph; with fusion "conv" an epilogue kernel dequantizes."""
 
+    uses_cudnn = True
+
     def __init__(self, graph: CudnnInt8ConvGraph, plan, w, deq: Dequant, acc_shape, has_residual: bool):
         self.graph, (self.index, name, self.plan_workspace) = graph, plan
         self.w, self.deq, self.has_residual = w, deq, has_residual
