@@ -217,3 +217,18 @@ def test_a_plan_keeps_the_flash_block_size(monkeypatch):
     monkeypatch.setitem(FACTORIES, "Attention", attention.attention_candidates)
     loaded = Runtime().deserialize_cuda_engine(engine.serialize())
     assert loaded.tactics["attention"]["op"] == "flash_attention" and loaded.tactics["attention"]["warps"] == 8
+
+
+def test_a_plan_keeps_the_cudnn_attention_plan(monkeypatch):
+    """A plan records cuDNN's attention plan by name; loading it builds that plan again (the record, its time
+    included, comes back unchanged: nothing was re-timed)."""
+    from tftrt_py.engine import Runtime
+    from tftrt_py.engine.backends.cupy.ops import attention
+    from tftrt_py.engine.backends.cupy.ops.base import FACTORIES
+
+    only(monkeypatch, "cudnn")
+    engine = cupy_engine(attention_net(2, 64, 64, 2, 64)(), "FP16")
+    monkeypatch.setitem(FACTORIES, "Attention", attention.attention_candidates)
+    loaded = Runtime().deserialize_cuda_engine(engine.serialize())
+    assert engine.tactics["attention"]["op"] == "cudnn_sdpa"
+    assert loaded.tactics["attention"] == engine.tactics["attention"]

@@ -562,7 +562,12 @@ def _sdpa_candidates(spec: Spec) -> List[Op]:
 
 @register("Attention")
 def attention_candidates(spec: Spec) -> List[Op]:
-    recorded = spec.prefer.get("warps") if spec.prefer and spec.prefer.get("op") == "flash_attention" else None
-    warps = [recorded] if recorded in FLASH_WARPS else FLASH_WARPS
-    flash = [FlashAttentionOp(spec, w) for w in warps] if flash_reason(spec) is None else []
-    return [GemmAttentionOp(spec)] + flash + _sdpa_candidates(spec)
+    """Every candidate, or those of the op a recorded tactic names (none left: the tuner times all again)."""
+    prefer = spec.prefer or {}
+    op = prefer.get("op")
+    gemm = [GemmAttentionOp(spec)] if op in (None, "gemm_attention") else []
+    flash = []
+    if op in (None, "flash_attention") and flash_reason(spec) is None:
+        warps = [prefer["warps"]] if prefer.get("warps") in FLASH_WARPS else FLASH_WARPS
+        flash = [FlashAttentionOp(spec, w) for w in warps]
+    return gemm + flash + _sdpa_candidates(spec)
