@@ -7,9 +7,10 @@ persistent grid (the next tile's loads overlap this tile's epilogue), and the GE
 its MMAs (what the loads and the epilogue cost alone). Compiled by NVRTC for sm_90a, launched through the driver
 (tensor maps as __grid_constant__ parameters). GPU machine (sm_90) only; a table last.
 
-H100, 2026-11-24: BERT 55.1 us (persistent) against cuBLAS 40.6 + the GELU pass = 58.2; ViT 85.8 against 84.8.
-Without its MMAs the persistent kernel still took 52.1 us: its loads (226 MB through L2 for 128x256 tiles) bound it,
-and multicasting B across a 2-CTA cluster ran slower (75.8 us), so this kernel was not taken into the engine.
+H100, 2026-11-24: BERT 54.9 us (persistent) against cuBLAS 40.6 + the GELU pass = 58.4; ViT 85.1 against 85.9.
+The persistent kernel's loads alone (no MMAs, no stores) take 38.9 us, as long as cuBLAS's whole GEMM: 226 MB
+through L2 for 128x256 tiles at 5.8 TB/s. Multicasting B across a 2-CTA cluster (151 MB) made the loads alone
+slower here (48.9 us), so the traffic cuBLAS avoids stays; this kernel was not taken into the engine.
 
     python benchmarks/wgmma_gemm_probe.py [bert|vit]
 """
@@ -72,7 +73,9 @@ __device__ __forceinline__ unsigned long long desc(const void* p) {
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-#if CLUSTER
+#if CLUSTER && PERSISTENT
+__cluster_dims__(2, 1, 1)
+#elif CLUSTER
 __cluster_dims__(1, 2, 1)
 #endif
 gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, const float* __restrict__ bias,
@@ -85,7 +88,15 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
   unsigned long long* empty = full + STAGES;
   int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 #if PERSISTENT
-  const int tiles_n = N / BN, tiles = tiles_n * ((M + BM - 1) / BM);
+  // work units: a tile, or with CLUSTER a pair of tiles one above the other (one per CTA of the cluster, same B)
+  const int tiles_n = N / BN, tiles_m = (M + BM - 1) / BM;
+#if CLUSTER
+  const int tiles = tiles_n * ((tiles_m + 1) / 2), first = blockIdx.x / 2, step = gridDim.x / 2;
+#define TILE_M0(t) ((2 * ((t) / tiles_n) + rank) * BM)
+#else
+  const int tiles = tiles_n * tiles_m, first = blockIdx.x, step = gridDim.x;
+#define TILE_M0(t) (((t) / tiles_n) * BM)
+#endif
 #else
   int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
 #endif
@@ -110,8 +121,8 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
     if (tid == 0) {
 #if PERSISTENT
       int g = 0;
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
+      for (int tile = first; tile < tiles; tile += step) {
+      int m0 = TILE_M0(tile), n0 = (tile % tiles_n) * BN;
       for (int k_ = 0; k_ < kt_count; ++k_, ++g) {
         int kt = k_, s = g % STAGES;
         if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
@@ -142,8 +153,8 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
   int cw = wg - 1;  // consumer: rows cw*64 .. of the tile
 #if PERSISTENT
   int g = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-  int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
+  for (int tile = first; tile < tiles; tile += step) {
+  int m0 = TILE_M0(tile), n0 = (tile % tiles_n) * BN;
 #endif
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
@@ -157,7 +168,7 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
     mbar_wait(&full[s], phase);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int kk = 0; kk < 4 * (MODE != 2); ++kk) {
+    for (int kk = 0; kk < 4 * (MODE != 2 && MODE != 3); ++kk) {
       unsigned long long da = desc(sa + s * BM * 128 + cw * 64 * 128) + 2 * kk;
       unsigned long long db = desc(sb + s * BN * 128) + 2 * kk;
       WGMMA(d, da, db);
@@ -180,7 +191,7 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
       x1 = 0.5f * x1 * (1.0f + erff(x1 * 0.7071067811865476f));
       unsigned packed;
       asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(x1), "f"(x0));
-      if (r < M && (MODE != 1 || x0 == 12345.0f)) c[((long long)r * N + col) / 2] = packed;
+      if (r < M && (MODE == 0 || MODE == 2 || x0 == 12345.0f)) c[((long long)r * N + col) / 2] = packed;
     }
   }
 #if PERSISTENT
@@ -194,10 +205,12 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
 
 
 #: label -> (BM, BN, stages, 2-CTA cluster multicasting B, persistent, mode: 0 the GEMM, 1 without its stores,
-#: 2 without its MMAs: what the loads and the epilogue cost alone)
+#: 2 without its MMAs, 3 neither: what the loads and the epilogue cost alone)
 VARIANTS = {"128x256 s4": (128, 256, 4, 0, 0, 0), "128x256 s4 cluster2": (128, 256, 4, 1, 0, 0),
-            "128x256 s4 persistent": (128, 256, 4, 0, 1, 0), "128x128 s6 persistent": (128, 128, 6, 0, 1, 0),
-            "persistent, no stores": (128, 256, 4, 0, 1, 1), "persistent, no MMAs": (128, 256, 4, 0, 1, 2)}
+            "128x256 s4 persistent": (128, 256, 4, 0, 1, 0), "persistent cluster2": (128, 256, 4, 1, 1, 0),
+            "persistent, no stores": (128, 256, 4, 0, 1, 1), "persistent, no MMAs": (128, 256, 4, 0, 1, 2),
+            "persistent, loads only": (128, 256, 4, 0, 1, 3), "persistent cluster2, loads only": (128, 256, 4, 1, 1, 3),
+            "persistent cluster2, no stores": (128, 256, 4, 1, 1, 1)}
 
 
 def wgmma_macro(bn: int) -> str:
@@ -276,7 +289,7 @@ def main() -> None:
             params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
             grid = (n // bn, -(-m // bm) + (-(-m // bm) % 2 if cluster else 0), 1)
             if persistent:
-                grid = (min(sms, grid[0] * grid[1]), 1, 1)
+                grid = (min(sms - sms % 2, grid[0] * grid[1]), 1, 1)
 
             def call():
                 err = lib.cuLaunchKernel(ctypes.c_void_p(fn.ptr), *grid, 384, 1, 1, smem,
