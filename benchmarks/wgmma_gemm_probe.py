@@ -104,7 +104,7 @@ gemm_gelu(const __grid_constant__ TMap ta, const __grid_constant__ TMap tb, cons
 #if CLUSTER
   unsigned rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  const unsigned consumers = 4;  // both CTAs' consumer warpgroups release a stage: each CTA writes a half of B into both
+  const unsigned consumers = 4;  // both CTAs' consumers release a stage: each CTA writes half of B into both
 #else
   const unsigned consumers = 2;
 #endif

@@ -1,5 +1,5 @@
 """The cupy Attention candidates (two GEMMs around a masked softmax; the fp16 flash kernel; cuDNN's fused
-attention without a mask input) and the one-pass residual LayerNorm against the numpy backend: fresh random
+attention, a mask as its bias) and the one-pass residual LayerNorm against the numpy backend: fresh random
 inputs, NaN-poisoned buffers, masks broadcast every way with fully masked rows, causal with and without a mask,
 CUDA-graph replays equal to the eager run, 20 runs bitwise identical."""
 import numpy as np
@@ -69,12 +69,20 @@ def attention_net(b, sq, sk, heads, d, mask_shape=None, causal=False, mask_value
     return build
 
 
-def attention_inputs(net_build, mask_shape):
+def attention_inputs(net_build, mask_shape, left_padding=False):
+    """Random inputs; a random mask with one row masked entirely (a uniform softmax over every key), or with
+    `left_padding` each batch row's keys kept from a random start on (the first's past the first 64-key tile, the
+    last's past the end: masked entirely)."""
     shapes = {t.name: (t.shape, t.dtype) for t in net_build().inputs}
 
     def make(rng):
         out = {n: rng.standard_normal(s).astype(np.float32) * 2 for n, (s, dt) in shapes.items() if dt != "bool"}
-        if mask_shape:
+        if mask_shape and left_padding:
+            b, sk = mask_shape[0], mask_shape[-1]
+            starts = rng.integers(0, sk, b)
+            starts[0], starts[-1] = min(70, sk - 1), sk
+            out["mask"] = np.broadcast_to((np.arange(sk) >= starts[:, None]).reshape(b, 1, 1, sk), mask_shape).copy()
+        elif mask_shape:
             keep = rng.random(mask_shape) > 0.3
             keep.reshape(-1, keep.shape[-1])[0] = False  # a fully masked row: a uniform softmax over every key
             out["mask"] = keep
@@ -96,16 +104,18 @@ CASES = {  # (b, sq, sk, heads, d, mask shape, causal, packed)
     "vit_tokens": (2, 197, 197, 3, 64, None, False, True),  # partial tiles, no mask
     "cross_plain": (2, 33, 150, 2, 64, None, False, True),
     "unpacked_causal": (2, 40, 40, 3, 64, None, True, False),
+    "left_padding": (3, 150, 150, 2, 64, "left", False, True),
+    "left_padding_causal": (3, 150, 150, 2, 64, "left", True, True),
 }
 MASKS = {"key": lambda b, h, sq, sk: (b, 1, 1, sk), "full": lambda b, h, sq, sk: (b, 1, sq, sk),
-         "heads": lambda b, h, sq, sk: (1, h, sq, sk)}
+         "heads": lambda b, h, sq, sk: (1, h, sq, sk), "left": lambda b, h, sq, sk: (b, 1, 1, sk)}
 
 
 def case(name):
     b, sq, sk, h, d, mask, causal, packed = CASES[name]
     shape = MASKS[mask](b, h, sq, sk) if mask else None
     build = attention_net(b, sq, sk, h, d, shape, causal, packed=packed)
-    return build, attention_inputs(build, shape)
+    return build, attention_inputs(build, shape, left_padding=mask == "left")
 
 
 @pytest.mark.parametrize("op, precision", [("gemm", "FP32"), ("gemm", "FP16"), ("flash4", "FP16"),
@@ -117,9 +127,10 @@ def test_attention_candidates(name, op, precision, monkeypatch):
     assert engine.tactics["attention"]["op"] == ("gemm_attention" if op == "gemm" else "flash_attention")
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c[5] is None))
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c[7] or c[5] is None))
 def test_cudnn_attention(name, monkeypatch):
-    """cuDNN's fused attention where it is a candidate: no mask input (causal or not), packed or not."""
+    """cuDNN's fused attention where it is a candidate: packed heads with any mask (rows masked entirely among
+    them), causal or not; unpacked without a mask."""
     only(monkeypatch, "cudnn")
     engine = compare(*case(name), precision="FP16", runs=3)
     assert engine.tactics["attention"]["op"] == "cudnn_sdpa"
@@ -134,7 +145,7 @@ def test_a_mask_value_that_weighs_reaches_every_key(mask_value, monkeypatch):
 
 
 @pytest.mark.parametrize("op, name", [("gemm", "causal_padding"), ("flash4", "causal_padding"),
-                                      ("flash8", "causal_padding"), ("cudnn", "causal")])
+                                      ("flash8", "causal_padding"), ("cudnn", "causal_padding")])
 def test_replays_equal_the_eager_run_and_each_other(op, name, monkeypatch):
     """Run 1 is eager (and captures the graph), runs 2-20 replay it: every output bitwise the same."""
     only(monkeypatch, op)
@@ -162,15 +173,19 @@ def test_flash_is_a_candidate_only_where_it_runs(monkeypatch):
         assert ops.count("flash_attention") == n and ops.count("gemm_attention") == 1, (d, precision, ops)
 
 
-def test_cudnn_attention_is_a_candidate_only_without_a_mask_input(monkeypatch):
-    """A mask input replaces masked scores (cuDNN would add a bias); causal only where masked keys cannot weigh."""
+def test_cudnn_attention_is_a_candidate_where_masked_keys_cannot_weigh(monkeypatch):
+    """Masked scores (a mask input, causal) weigh nothing through cuDNN (an added -inf): the layer's mask value must
+    not weigh either; a mask input needs packed heads."""
     from tftrt_py.engine.backends.cupy import _device
 
     if _device.cudnn_module() is None:
         pytest.skip("no cuDNN frontend")
     cases = {"plain d32": (attention_net(2, 16, 16, 2, 32), "FP16", True),
              "causal": (attention_net(2, 16, 16, 2, 64, None, True), "FP16", True),
-             "padding mask": (attention_net(2, 16, 16, 2, 64, (2, 1, 1, 16)), "FP16", False),
+             "padding mask": (attention_net(2, 16, 16, 2, 64, (2, 1, 1, 16)), "FP16", True),
+             "padding mask, weighing mask value": (attention_net(2, 16, 16, 2, 64, (2, 1, 1, 16), False, -1e4),
+                                                   "FP16", False),
+             "unpacked with a mask": (attention_net(2, 16, 16, 2, 64, (2, 2, 16, 16), packed=False), "FP16", False),
              "causal, weighing mask value": (attention_net(2, 16, 16, 2, 64, None, True, -1e4), "FP16", False),
              "fp32": (attention_net(2, 16, 16, 2, 64), "FP32", False)}
     for name, (build, precision, expected) in cases.items():

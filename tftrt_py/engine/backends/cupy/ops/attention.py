@@ -6,18 +6,18 @@
   an online softmax over tiles of 64 keys; the scores never leave registers. Tiles arrive by cp.async into two
   stages (the next loads while this one computes), k and v fragments by ldmatrix. Blocks of 4 or 8 warps (64 or
   128 query rows: the larger reads k and v half as often), timed as two candidates.
+* CudnnSdpaOp (fp16; masked scores must weigh nothing): cuDNN's fused flash attention (cuDNN frontend ``sdpa``),
+  its plans timed like a convolution's, causal through cuDNN's causal mask. A mask input (packed heads) becomes an
+  additive bias (0 kept, -inf masked), and the rows it masks entirely, which the layer defines as a uniform
+  softmax over every key, are written after cuDNN as the mean of v. At ViT's 197 tokens it ran 26 us against the
+  flash kernel's 47 (batch 32, 12 heads, H100).
 
-Both read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, and with ``columns``
-q, k and v as column windows of wider inputs (a fused QKV projection). The mask input (bool, broadcast to the
-scores) is read through per-(batch, head) offsets and row/column strides (0 where it broadcasts; the flash kernel
-stages a mask that is the same for every query row, a padding mask, in shared memory per key tile, and copies the
-tile of a mask with rows per query, a causal-and-padding mask, by cp.async with the keys); causal keeps
+All read the packed layout (``heads`` H: q [B, S, H*D], head h in columns h*D..) in place, and with ``columns``
+q, k and v as column windows of wider inputs (a fused QKV projection). The first two read the mask input (bool,
+broadcast to the scores) through per-(batch, head) offsets and row/column strides (0 where it broadcasts; the flash
+kernel stages a mask that is the same for every query row, a padding mask, in shared memory per key tile, and
+copies the tile of a mask with rows per query, a causal-and-padding mask, by cp.async with the keys); causal keeps
 keys j <= query i, and the flash kernel skips the key tiles above the diagonal (see SKIP_BELOW).
-
-* CudnnSdpaOp (fp16, no mask input; causal where masked keys cannot weigh): cuDNN's fused flash attention
-  (cuDNN frontend ``sdpa``), its plans timed like a convolution's. At ViT's 197 tokens it ran 26 us against the
-  flash kernel's 47 (batch 32, 12 heads, H100). A mask input stays with the kernels above: cuDNN adds a bias to
-  the scores, where a converted model's mask replaces them (a fully masked row is a uniform softmax).
 
 cuDNN's attention is exact from a captured CUDA graph when the handle it runs with is bound to the capturing
 stream (``benchmarks/cudnn_sdpa_probe.py``): bound to another stream, its kernel runs at capture time outside the
@@ -488,18 +488,57 @@ def sdpa_reason(spec: Spec) -> Optional[str]:
         return reason
     if _device.cudnn_module() is None or spec.options.tuner is None or spec.options.tuner.cudnn is None:
         return "no cuDNN frontend"
-    if len(spec.in_shapes) > 3:
-        return "a mask input (cuDNN adds a bias; a mask replaces the scores)"
-    if spec.params.get("causal") and not float(spec.params["mask_value"]) < SKIP_BELOW:
-        return "causal with a mask value that weighs"
+    masked = len(spec.in_shapes) > 3
+    if (masked or spec.params.get("causal")) and not float(spec.params["mask_value"]) < SKIP_BELOW:
+        return "a mask value that weighs (cuDNN's masked scores weigh nothing)"
+    if masked and (not spec.params.get("heads") or len(spec.in_shapes[3]) != 4):
+        return "a mask that is not [B or 1, H or 1, Sq or 1, Sk] over packed heads"
     return None
+
+
+#: A mask as cuDNN's additive bias: 0 where kept, -inf where masked.
+_MASK_BIAS = ("bool m", "float16 b", "b = m ? (float16)0.0f : (float16)__int_as_float(0xff800000)",
+              "tt_sdpa_mask_bias")
+
+#: Rows the mask masks entirely are a uniform softmax over every key (the mask replaces each score by the same
+#: value), where cuDNN's added -inf gives no answer: one warp per mask row finds its first kept key and writes the
+#: mean of v over all keys into each score row it masks entirely (none in most batches).
+_MASKED_ROWS = r"""
+extern "C" __global__ void tt_sdpa_masked_rows(const unsigned char* __restrict__ mask, int mb, int mh, int mq, int sk,
+                                               int batch, int heads, int sq, int causal,
+                                               const unsigned short* __restrict__ v, long long ldv, int dv,
+                                               unsigned short* __restrict__ y) {
+  int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (warp >= mb * mh * mq) return;
+  const unsigned char* row = mask + (long long)warp * sk;
+  int first = sk;
+  for (int j = lane; j < sk; j += 32)
+    if (row[j]) { first = j; break; }
+  for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffff, first, o));
+  if (!causal && first < sk) return;
+  int mi = warp % mq, mhi = (warp / mq) % mh, mbi = warp / (mq * mh);
+  int i_lo = mq == 1 ? 0 : mi, i_hi = mq == 1 ? sq : mi + 1;
+  if (causal) i_hi = min(i_hi, first);  // causal: query i's row is masked entirely when no key j <= i is kept
+  if (i_lo >= i_hi) return;
+  for (int b = mb == 1 ? 0 : mbi; b < (mb == 1 ? batch : mbi + 1); ++b)
+    for (int h = mh == 1 ? 0 : mhi; h < (mh == 1 ? heads : mhi + 1); ++h)
+      for (int c = lane; c < dv; c += 32) {
+        float s = 0.0f;
+        for (int j = 0; j < sk; ++j) s += ld(v[((long long)b * sk + j) * ldv + h * dv + c]);
+        unsigned short mean = st<unsigned short>(s / sk);
+        for (int i = i_lo; i < i_hi; ++i) y[((long long)b * sq + i) * heads * dv + h * dv + c] = mean;
+      }
+}
+"""
 
 
 class CudnnSdpaGraph(CudnnGraph):
     """cuDNN's scaled-dot-product (flash) attention over [batch, heads, rows, head width] views of the windows the
-    layer reads: row strides `lds` (q, k, v), the output packed [batch, rows, heads * dv]."""
+    layer reads: row strides `lds` (q, k, v), the output packed [batch, rows, heads * dv]; with `bias` (its dims)
+    an fp16 bias added to the scores."""
 
-    def __init__(self, g: AttentionGeom, lds: Tuple[int, int, int], causal: bool, max_workspace: int, handle):
+    def __init__(self, g: AttentionGeom, lds: Tuple[int, int, int], causal: bool, bias: Optional[Tuple[int, ...]],
+                 max_workspace: int, handle):
         cudnn = _device.cudnn_module()
         half, f32 = cudnn.data_type.HALF, cudnn.data_type.FLOAT
         self.lock = threading.Lock()
@@ -511,8 +550,12 @@ class CudnnSdpaGraph(CudnnGraph):
 
         self.Q, self.K, self.V = (view(n, r, w, ld) for n, r, w, ld in zip("QKV", (g.sq, g.sk, g.sk),
                                                                           (g.d, g.d, g.dv), lds))
+        self.B = None
+        if bias is not None:
+            self.B = graph.tensor(name="bias", dim=list(bias), stride=[int(np.prod(bias[a + 1:])) for a in range(4)],
+                                  data_type=half)
         y, _ = graph.sdpa(q=self.Q, k=self.K, v=self.V, attn_scale=g.scale, is_inference=True,
-                          use_causal_mask=causal, name="sdpa")
+                          use_causal_mask=causal, bias=self.B, name="sdpa")
         y.set_output(True).set_data_type(half).set_dim([g.batch, g.heads, g.sq, g.dv]).set_stride(
             [g.sq * g.heads * g.dv, g.dv, g.heads * g.dv, 1])
         self.Y = y
@@ -525,22 +568,42 @@ class CudnnSdpaGraph(CudnnGraph):
 
 
 class CudnnSdpaOp(Op):
-    """One plan of a CudnnSdpaGraph, run with the context's cuDNN handle (bound to the stream being captured)."""
+    """One plan of a CudnnSdpaGraph, run with the context's cuDNN handle (bound to the stream being captured); a
+    mask input becomes the bias (in the workspace, ahead of cuDNN's) and its entirely masked rows are written after
+    (_MASKED_ROWS)."""
 
     uses_cudnn = True
 
     def __init__(self, spec: Spec, graph: CudnnSdpaGraph, plan: Tuple[int, str, int]):
-        self.graph, (self.index, name, self.workspace) = graph, plan
+        self.graph, (self.index, name, self.plan_workspace) = graph, plan
+        self.g, self.causal = AttentionGeom.of(spec), bool(spec.params.get("causal"))
         self.starts = [c * 2 for c, _ in attention_columns(spec.layer)]  # bytes into each row
+        self.ldv = spec.in_shapes[2][-1]
+        self.mask = tuple(spec.in_shapes[3]) if len(spec.in_shapes) > 3 else None
+        self.bias_bytes = align(int(np.prod(self.mask)) * 2) if self.mask else 0
+        self.workspace = self.bias_bytes + self.plan_workspace
+        if self.mask:
+            self.to_bias = kernels.elementwise(*_MASK_BIAS)
+            self.masked_rows = kernels.raw_kernel(_MASKED_ROWS, "tt_sdpa_masked_rows")
         self.tactic = {"op": "cudnn_sdpa", "plan": name, "workspace": self.workspace}
 
     def run(self, rc, ins, outs):
-        g = self.graph
+        g, y = self.graph, outs[0]
         q, k, v = (a.data.ptr + c for a, c in zip(ins[:3], self.starts))
-        if any(p % 16 for p in (q, k, v, outs[0].data.ptr)):
+        if any(p % 16 for p in (q, k, v, y.data.ptr)):
             raise ValueError("cuDNN attention needs 16-byte aligned q, k, v and output")
-        pack = {g.Q: q, g.K: k, g.V: v, g.Y: outs[0].data.ptr}
-        g.execute(self.index, pack, rc.workspace_ptr if self.workspace else None, rc.cudnn)
+        pack = {g.Q: q, g.K: k, g.V: v, g.Y: y.data.ptr}
+        if self.mask:
+            bias = rc.scratch(0, self.mask, "float16")
+            self.to_bias(ins[3], bias)
+            pack[g.B] = bias.data.ptr
+        g.execute(self.index, pack, rc.workspace_ptr + self.bias_bytes if self.plan_workspace else None, rc.cudnn)
+        if self.mask:
+            geom, (mb, mh, mq, _) = self.g, self.mask
+            rows = mb * mh * mq
+            self.masked_rows((-(-rows // 8),), (256,), (
+                ins[3], *map(kernels.i32, (mb, mh, mq, geom.sk, geom.batch, geom.heads, geom.sq, self.causal)),
+                np.uint64(v), kernels.i64(self.ldv), kernels.i32(geom.dv), y))
 
 
 def _sdpa_candidates(spec: Spec) -> List[Op]:
@@ -550,9 +613,11 @@ def _sdpa_candidates(spec: Spec) -> List[Op]:
     g, opts = AttentionGeom.of(spec), spec.options
     lds = tuple(s[-1] for s in spec.in_shapes[:3])
     causal = bool(spec.params.get("causal"))
-    key = json.dumps(["sdpa", dataclasses.astuple(g), lds, causal, opts.max_workspace, _device.device_name()])
+    bias = tuple(spec.in_shapes[3]) if len(spec.in_shapes) > 3 else None
+    key = json.dumps(["sdpa", dataclasses.astuple(g), lds, causal, bias, opts.max_workspace, _device.device_name()])
     try:
-        graph = cudnn_graph_cache(key, lambda: CudnnSdpaGraph(g, lds, causal, opts.max_workspace, opts.tuner.cudnn))
+        graph = cudnn_graph_cache(key, lambda: CudnnSdpaGraph(g, lds, causal, bias, opts.max_workspace,
+                                                              opts.tuner.cudnn))
         plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
     except Exception as exc:
         logger.debug("cuDNN attention for %s not supported: %s", spec.layer.name, exc)
