@@ -18,7 +18,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 HEADS, D = 12, 64
-BIG = -1e9
+#: the masked scores' value in a converted Keras model (Keras's -0.7 x float32 max): masked keys weigh nothing
+BIG = -2.372671e38
 
 
 def network(b: int, s: int, mask_shape, causal: bool):
