@@ -197,6 +197,7 @@ class CudnnConvGraph(CudnnGraph):
         self.built = {}  # plan index -> (name, workspace bytes)
         self.failed = set()
 
+
 def _cudnn_activation(g, y, act):
     t, a, b = act["type"], act.get("alpha"), act.get("beta")
     if t == "relu":
