@@ -14,6 +14,10 @@ run, in these set-ups:
 
 then times the graph replayed (20 executions per CUDA graph). GPU machine only; a table last.
 
+H100, cuDNN 9.19 / frontend 1.32 (2026-11-24): every case exact eagerly and replayed, except "capture/other",
+whose 6 of 6 replays left the poisoned output as it was (the kernel ran at capture time, outside the graph):
+the engine runs cuDNN's attention with the context's handle, bound to the stream it captures on.
+
     python benchmarks/cudnn_sdpa_probe.py
 """
 from __future__ import annotations
