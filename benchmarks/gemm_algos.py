@@ -1,7 +1,8 @@
 """Where BERT's GEMM time goes: every cuBLASLt algorithm the heuristics offer for the four GEMMs of a BERT-base
 layer (our LtGemm plans, the epilogues our engines use) against PyTorch's own calls for the same products, cuDNN's
 matmul + bias + erf GELU graph for the FFN expansion (the exact GELU that cuBLASLt's epilogues lack), and the
-kernels torch.compile runs for the whole layer (torch.profiler). GPU machine only; prints a table last.
+kernels torch.compile and our FP16 engine run for the whole layer (torch.profiler). GPU machine only; prints a
+table last.
 
     python benchmarks/gemm_algos.py [--tokens 4096] [--algos 16] [--no-torch-profile]
 """
@@ -122,28 +123,51 @@ def torch_ms(torch, rows: int, n: int, k: int, call: str) -> float:
     return s.elapsed_time(e) / 50
 
 
-def compile_kernels(torch, batch: int, seq: int) -> None:
-    """torch.compile's kernels for one BERT layer (default mode: no CUDA graph, so each kernel is traced)."""
-    from tests.engine.gpu import gpu_bert as bert
+def kernels(torch, what: str, call, calls: int = 20) -> None:
+    """The GPU kernels `calls` back-to-back calls of `call()` run (torch.profiler traces every kernel of the
+    process, also those of our engines' CUDA graphs), per call, and the GPU time per call the loop took: what is
+    not in the kernels is launch gaps and copies."""
     from torch.profiler import ProfilerActivity, profile
 
-    block = bert.torch_block(bert.spec(), torch).cuda().eval().half()
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / calls, e.count // calls) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    total = sum(r[1] for r in rows)
+    wall = start.elapsed_time(end) * 1e3 / calls
+    print(f"\n{what} kernels (us per call; {total:.1f} us in kernels, {wall:.1f} us of GPU time per call):")
+    for key, us, count in rows[:14]:
+        print(f"  {us:8.1f}  x{count}  {key[:110]}")
+
+
+def layer_kernels(torch, batch: int, seq: int) -> None:
+    """torch.compile's kernels for one BERT layer (default mode: no CUDA graph, so each kernel is traced), then
+    our FP16 engine's for the same layer (its CUDA graph replayed, as served)."""
+    import cupy
+
+    from tests.engine.gpu import gpu_bert as bert
+    from tftrt_py.engine import Builder, BuilderConfig
+
+    model = bert.spec()
+    block = bert.torch_block(model, torch).cuda().eval().half()
     fn = torch.compile(block)
     x = torch.randn(batch, seq, 768, device="cuda", dtype=torch.float16)
     with torch.no_grad():
-        for _ in range(5):
-            fn(x)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                fn(x)
-            torch.cuda.synchronize()
-    rows = [(e.key, e.device_time_total / 20, e.count // 20) for e in prof.key_averages() if e.device_time_total > 0]
-    rows.sort(key=lambda r: -r[1])
-    total = sum(r[1] for r in rows)
-    print(f"\ntorch.compile BERT layer kernels, batch {batch} (us per call; {total:.1f} us in all):")
-    for key, us, count in rows[:14]:
-        print(f"  {us:8.1f}  x{count}  {key[:110]}")
+        kernels(torch, f"torch.compile BERT layer, batch {batch}", lambda: fn(x))
+    engine = Builder(BuilderConfig(precision="FP16", backend="cupy")).build_engine(bert.network(batch, seq, model))
+    ctx = engine.create_execution_context()
+    xc = {engine.inputs[0].name: cupy.asarray(np.random.default_rng(0).standard_normal((batch, seq, 768)),
+                                              dtype=np.float16)}
+    kernels(torch, f"our FP16 BERT layer, batch {batch}", lambda: ctx.execute(xc))
 
 
 def main(argv=None) -> None:
@@ -172,7 +196,7 @@ def main(argv=None) -> None:
             except Exception as exc:
                 print(f"cuDNN matmul + bias + erf GELU failed: {type(exc).__name__}: {exc}", flush=True)
     if not args.no_torch_profile:
-        compile_kernels(torch, args.tokens // 128, 128)
+        layer_kernels(torch, args.tokens // 128, 128)
     print(f"\n{'gemm':<6} {'epilogue':<10} {'first 3 us':>10} {'best us':>8} {'algo':>5} {'torch us':>9} "
           f"{'TF/s best':>9} {'torch/best':>10}")
     for name, epilogue, first3, best, t_torch, flop in table:

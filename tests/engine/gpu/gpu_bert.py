@@ -85,8 +85,9 @@ def flops(batch: int, seq: int = 128, model: dict = None) -> float:
     return float(per_token * seq * batch)
 
 
-def torch_block(model, torch):
-    """The same layer in PyTorch (fp32 parameters; call .half() for fp16), attention through SDPA."""
+def torch_block(model, torch, gelu: str = "none"):
+    """The same layer in PyTorch (fp32 parameters; call .half() for fp16), attention through SDPA; `gelu`:
+    F.gelu's approximate ("tanh": the form our fp16 engines fuse into the GEMM)."""
     nn, F = torch.nn, torch.nn.functional
     hidden, heads = model["hidden"], model["heads"]
 
@@ -118,6 +119,6 @@ def torch_block(model, torch):
 
             ctx = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
             h = self.ln1(x + self.o(ctx.transpose(1, 2).reshape(b, s, hidden)))
-            return self.ln2(h + self.ffn2(F.gelu(self.ffn1(h))))
+            return self.ln2(h + self.ffn2(F.gelu(self.ffn1(h), approximate=gelu)))
 
     return Block()

@@ -2,12 +2,14 @@
 fresh random operands, outputs poisoned with NaN first, a CUDA-graph replay equal to the eager run; int8
 products exact; the FP8 (E4M3) entry point; and engines whose MatrixMultiply, MLP and int8 GEMMs are forced
 through cuBLASLt against the numpy backend."""
+import logging
+
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Network
+from tftrt_py.engine import Engine, Network, Runtime
 
-from gpu_helpers import GPU, compare, healthy_gpu, normal, single  # noqa: F401 (autouse fixture)
+from gpu_helpers import GPU, compare, cupy_engine, healthy_gpu, normal, single  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
 
@@ -75,6 +77,7 @@ def test_fused_epilogues_keep_nan(epilogue):
     from tftrt_py.engine.backends.cupy.cublaslt import LtGemm, fused_epilogue
 
     assert fused_epilogue(True, {"type": "relu"}) is None and fused_epilogue(True, {"type": "gelu_erf"}) is None
+    assert fused_epilogue(True, {"type": "relu"}, "float16") is None
     rng = np.random.default_rng(9)
     m, n, k = 32, 48, 64
     a = rng.standard_normal((m, k)).astype(np.float16)
@@ -196,7 +199,8 @@ def test_matrix_multiply_bias_activation(act, precision, lt_only):
 
     engine = compare(build, normal((32, 64)), precision)
     tactic = next(iter(engine.tactics.values()))
-    fused = {None: "BIAS", "relu": "DEFAULT", "gelu_tanh": "GELU_BIAS", "gelu_erf": "DEFAULT"}
+    fused = {None: "BIAS", "relu": "DEFAULT", "gelu_tanh": "GELU_BIAS",
+             "gelu_erf": "GELU_BIAS" if precision == "FP16" else "DEFAULT"}  # fp16: the tanh form, see REDUCED_GELU
     assert tactic["op"] == "cublaslt_gemm" and tactic["epilogue"] == fused[(act or {}).get("type")], tactic
 
 
@@ -217,8 +221,47 @@ def test_mlp(precision, lt_only):
     params = {"activations": [{"type": "gelu_tanh"}, {"type": "gelu_erf"}, None]}
     engine = compare(single("MLP", [("float32", (24, 32))], params, weights), normal((24, 32)), precision)
     tactic = next(iter(engine.tactics.values()))
-    assert tactic["op"] == "cublaslt_mlp" and tactic["epilogues"] == ["GELU_BIAS", "DEFAULT", "BIAS"], tactic
+    erf = "GELU_BIAS" if precision == "FP16" else "DEFAULT"  # fp16 fuses the erf GELU as the tanh form
+    assert tactic["op"] == "cublaslt_mlp" and tactic["epilogues"] == ["GELU_BIAS", erf, "BIAS"], tactic
     assert len(tactic["plan"]) == 3, tactic  # an algorithm per GEMM
+
+
+def ffn(rows=512, hidden=768, inner=3072):
+    """A network of a BERT-sized FFN (erf GELU between its GEMMs) as one MLP layer."""
+    rng = np.random.default_rng(5)
+    weights = {"w0": (rng.standard_normal((hidden, inner)) / np.sqrt(hidden)).astype(np.float32),
+               "b0": (rng.standard_normal(inner) / 4).astype(np.float32),
+               "w1": (rng.standard_normal((inner, hidden)) / np.sqrt(inner)).astype(np.float32),
+               "b1": (rng.standard_normal(hidden) / 4).astype(np.float32)}
+    return single("MLP", [("float32", (rows, hidden))], {"activations": [{"type": "gelu_erf"}, None]}, weights)()
+
+
+def test_fp16_erf_gelu_in_the_tanh_form_is_as_accurate_as_the_erf_pass(monkeypatch):
+    """FP16 engines fuse the erf GELU as cuBLASLt's tanh form (cublaslt.REDUCED_GELU); against float64 with the erf
+    form, a BERT-sized FFN errs by no more than 1.25x the fp16 engine that computes the erf form in its pass."""
+    x = {"x0": np.random.default_rng(6).standard_normal((512, 768)).astype(np.float32)}
+    ref = Engine(ffn(), precision="FP32", backend="numpy").create_execution_context().execute(x)["y0"]
+    errs = {}
+    for path in ("cublaslt", "cublas"):
+        monkeypatch.setenv("TFTRT_PY_GEMM", path)
+        engine = cupy_engine(ffn(), "FP16")
+        got = engine.create_execution_context().execute(x)["y0"]
+        errs[path] = float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref))
+        assert engine.tactics["mlp"]["epilogues" if path == "cublaslt" else "op"] == (
+            ["GELU_BIAS", "BIAS"] if path == "cublaslt" else "cublas_mlp"), engine.tactics
+    print("relative L2 against float64, erf form:", errs)
+    assert errs["cublaslt"] < 1.25 * errs["cublas"] and errs["cublaslt"] < 2e-3, errs
+
+
+def test_a_plan_recorded_with_the_erf_pass_is_retuned(lt_only, caplog):
+    """Plans from before REDUCED_GELU recorded the erf GELU unfused ("DEFAULT"): their algorithm indices belong to
+    another epilogue's heuristics, so the layer is re-tuned (logged), not run with a mismatched algorithm."""
+    engine = cupy_engine(ffn(rows=64), "FP16")
+    old = Runtime().deserialize_cuda_engine(engine.serialize())
+    old.tactics["mlp"] = dict(old.tactics["mlp"], epilogues=["DEFAULT", "BIAS"])
+    with caplog.at_level(logging.INFO):
+        old.create_execution_context()
+    assert "re-tuning" in caplog.text and old.tactics["mlp"]["epilogues"] == ["GELU_BIAS", "BIAS"]
 
 
 @pytest.mark.parametrize("case", ["fc_gelu_pad_k", "attention_scores", "constant_a"])

@@ -5,6 +5,11 @@ Host arrays travel through per-context pinned buffers, copied asynchronously on 
 
 Steps that synchronize with the host (TopK, NMS) split the engine into several graphs with those
 steps run eagerly between them. If capture fails the context logs it once and runs eagerly.
+
+Device arrays of an engine that is one graph run on the caller's stream, as TensorRT's enqueue does: its input
+copies and the graph join the caller's work with no waits between streams. A run on another stream than the
+last one's waits for all that stream was given until then (the last run and whatever read its outputs), and the
+context's own stream waits for each run on a caller's stream (a native replay, run outside Python, follows it).
 """
 from __future__ import annotations
 
@@ -50,6 +55,8 @@ class Runner:
         self._step_graphs: Dict[int, tuple] = {}  # profiling: step index -> (graph, the memory it keeps)
         self.capture = program.capture
         self._pinned: Optional[Dict[str, np.ndarray]] = None
+        self._last = None  # the stream this context's last run went to (kept alive here)
+        self._ran = cupy.cuda.Event(disable_timing=True)  # recorded after each run on a caller's stream
 
     def _setup(self, cupy, ledger, program) -> None:
         self.rc, self._charged = None, []
@@ -176,6 +183,18 @@ class Runner:
                     step, ins, outs = item
                     step.op.run(self.rc, ins, outs)
 
+    def _single_graph(self):
+        """The engine's one CUDA graph, once captured; None while it runs eagerly or in several segments."""
+        if self.capture and self.segments is not None and len(self.segments) == 1 and self.segments[0][0] == "graph":
+            return self.segments[0][1]
+        return None
+
+    def _follow(self, stream) -> None:
+        """Order `stream` after this context's last run and all its stream was given since; `stream` runs next."""
+        if self._last is not None and self._last.ptr != stream.ptr:
+            stream.wait_event(self._last.record())
+        self._last = stream
+
     def _check_shapes(self, shapes: Mapping[str, tuple]) -> None:
         for binding, slot in self.program.inputs:
             want = self.views[slot].shape
@@ -217,6 +236,7 @@ class Runner:
             def go():
                 staged = self._staging()
                 stream = self.rc.stream
+                self._follow(stream)
                 rows = _first_rows(batch if partial else None)
                 for binding, slot in self.program.inputs:
                     staging.to_device(values[binding], rows(staged[slot]), rows(self.views[slot]), stream)
@@ -254,9 +274,8 @@ class Runner:
         for _ in range(2):
             self.execute(ctx, bindings)
         found = _device.driver()
-        single = self.capture and self.segments is not None and len(self.segments) == 1 \
-            and self.segments[0][0] == "graph"
-        if found is None or not single or len(arrays) != len(eng.inputs):
+        graph = self._single_graph()
+        if found is None or graph is None or len(arrays) != len(eng.inputs):
             return None
         values, batch = ctx._check_inputs(bindings, pad=False)
         rows = _first_rows(batch if batch is not None and eng.rowwise and batch < eng.max_batch_size else None)
@@ -273,7 +292,6 @@ class Runner:
             if pinned.dtype != dtype or not device.flags.c_contiguous:
                 return None
             outputs.append(Buffer(pinned.nbytes, pinned.ctypes.data, device.data.ptr, tuple(pinned.shape)))
-        graph = self.segments[0][1]
         context = _device.current_context()
         if not graph.graphExec or not context:
             return None
@@ -310,15 +328,22 @@ class Runner:
 
             def go():
                 caller = cupy.cuda.get_current_stream()
-                self.rc.stream.wait_event(caller.record())
-                with self.rc.stream:
+                graph = self._single_graph() if profiler is None else None
+                stream = caller if graph is not None else self.rc.stream
+                self._follow(stream)
+                if stream is not caller:  # the inputs come from the caller's stream
+                    stream.wait_event(caller.record())
+                with stream:
                     for binding, slot in self.program.inputs:
                         src = arrays[binding]
                         dst = self.views[slot]
                         cupy.copyto(dst[:src.shape[0]] if src.shape != dst.shape else dst, src)
-                self._run(profiler)
+                if graph is not None:
+                    graph.launch(stream)
+                else:
+                    self._run(profiler)
                 result = {}
-                with self.rc.stream:
+                with stream:
                     for binding, slot in self.program.outputs:
                         out = self.views[slot]
                         if batch is not None and eng.rowwise and batch < eng.max_batch_size:
@@ -327,7 +352,10 @@ class Runner:
                             cupy.copyto(outputs[binding], out)
                             out = outputs[binding]
                         result[binding] = out
-                caller.wait_event(self.rc.stream.record())
+                if stream is caller:
+                    self.rc.stream.wait_event(caller.record(self._ran))
+                else:
+                    caller.wait_event(stream.record())
                 return result
 
             return self._guarded(go)

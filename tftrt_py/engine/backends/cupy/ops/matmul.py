@@ -1,7 +1,7 @@
 """MatrixMultiply and MLP: batched GEMMs captured in CUDA graphs, either cuBLAS (our own handle) with bias, residual
-and activation applied by one in-place epilogue kernel, or cuBLASLt (cublaslt.py) with bias and tanh GELU in its
-epilogue and the residual as its C operand (other activations, erf GELU and ReLU among them, still take the epilogue
-kernel). Both are candidates: the tactic timer keeps the faster. ``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only
+and activation applied by one in-place epilogue kernel, or cuBLASLt (cublaslt.py) with bias and tanh GELU (in fp16
+also the erf GELU, as the tanh form) in its epilogue and the residual as its C operand (other activations, ReLU
+among them, still take the epilogue kernel). Both are candidates: the tactic timer keeps the faster. ``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only
 that one (tests)."""
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ def gemm_paths(prefer: Optional[dict], cublas_op: str, lt_op: str) -> tuple:
     return force in (None, "cublas") and op in (None, cublas_op), lt
 
 
-def _lt_epilogue(has_bias: bool, activation) -> tuple:
+def _lt_epilogue(has_bias: bool, activation, dtype: str) -> tuple:
     """(cuBLASLt epilogue, whether it also adds the bias and applies the activation)."""
-    fused = cublaslt.fused_epilogue(has_bias, activation)
+    fused = cublaslt.fused_epilogue(has_bias, activation, dtype)
     return (fused, True) if fused is not None else ("DEFAULT", False)
 
 
@@ -124,7 +124,7 @@ def _lt_matmul_ops(spec: Spec, base: MatMulOp) -> List[Op]:
     cupy = _device.require()
     epilogue, fused = ("DEFAULT", False)
     if base.batch == 1:
-        epilogue, fused = _lt_epilogue(base.bias_np is not None, base.activation)
+        epilogue, fused = _lt_epilogue(base.bias_np is not None, base.activation, base.dtype)
     bias = cupy.asarray(base.bias_np.astype(base.dtype)) if fused and base.bias_np is not None else None
     plan = cublaslt.LtGemm(base.m, base.n, base.k, base.dtype, trans_a=base.ta, trans_b=base.tb, lda=base.lda,
                            ldb=base.ldb, batch=base.batch, stride_a=base.strides[0], stride_b=base.strides[1],
@@ -193,7 +193,7 @@ class LtMLPOp(MLPOp):
         cupy = _device.require()
         self.plans = []
         for i, (w, b, epilogue, k, n) in enumerate(self.layers):
-            name, fused = _lt_epilogue(True, self.acts[i])
+            name, fused = _lt_epilogue(True, self.acts[i], self.dtype)
             bias = cupy.asarray(spec.weights[f"b{i}"].astype(self.dtype)) if fused else None
             residual = fused and self.residual and i == len(self.layers) - 1
             self.plans.append(cublaslt.LtGemm(self.rows, n, k, self.dtype, epilogue=name, bias=bias, residual=residual,
