@@ -17,6 +17,7 @@ GPU, the ceilings (fp16 GEMM rate, copy bandwidth), each model's compute floor, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -68,11 +69,16 @@ def torch_model(model, torch):
     return ResNet50()
 
 
-def time_loop(fn, stream_sync, iters: int, warmup: int, event_cls):
+def time_loop(fn, stream_sync, iters: int, warmup: int, event_cls, warm_s: float = 0.5):
     """(median latency ms of single calls, throughput calls/s of a back-to-back loop); also prints the host's
-    microseconds per call in that loop (the loop is bound by the host where they reach the GPU's time per call)."""
-    for _ in range(warmup):
+    microseconds per call in that loop (the loop is bound by the host where they reach the GPU's time per call).
+    Calls run for `warm_s` seconds (and `warmup` calls at least) first: an idle GPU's clocks take that long to rise,
+    and whatever ran first would be timed slower."""
+    start = time.perf_counter()
+    for i in itertools.count():
         fn()
+        if i + 1 >= warmup and time.perf_counter() - start >= warm_s:
+            break
     stream_sync()
     lat = []
     for _ in range(iters):
