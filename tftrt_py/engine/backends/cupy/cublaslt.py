@@ -1,6 +1,6 @@
-"""cuBLASLt GEMMs with fused epilogues (bias, tanh GELU, and erf GELU in fp16 as the tanh form), int8 products and FP8 (E4M3) products,
-through nvmath-python's cuBLASLt bindings (``nvmath.bindings.cublasLt``: NVIDIA's maintained bindings and
-enums; imported lazily, so this module imports without a GPU).
+"""cuBLASLt GEMMs with fused epilogues (bias, tanh GELU, and in fp16 the erf GELU in the tanh form), int8 products
+and FP8 (E4M3) products, through nvmath-python's cuBLASLt bindings (``nvmath.bindings.cublasLt``: NVIDIA's
+maintained bindings and enums; imported lazily, so this module imports without a GPU).
 
 Why the bindings and not ``nvmath.linalg.advanced.Matmul.execute``: execute allocates its result on every
 call (or, in place, needs ``reset_operands`` first), keeps one workspace per Matmul object and holds the

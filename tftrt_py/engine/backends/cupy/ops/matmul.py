@@ -1,8 +1,8 @@
 """MatrixMultiply and MLP: batched GEMMs captured in CUDA graphs, either cuBLAS (our own handle) with bias, residual
 and activation applied by one in-place epilogue kernel, or cuBLASLt (cublaslt.py) with bias and tanh GELU (in fp16
 also the erf GELU, as the tanh form) in its epilogue and the residual as its C operand (other activations, ReLU
-among them, still take the epilogue kernel). Both are candidates: the tactic timer keeps the faster. ``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only
-that one (tests)."""
+among them, still take the epilogue kernel). Both are candidates: the tactic timer keeps the faster.
+``TFTRT_PY_GEMM=cublas`` or ``cublaslt`` keeps only that one (tests)."""
 from __future__ import annotations
 
 import itertools
