@@ -232,6 +232,41 @@ def test_int8_convolution_quantizes_as_tensorrt():
     np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32))
 
 
+def _conv_with_residual(residual_range):
+    net = Network("n")
+    x, r = net.add_input("x", "float32", (1, 4, 4, 3)), net.add_input("r", "float32", (1, 4, 4, 3))
+    x.dynamic_range, r.dynamic_range = 2.0, residual_range
+    k = rand(1, 1, 3, 3)
+    y = add(net, "Convolution", [x, r], "conv", {"kernel": k}, strides=[1, 1], dilations=[1, 1],
+            pre_padding=[0, 0], post_padding=[0, 0], groups=1, activation={"type": "relu"})
+    net.mark_output(y, "y")
+    return build(net, "INT8"), k
+
+
+def test_int8_convolution_reads_a_residual_with_a_range_quantized():
+    """TensorRT's int8 residual: rounded to its tensor's int8 grid (half to even, clamped), added in fp32."""
+    v, res = rand(1, 4, 4, 3), rand(1, 4, 4, 3) * 2
+    res.flat[0], res.flat[1] = 0.375, 40.0  # a tie (1.5 steps of 0.25: rounds to 2), a value past the range
+    engine, k = _conv_with_residual(127 * 0.25)
+    got = engine.create_execution_context().execute_v2([v, res])[0]
+    sx, sk = 2.0 / 127, np.abs(k).max(axis=(0, 1, 2)) / 127
+    acc = np.clip(np.rint(v / sx), -127, 127) @ np.clip(np.rint(k[0, 0] / sk), -127, 127)
+    rq = np.clip(np.rint(res.astype(np.float64) / 0.25), -127, 127)
+    assert rq.flat[0] == 2 and rq.flat[1] == 127
+    want = (acc * sx * sk).astype(np.float32) + rq.astype(np.float32) * np.float32(0.25)
+    np.testing.assert_array_equal(got, np.maximum(want, 0).astype(np.float16).astype(np.float32))
+
+
+def test_int8_convolution_reads_a_residual_without_a_range_as_it_is():
+    v, res = rand(1, 4, 4, 3), rand(1, 4, 4, 3) * 2
+    engine, k = _conv_with_residual(None)
+    got = engine.create_execution_context().execute_v2([v, res])[0]
+    sx, sk = 2.0 / 127, np.abs(k).max(axis=(0, 1, 2)) / 127
+    acc = np.clip(np.rint(v / sx), -127, 127) @ np.clip(np.rint(k[0, 0] / sk), -127, 127)
+    want = (acc * sx * sk).astype(np.float32) + res
+    np.testing.assert_allclose(got, np.maximum(want, 0).astype(np.float16).astype(np.float32), rtol=1e-6)
+
+
 def test_quantize_rounds_half_to_even_and_clamps():
     q, scale = numpy_precision.quantize(np.array([0.5, 1.5, 2.5, -2.5, 400.0, -400.0]), 127.0)
     assert scale == 1.0 and q.tolist() == [0, 2, 2, -2, 127, -127]

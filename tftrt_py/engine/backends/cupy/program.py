@@ -12,6 +12,7 @@ Activations share one arena per execution context, laid out by lifetime.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -146,10 +147,22 @@ def _quant_format(layer, precision: str) -> Optional[str]:
     return fmt if fmt in FORMATS else None
 
 
-def _quantized_operands(layer) -> List[Tuple[int, bool]]:
+def quantized_residual(layer, fmt: str) -> bool:
+    """An INT8 convolution reads its residual quantized when the residual has a range (numpy_precision.py's
+    contract): stored as int8 where its channels are a multiple of 4 (the quantize step's words), otherwise
+    rounded to the int8 grid inside the convolution's epilogue."""
+    return (fmt == "INT8" and layer.kind == "Convolution" and len(layer.inputs) > 1
+            and layer.inputs[1].dynamic_range is not None)
+
+
+def _int8_residual(layer, fmt: str) -> bool:
+    return quantized_residual(layer, fmt) and layer.inputs[1].shape[-1] % 4 == 0
+
+
+def _quantized_operands(layer, fmt: str) -> List[Tuple[int, bool]]:
     """(input index, needs a transposed copy) of each activation operand `layer` quantizes."""
     if layer.kind == "Convolution":
-        return [(0, False)]
+        return [(0, False)] + ([(1, False)] if _int8_residual(layer, fmt) else [])
     p = layer.params
     return [(i, bool(p.get("transpose_a")) if i == 0 else not p.get("transpose_b"))
             for i in (0, 1) if not _constant(layer.inputs[i])]
@@ -167,7 +180,7 @@ def quantized_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
         fmt = _quant_format(layer, precision)
         if fmt is None or layer.kind not in QUANT_KINDS:
             continue
-        operands = _quantized_operands(layer)
+        operands = _quantized_operands(layer, fmt)
         if not operands or layer.outputs[0].dtype not in FLOATS or any(
                 layer.inputs[i].dtype not in FLOATS for i, _ in operands):
             continue
@@ -201,8 +214,14 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
     f = FORMATS[fmt]
     if layer.kind == "Convolution":
         x = layer.inputs[0]
-        return ([(0, tuple(x.shape), f.channels(x.shape[-1]), False)],
-                {"format": fmt, "in_scale": float(quant_scale(fmt, x.dynamic_range))})
+        operands = [(0, tuple(x.shape), f.channels(x.shape[-1]), False)]
+        quant = {"format": fmt, "in_scale": float(quant_scale(fmt, x.dynamic_range))}
+        if quantized_residual(layer, fmt):
+            r = layer.inputs[1]
+            quant["res_scale"] = float(quant_scale(fmt, r.dynamic_range))
+            if _int8_residual(layer, fmt):
+                operands.append((1, tuple(r.shape), r.shape[-1], False))
+        return operands, quant
     p = layer.params
     a = layer.inputs[0]
     k = a.shape[-2] if p.get("transpose_a") else a.shape[-1]
@@ -223,63 +242,137 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
     return operands, quant
 
 
+@dataclasses.dataclass
+class _Costs:
+    """A quantized layer's measured times (ms): its quantized kernel (reading quantized operands, writing int8
+    where int8 layers alone would read its output), the quantize step of each operand, and its fp16 kernel."""
+
+    quantized: float
+    steps: Dict[int, float]
+    fp16: float
+
+
+def _measure(layer, fmt: str, int8_out: bool, tuner: Tuner, options: BuildOptions) -> _Costs:
+    factory = FACTORIES[layer.kind]
+    out = [layer.outputs[0].shape]
+    operands, quant = quant_plan(layer, fmt)
+    qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
+    reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind == "Convolution"]
+    q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
+             [FORMATS[fmt].storage if i in qshapes else "float16" for i in reads], out,
+             ["int8" if int8_out else "float16"], "float16", options, quant=quant)
+    try:
+        q_ms = tuner.fastest_ms(q, factory)
+    except BackendError as exc:  # no quantized kernel for these shapes
+        logger.warning("%s layer %s runs in FP16: %s", fmt, layer.name, exc)
+        return _Costs(float("inf"), {}, 0.0)
+    steps = {}
+    for i, shape, last, tr in operands:
+        step = QuantizeOp(shape, "float16", quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr,
+                          FORMATS[fmt].qfunc)
+        steps[i] = tuner.op_ms(step, [shape], ["float16"], [qshapes[i]], [FORMATS[fmt].storage])
+    fp16 = Spec(layer, [t.shape for t in layer.inputs], ["float16"] * len(layer.inputs), out, ["float16"],
+                "float16", options)
+    return _Costs(q_ms, steps, tuner.fastest_ms(fp16, factory))
+
+
+def settle_quantized(costs: Dict[str, "_Costs"], fixed: set, writers: Dict[str, Dict[int, Optional[str]]]) -> set:
+    """The measured layers (`costs`) to run quantized, beside `fixed` (layers recorded quantized): the choice of
+    least total time, where a quantized layer also pays the quantize step of each operand no quantized layer
+    writes (`writers`: operand index -> the layer that could write it quantized, None where a step is always
+    needed). Exact: the total is a submodular function of the binary choices (a step costs only when the
+    reader is quantized and the writer is not), so a minimum s-t cut finds its minimum (Kolmogorov and Zabih,
+    2004): layer v is cut from the source (quantized) at its quantized time, from the sink at its fp16 time,
+    and from its reader at the step the reader then pays."""
+    source, sink = "<fp16>", "<quantized>"
+    cap: Dict[str, Dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    for name, c in costs.items():
+        unary = c.quantized
+        for i, ms in c.steps.items():
+            w = writers[name].get(i)
+            if w in costs:
+                cap[w][name] += ms  # cut when w runs fp16 and `name` quantized
+            elif w not in fixed:
+                unary += ms
+        cap[source][name] += unary
+        cap[name][sink] += c.fp16
+        cap[name].setdefault(source, 0.0)
+        cap[sink].setdefault(name, 0.0)
+    for u in list(cap):  # residual arcs both ways
+        for v in list(cap[u]):
+            cap[v].setdefault(u, 0.0)
+    while True:  # Edmonds-Karp: shortest augmenting paths
+        parent, frontier = {source: None}, collections.deque([source])
+        while frontier and sink not in parent:
+            u = frontier.popleft()
+            for v, r in cap[u].items():
+                if r > 1e-12 and v not in parent:
+                    parent[v] = u
+                    frontier.append(v)
+        if sink not in parent:
+            break
+        path, v = [], sink
+        while parent[v] is not None:
+            path.append((parent[v], v))
+            v = parent[v]
+        flow = min(cap[u][v] for u, v in path)
+        for u, v in path:
+            cap[u][v] -= flow
+            cap[v][u] += flow
+    return set(costs).difference(parent) | set(fixed)  # the source's side runs fp16
+
+
 def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str, tuner: Tuner,
                           options: BuildOptions, prefer: Dict[str, dict]
                           ) -> Tuple[Dict[str, List[Tuple[int, bool]]], Dict[str, Tuple[str, bool]]]:
     """The quantized layers worth running int8/fp8 on this GPU, and the choice made for each.
 
-    TensorRT's INT8 (and FP8) mode lets a layer run in fp16 when that kernel is faster, unless precisions
-    are strict: each quantized convolution and matrix multiply is timed both ways, its quantized time
-    including the quantize steps its operands need (unless an int8 producer writes them). A layer faster in
-    fp16, or with no quantized kernel for its shapes, becomes an FP16 layer (``layer.precision``, so the
-    plan and the numpy backend say what runs). A tactic recorded on this GPU (``int8`` or ``fp8`` in it)
-    decides without timing. Choice: layer name -> (key, quantized or not).
+    TensorRT's INT8 (and FP8) mode lets a layer run in fp16 when that is faster, unless precisions are strict,
+    counting the reformats at precision boundaries: each quantized convolution and matrix multiply is timed
+    quantized (int8 operands in, int8 out where only int8 layers would read it) and in fp16, and so is each
+    quantize step its operands would need; :func:`settle_quantized` then picks the precisions of least total
+    time. An operand costs no step where its producer runs int8 and writes it as int8 (int8_tensors); FP8
+    operands always take one. So a chain of int8 layers pays the reformat once, at its start, where a
+    layer-by-layer choice would charge each layer for it (and keep none). A layer left in fp16 becomes an FP16
+    layer (``layer.precision``, so the plan and the numpy backend say what runs). A tactic recorded on this GPU
+    (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key, quantized or not).
     """
-    kept, chosen = {}, {}
+    if options.strict_types:  # quantized, or the build fails where no quantized kernel exists
+        return dict(layers), {}
+    by_name = {layer.name: layer for layer in net.layers}
+    # what int8 layers would write as int8 if every candidate stayed quantized
+    direct, dual = int8_tensors(net, {n: ops for n, ops in layers.items()
+                                      if _quant_format(by_name[n], precision) == "INT8"})
+    costs: Dict[str, _Costs] = {}
+    recorded: Dict[str, bool] = {}
     for layer in net.layers:
         if layer.name not in layers:
             continue
-        if options.strict_types:  # quantized, or the build fails where no quantized kernel exists
-            kept[layer.name] = layers[layer.name]
-            continue
         fmt = _quant_format(layer, precision)
-        key = fmt.lower()
-        factory = FACTORIES[layer.kind]
-        recorded = (prefer.get(layer.name) or {}).get(key)
-        if recorded is None:
-            out = [layer.outputs[0].shape]
-            operands, quant = quant_plan(layer, fmt)
-            qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
-            reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind == "Convolution"]
-            q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
-                     [FORMATS[fmt].storage if i in qshapes else "float16" for i in reads], out, ["float16"],
-                     "float16", options, quant=quant)
-            try:
-                q_ms = tuner.fastest_ms(q, factory)
-            except BackendError as exc:  # no quantized kernel for these shapes
-                logger.warning("%s layer %s runs in FP16: %s", fmt, layer.name, exc)
-                q_ms = float("inf")
-            for i, shape, last, tr in operands:
-                t = layer.inputs[i]
-                if fmt == "FP8" or t.producer is None or t.producer.name not in kept:
-                    step = QuantizeOp(shape, "float16", quant_scale(fmt, t.dynamic_range), last, tr,
-                                      FORMATS[fmt].qfunc)
-                    q_ms += tuner.op_ms(step, [shape], ["float16"], [qshapes[i]], [FORMATS[fmt].storage])
-            fp16 = Spec(layer, [t.shape for t in layer.inputs], ["float16"] * len(layer.inputs), out, ["float16"],
-                        "float16", options)
-            fp16_ms = 0.0 if q_ms == float("inf") else tuner.fastest_ms(fp16, factory)
-            recorded = bool(q_ms < fp16_ms)
-            logger.debug("%s: %s %.4f ms (with its quantize steps), fp16 %.4f ms", layer.name, key, q_ms, fp16_ms)
-        chosen[layer.name] = (key, recorded)
-        if recorded:
-            kept[layer.name] = layers[layer.name]
+        choice = (prefer.get(layer.name) or {}).get(fmt.lower())
+        if choice is not None:
+            recorded[layer.name] = bool(choice)
         else:
-            layer.precision = "FP16"
-    demoted = [name for name, (_, low) in chosen.items() if not low]
+            costs[layer.name] = _measure(layer, fmt, layer.outputs[0].name in direct, tuner, options)
+    writers = {}
+    for name in costs:
+        fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
+        writers[name] = {i: inputs[i].producer.name if (fmt == "INT8" and not transposed and inputs[i].name in
+                                                        direct | dual) else None for i, transposed in layers[name]}
+    keep = settle_quantized(costs, {name for name, low in recorded.items() if low}, writers)
+    chosen = {}
+    for name in layers:
+        chosen[name] = (_quant_format(by_name[name], precision).lower(), name in keep)
+        if name in costs:
+            logger.debug("%s: %s %.4f ms + quantize steps %s, fp16 %.4f ms -> %s", name, chosen[name][0],
+                         costs[name].quantized, costs[name].steps, costs[name].fp16, "kept" if name in keep else "fp16")
+        if name not in keep:
+            by_name[name].precision = "FP16"
+    demoted = [name for name in layers if name not in keep]
     if demoted:
         logger.info("engine %s: %d of %d quantized layers run in FP16, faster on this GPU", net.name,
-                    len(demoted), len(chosen))
-    return kept, chosen
+                    len(demoted), len(layers))
+    return {name: layers[name] for name in layers if name in keep}, chosen
 
 
 def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, set]:

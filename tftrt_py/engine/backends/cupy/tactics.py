@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 #: calls may synchronize the device, which would invalidate another thread's capture.
 CAPTURE_LOCK = threading.RLock()
 
-_MATCH_KEYS = ("op", "fusion", "plan", "im2col", "pad_c", "epilogue", "epilogues")
+_MATCH_KEYS = ("op", "fusion", "plan", "im2col", "pad_c", "epilogue", "epilogues", "tile")
 
 #: GPU milliseconds of work before timing when the GPU has been idle for IDLE_S seconds; timing rounds; runs of
 #: an op per timed replay.

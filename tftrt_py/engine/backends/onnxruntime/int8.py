@@ -1,7 +1,7 @@
 """INT8 Convolution and MatrixMultiply layers, quantized as the numpy backend does (numpy_precision):
 activations symmetric per tensor (scale = dynamic range / 127, values clipped to +-127), constant weights per
 output channel; sums exact (or, in fp32 convolutions of dequantized values, within fp32 rounding), then bias,
-residual and activation in fp32.
+residual (rounded to its int8 grid where it has a range) and activation in fp32.
 
 Convolutions take the fast path of ONNX Runtime's CPU, QLinearConv on uint8 activations and int8 weights
 (MLAS's u8 x s8 kernels, about 2x an fp32 convolution on AVX2), where that is exact: activations that cannot be
@@ -143,8 +143,19 @@ def _matmul_to_float(g: Graph, layer: Layer, x_uint8: str) -> str:
     return g.reshape(g.node("MatMulIntegerToFloat", ins, domain=CONTRIB), layer.outputs[0].shape)
 
 
+def _quantized_residual(g: Graph, layer, ins):
+    """`ins` with a residual that has a range rounded to its int8 grid (numpy_precision's contract), from its fp16
+    value as the numpy backend holds it (QuantizeLinear gives -128 below -127.5 steps, where numpy clips to -127)."""
+    if len(ins) < 2 or layer.inputs[1].dynamic_range is None:
+        return ins
+    s, zero = g.scalar(_range_scale(layer.inputs[1], layer), np.float32), g.scalar(0, np.int8)
+    r = g.cast(g.cast(ins[1], "float32", "float16"), "float16", "float32")
+    return [ins[0], g.node("DequantizeLinear", [g.node("QuantizeLinear", [r, s, zero]), s, zero]), *ins[2:]]
+
+
 @_int8("Convolution")
 def _convolution(g, layer, ins):
+    ins = _quantized_residual(g, layer, ins)
     t, nsp = layer.inputs[0], layer.weights["kernel"].ndim - 2
     unsigned = nonnegative(t)
     if unsigned and _quantizes_output(layer):

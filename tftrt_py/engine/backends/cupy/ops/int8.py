@@ -144,17 +144,23 @@ def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[i
 
 # -- int32 accumulators -> output ------------------------------------------------------------------
 def int8_epilogue(out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation, dual: bool = False,
-                  acc_dtype: str = "int32"):
+                  acc_dtype: str = "int32", residual_scaled: bool = False):
     """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (int8:
     requantized with the output's scale, ``sy``); `dual` also stores it requantized with scale ``sq`` in
-    ``yq``. Call as kernel(acc, dq[, bias][, res][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
+    ``yq``. With `residual_scaled` the residual has the int8 scale ``rs``: an int8 residual is dequantized, a
+    float one rounded to the int8 grid (clamp(rint(res / rs), -127, 127) * rs). Call as kernel(acc, dq[, bias][,
+    res][, rs][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
     params, e = [f"{acc_dtype} acc", "float32 dq"], "((float)acc * dq)"
     if has_bias:
         params.append("float32 bias")
         e = f"({e} + bias)"
     if residual_dtype:
         params.append(f"{residual_dtype} res")
-        e = f"({e} + (float)res)"
+        r = "(float)res"
+        if residual_scaled:
+            params.append("float32 rs")
+            r = f"({r} * rs)" if residual_dtype == "int8" else f"(fminf(fmaxf(rintf({r} / rs), -127.0f), 127.0f) * rs)"
+        e = f"({e} + {r})"
     e = activation_expr(e, activation)
     outs = f"{out_dtype} y"
     if out_dtype == "int8":
@@ -193,10 +199,12 @@ class Dequant:
     #: Also write the output requantized with this scale (a second, int8 output).
     dual_scale: Optional[np.float32] = None
     acc_dtype: str = "int32"
+    #: The residual's int8 scale (an INT8 convolution's quantized residual, see program.quantized_residual).
+    res_scale: Optional[np.float32] = None
 
     def __post_init__(self):
         self.kernel = int8_epilogue(self.out_dtype, self.bias is not None, self.residual_dtype, self.activation,
-                                    self.dual_scale is not None, self.acc_dtype)
+                                    self.dual_scale is not None, self.acc_dtype, self.res_scale is not None)
 
     @property
     def requant_scale(self) -> Optional[np.float32]:
@@ -205,6 +213,8 @@ class Dequant:
 
     def run(self, acc, res, y, yq=None) -> None:
         args = [acc, self.dq] + ([self.bias] if self.bias is not None else []) + ([res] if res is not None else [])
+        if res is not None and self.res_scale is not None:
+            args.append(self.res_scale)
         if self.out_dtype == "int8":
             args.append(self.out_scale)
         if self.dual_scale is not None:
@@ -422,8 +432,10 @@ def _conv_weights(kernel: np.ndarray, cp: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def int8_conv_candidates(spec: Spec) -> List[Op]:
-    """cuDNN int8 plans of the most fused graph that has any, and the cuBLAS int8 GEMM path (FP8 layers:
-    fp8.py's)."""
+    """cuDNN int8 plans of the most fused graph that has any, our Triton kernel (int8_triton.py) and the cuBLAS
+    int8 GEMM path (FP8 layers: fp8.py's)."""
+    from tftrt_py.engine.backends.cupy.ops.int8_triton import triton_conv_candidates
+
     if spec.quant.get("format") == "FP8":
         from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_conv_candidates
 
@@ -441,14 +453,16 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
     bias = layer.weights.get("bias")
     bias32 = cupy.asarray(bias.astype(np.float32)) if bias is not None else None
     out_dtype = spec.out_dtypes[0]
-    dual = quant.get("dual_scale")
+    dual, res_scale = quant.get("dual_scale"), quant.get("res_scale")
     deq = Dequant(dq, bias32, activation, out_dtype, _out_scale(spec), residual[1] if residual else None,
-                  np.float32(dual) if dual is not None else None)
+                  np.float32(dual) if dual is not None else None,
+                  res_scale=np.float32(res_scale) if has_residual and res_scale is not None else None)
     w = cupy.asarray(w_q)
     prefer = spec.prefer or {}
-    force = os.environ.get("TFTRT_PY_INT8_CONV")  # tests: only this path ("gemm" or one of the fusions)
+    force = os.environ.get("TFTRT_PY_INT8_CONV")  # tests: only this path ("gemm", "triton" or one of the fusions)
     cands: List[Op] = []
-    if _device.cudnn_module() is not None and prefer.get("op") in (None, "cudnn_conv_int8") and force != "gemm":
+    if (_device.cudnn_module() is not None and prefer.get("op") in (None, "cudnn_conv_int8") and force != "gemm"
+            and deq.res_scale is None):  # cuDNN's graphs here take a float residual as it is
         families = set()  # with a second output: the first dual graph with plans, and the first single one
         for fusion in (DUAL_FUSIONS if dual is not None else ()) + INT8_FUSIONS:
             family = "dual" if (fusion.endswith("+q") or (fusion == "conv" and dual is not None)) else "single"
@@ -472,6 +486,8 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
                     quantize = QuantizeOp(spec.out_shapes[0], out_dtype, dual, geom.cout)
                     ops = [QuantizeAfterOp(op, quantize) for op in ops]
                 cands += ops
+    if prefer.get("op") in (None, "triton_conv_int8") and force in (None, "triton"):
+        cands += triton_conv_candidates(geom, w, deq, residual, prefer)
     want_gemm = (prefer.get("op") == "gemm_conv_int8" or (not prefer and (geom.pointwise_gemm() or geom.c < PAD))
                  or not cands)
     if want_gemm and force in (None, "gemm"):

@@ -1,0 +1,102 @@
+"""Kernels written in Triton, compiled ahead of time to cubins and launched through cupy.
+
+Triton serves as a compiler only: its JIT launcher takes streams and devices from PyTorch, which the engine
+does not use. :func:`compile_kernel` compiles one specialization (the parameters given types, the others
+constexprs) for a GPU architecture, through Triton's on-disk cache; :class:`CompiledKernel` loads the cubin into
+cupy and launches it on the current stream. Triton is optional (the ``gpu`` extra): without it these kernels are
+simply not candidates.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["available", "compile_kernel", "CompiledKernel"]
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """Triton is installed and can compile (its own ptxas) for this GPU."""
+    try:
+        import triton  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        return True
+    except Exception as exc:  # ImportError, or a broken install
+        logger.debug("Triton kernels unavailable: %s", exc)
+        return False
+
+
+class CompiledKernel:
+    """A compiled Triton kernel: cubin, entry name, block size, shared memory and parameter count."""
+
+    def __init__(self, cubin: bytes, name: str, num_warps: int, shared: int, params: int):
+        self.cubin, self.name, self.threads, self.shared, self.params = cubin, name, 32 * num_warps, shared, params
+        self._functions: Dict[int, object] = {}
+
+    def _function(self):
+        import cupy
+
+        device = cupy.cuda.runtime.getDevice()
+        fn = self._functions.get(device)
+        if fn is None:
+            module = cupy.cuda.function.Module()
+            module.load(self.cubin)
+            fn = module.get_function(self.name)
+            if self.shared > 48 * 1024:  # (the function keeps its module loaded)
+                drv = cupy.cuda.driver
+                attr = getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+                drv.funcSetAttribute(fn.ptr, attr, self.shared)
+            self._functions[device] = fn
+        return fn
+
+    def launch(self, grid: int, args: Sequence) -> None:
+        """Launch `grid` programs on the current stream with `args` (numpy scalars of the parameters' types:
+        np.uint64 device addresses, 0 for unused ones); the parameters Triton adds after them (its scratch
+        buffers, unused here) get null pointers."""
+        args = list(args) + [np.uint64(0)] * (self.params - len(args))
+        self._function()((int(grid),), (self.threads,), tuple(args), shared_mem=self.shared)
+
+
+def _param_count(ptx: str, name: str) -> int:
+    start = ptx.index(f".entry {name}(")
+    return ptx[start:ptx.index(")", start)].count(".param")
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(module: str, fn_name: str, params: Tuple[Tuple[str, str], ...],
+             constexprs: Tuple[Tuple[str, object], ...], multiples: Tuple[str, ...], num_warps: int,
+             num_stages: int, capability: int) -> CompiledKernel:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    fn = getattr(importlib.import_module(module), fn_name)
+    types = dict(params)
+    signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]  # buffers are 16-byte aligned
+             for n, t in types.items() if t.startswith("*") or n in multiples}
+    src = triton.compiler.ASTSource(fn, signature, constexprs=dict(constexprs), attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    meta = k.metadata
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise RuntimeError(f"Triton kernel {fn_name} wants scratch memory, which this launcher does not give")
+    return CompiledKernel(k.asm["cubin"], meta.name, meta.num_warps, meta.shared,
+                          _param_count(k.asm["ptx"], meta.name))
+
+
+def compile_kernel(module: str, fn_name: str, params: Dict[str, str], constexprs: Dict[str, object],
+                   capability: int, multiples: Sequence[str] = (), num_warps: int = 4,
+                   num_stages: int = 3) -> CompiledKernel:
+    """Compile `module`.`fn_name` (a ``triton.jit`` function) for GPUs of compute `capability` (e.g. 90):
+    `params` maps its runtime parameters to Triton types ("*i8", "*fp16", "i32", "fp32", ...; pointers 16-byte
+    aligned), `constexprs` gives every other parameter; the integer parameters named in `multiples` are promised
+    multiples of 16 (so Triton vectorizes the accesses they stride). Safe to call from several threads (each
+    compile has its own MLIR context; Triton's cache writes files atomically)."""
+    return _compile(module, fn_name, tuple(sorted(params.items())), tuple(sorted(constexprs.items())),
+                    tuple(sorted(multiples)), num_warps, num_stages, int(capability))
