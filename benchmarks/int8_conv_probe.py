@@ -96,6 +96,7 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--only", help="run only this layer's Triton kernel (--tile) a few times, untimed (for ncu)")
     parser.add_argument("--tile", help="BM,BN,warps,stages,programs per SM (0: one per tile)")
+    parser.add_argument("--tiles", help="kernels to compile instead of int8_triton.TILES: BM,BN,warps,stages;...")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in ("ops.int8", "tactics"):
@@ -104,7 +105,11 @@ def main():
     from tftrt_py.engine.backends import get_backend
     from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, int8
     from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
+    from tftrt_py.engine.backends.cupy.ops import int8_triton
     from tftrt_py.engine.backends.cupy.tactics import Tuner
+
+    if args.tiles:
+        int8_triton.TILES = tuple(tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";"))
 
     backend = get_backend("cupy")
     print(f"GPU {backend.device}; batch {args.batch}")

@@ -21,8 +21,9 @@ __all__ = ["TILES", "GRIDS", "TritonInt8ConvOp", "triton_conv_candidates"]
 
 logger = logging.getLogger(__name__)
 
-#: Kernels compiled per layer: (BM pixels, BN channels, warps, pipeline stages).
-TILES = ((128, 64, 4, 4), (64, 128, 4, 4), (256, 128, 8, 3))
+#: Kernels compiled per layer: (BM pixels, BN channels, warps, pipeline stages): the five that won ResNet-50's
+#: convolutions at batch 128 on an H100 out of ten tried (benchmarks/int8_conv_probe.py --tiles).
+TILES = ((128, 128, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (256, 64, 8, 3), (128, 64, 4, 4))
 #: Grids each kernel is timed with: programs per SM (a persistent kernel), or 0 for one program per tile.
 GRIDS = (0, 1, 2, 4)
 _SOURCE = "tftrt_py.engine.backends.cupy.triton.conv_int8_kernel"
