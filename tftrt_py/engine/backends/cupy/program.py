@@ -252,7 +252,9 @@ class _Costs:
     fp16: float
 
 
-def _measure(layer, fmt: str, int8_out: bool, tuner: Tuner, options: BuildOptions) -> _Costs:
+def _measure(layer, fmt: str, int8_out: bool, sole_reader: set, tuner: Tuner, options: BuildOptions) -> _Costs:
+    """`sole_reader`: names of float32 engine inputs only this layer reads (the fp16 kernel then pays their cast,
+    which the quantize step replaces)."""
     factory = FACTORIES[layer.kind]
     out = [layer.outputs[0].shape]
     operands, quant = quant_plan(layer, fmt)
@@ -268,12 +270,14 @@ def _measure(layer, fmt: str, int8_out: bool, tuner: Tuner, options: BuildOption
         return _Costs(float("inf"), {}, 0.0)
     steps = {}
     for i, shape, last, tr in operands:
-        step = QuantizeOp(shape, "float16", quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr,
-                          FORMATS[fmt].qfunc)
-        steps[i] = tuner.op_ms(step, [shape], ["float16"], [qshapes[i]], [FORMATS[fmt].storage])
+        src = "float32" if layer.inputs[i].name in sole_reader else "float16"
+        step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr, FORMATS[fmt].qfunc)
+        steps[i] = tuner.op_ms(step, [shape], [src], [qshapes[i]], [FORMATS[fmt].storage])
     fp16 = Spec(layer, [t.shape for t in layer.inputs], ["float16"] * len(layer.inputs), out, ["float16"],
                 "float16", options)
-    return _Costs(q_ms, steps, tuner.fastest_ms(fp16, factory))
+    casts = sum(tuner.op_ms(CastOp("float32", "float16"), [t.shape], ["float32"], [t.shape], ["float16"])
+                for t in layer.inputs if t.name in sole_reader)
+    return _Costs(q_ms, steps, tuner.fastest_ms(fp16, factory) + casts)
 
 
 def settle_quantized(costs: Dict[str, "_Costs"], fixed: set, writers: Dict[str, Dict[int, Optional[str]]]) -> set:
@@ -345,6 +349,7 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
                                       if _quant_format(by_name[n], precision) == "INT8"})
     costs: Dict[str, _Costs] = {}
     recorded: Dict[str, bool] = {}
+    readers = net.consumers()
     for layer in net.layers:
         if layer.name not in layers:
             continue
@@ -353,7 +358,9 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
         if choice is not None:
             recorded[layer.name] = bool(choice)
         else:
-            costs[layer.name] = _measure(layer, fmt, layer.outputs[0].name in direct, tuner, options)
+            sole = {t.name for t in layer.inputs if t.producer is None and t.dtype == "float32"
+                    and len(readers.get(t.name, [])) == 1}
+            costs[layer.name] = _measure(layer, fmt, layer.outputs[0].name in direct, sole, tuner, options)
     writers = {}
     for name in costs:
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs

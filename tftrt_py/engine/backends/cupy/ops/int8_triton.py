@@ -36,9 +36,9 @@ def _pointer(dtype: str) -> str:
 
 def fits(geom: ConvGeom, activation, residual) -> bool:
     """The convolutions the kernel covers: 2-d, ungrouped, undilated, symmetric padding, channels a multiple of
-    32, int32 offsets, ReLU or no activation, a residual of the output's batch."""
+    32 (or of 4 below 32: a stem), int32 offsets, ReLU or no activation, a residual of the output's batch."""
     return (len(geom.spatial) == 2 and geom.groups == 1 and geom.dilations == (1, 1) and geom.pre == geom.post
-            and geom.c % 32 == 0 and geom.n * int(np.prod(geom.spatial)) * geom.c < _I32
+            and geom.c % (32 if geom.c >= 32 else 4) == 0 and geom.n * int(np.prod(geom.spatial)) * geom.c < _I32
             and geom.rows * geom.cout < _I32 and (activation or {}).get("type") in (None, "relu")
             and (residual is None or residual[0] == geom.n))
 
@@ -55,7 +55,8 @@ def _compile(geom: ConvGeom, deq: Dequant, residual: Optional[Tuple[int, str]], 
               "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
     constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=deq.bias is not None, RES=res,
-                      RELU=bool(deq.activation), OUT=out, BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8)
+                      RELU=bool(deq.activation), OUT=out, BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
+                      SMALL_C=geom.c if geom.c < 32 else 0)
     multiples = ("C", "COUT") if geom.cout % 16 == 0 else ("C",)
     return triton.compile_kernel(_SOURCE, "conv_int8", params, constexprs, capability, multiples, warps, stages)
 

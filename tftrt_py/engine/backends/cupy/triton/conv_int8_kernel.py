@@ -1,6 +1,6 @@
 """The Triton source of the int8 implicit-GEMM convolution (imported only when Triton is installed).
 
-NHWC int8 image [N, H, W, C] (C a multiple of BK) times int8 filters [COUT, KH, KW, C] (K-contiguous rows):
+NHWC int8 image [N, H, W, C] (C a multiple of BK, or below it) times int8 filters [COUT, KH, KW, C]:
 output tiles [BM pixels, BN channels], int32 sums from Triton's int8 tensor-core dot over K = KH * KW * C in
 steps of BK (a step never crosses a filter tap, so each step reads one input pixel per row), then the
 epilogue of ops/int8.py's contract: y = act(acc * dq[c] + bias[c] + residual) rounded to fp16, stored as fp16
@@ -62,9 +62,10 @@ def _epilogue(acc, offs_m, offs_n, dq, bias, res, y, yq, M, COUT, res_scale, inv
 def conv_int8(x, w, dq, bias, res, y, yq, M, H, W, OH, OW, C, COUT, res_scale, inv_out,
               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
               PW: tl.constexpr, HAS_BIAS: tl.constexpr, RES: tl.constexpr, RELU: tl.constexpr, OUT: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, SMALL_C: tl.constexpr):
     # RES: 0 none, 1 float, 2 int8 (scale res_scale), 3 float rounded to the int8 grid of res_scale.
     # OUT: 0 float y, 1 int8 y (scale 1 / inv_out), 2 both (y and yq).
+    # SMALL_C: the channel count C when it is below BK (a stem's image): a step then spans BK // C filter taps.
     POINTWISE: tl.constexpr = KH == 1 and KW == 1 and SH == 1 and SW == 1 and PH == 0 and PW == 0
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -82,7 +83,19 @@ def conv_int8(x, w, dq, bias, res, y, yq, M, H, W, OH, OW, C, COUT, res_scale, i
         oh = (rm // OW) % OH
         nb = rm // (OW * OH)
         acc = tl.zeros((BM, BN), dtype=tl.int32)
-        for s in range(0, steps):
+        if SMALL_C:
+            K: tl.constexpr = KH * KW * SMALL_C
+            for s in range(0, tl.cdiv(K, BK)):
+                k = s * BK + offs_k
+                tap = k // SMALL_C
+                ih = (oh * SH - PH)[:, None] + (tap // KW)[None, :]
+                iw = (ow * SW - PW)[:, None] + (tap % KW)[None, :]
+                ok = (k < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                a = tl.load(x + ((nb[:, None] * H + ih) * W + iw) * SMALL_C + (k % SMALL_C)[None, :], mask=ok,
+                            other=0)
+                b = tl.load(w + rn[None, :] * K + k[:, None], mask=(k < K)[:, None], other=0)
+                acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        for s in range(0, 0 if SMALL_C else steps):
             if POINTWISE:
                 a = tl.load(x + rm[:, None] * C + s * BK + offs_k[None, :])
             else:
