@@ -267,6 +267,25 @@ def test_int8_convolution_reads_a_residual_without_a_range_as_it_is():
     np.testing.assert_allclose(got, np.maximum(want, 0).astype(np.float16).astype(np.float32), rtol=1e-6)
 
 
+def _pool_then_conv():
+    net = Network("n")
+    x = net.add_input("x", "float32", (1, 4, 4, 16))
+    pooled = add(net, "Pooling", [x], "pool", type="max", window=[2, 2], strides=[2, 2], pre_padding=[0, 0],
+                 post_padding=[0, 0])
+    y = add(net, "Convolution", [pooled], "conv", {"kernel": rand(1, 1, 16, 4)}, strides=[1, 1], dilations=[1, 1],
+            pre_padding=[0, 0], post_padding=[0, 0], groups=1)
+    net.mark_output(y, "y")
+    x.dynamic_range, pooled.dynamic_range = 2.0, 1.5
+    return net
+
+
+def test_int8_max_pool_output_takes_its_input_range():
+    """So quantizing the pooled tensor gives the max of the quantized input: an int8 max pool is exact."""
+    layers = {layer.name: layer for layer in build(_pool_then_conv(), "INT8").network.layers}
+    assert layers["pool"].outputs[0].dynamic_range == 2.0 and layers["conv"].precision == "INT8"
+    assert build(_pool_then_conv(), "FP16").network.layers[0].outputs[0].dynamic_range == 1.5
+
+
 def test_quantize_rounds_half_to_even_and_clamps():
     q, scale = numpy_precision.quantize(np.array([0.5, 1.5, 2.5, -2.5, 400.0, -400.0]), 127.0)
     assert scale == 1.0 and q.tolist() == [0, 2, 2, -2, 127, -127]

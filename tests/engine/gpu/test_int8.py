@@ -328,6 +328,40 @@ def test_int8_residual_of_odd_channels_is_rounded_in_the_epilogue(variant, monke
     assert engine.tactics["conv"]["op"] in ("gemm_conv_int8", "triton_conv_int8"), engine.tactics["conv"]
 
 
+def test_max_pool_between_int8_convolutions_pools_int8_values():
+    """c1 -> max pool -> c2, the pool's output with its input's range (as the builder sets it in INT8): c1 writes
+    int8, the pool takes the max of the int8 values and writes int8 for c2: no float tensor and no quantize step
+    between them."""
+    k1, k2 = kernel(3, 3, 32, 32), kernel(1, 1, 32, 16)
+    b1, b2 = (rng0.standard_normal(32) * 0.1).astype(np.float32), (rng0.standard_normal(16) * 0.1).astype(np.float32)
+    x = np.random.default_rng(13).standard_normal((2, 12, 12, 32)).astype(np.float32)
+    pool = dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1])
+    ranges = {}
+
+    def build():
+        net = Network("int8_pool")
+        xt = net.add_input("x", "float32", x.shape)
+        xt.dynamic_range = float(np.max(np.abs(x)))
+        c1 = net.add_layer("Convolution", [xt], conv_params(act={"type": "relu"}), {"kernel": k1, "bias": b1},
+                           name="c1")
+        c1.outputs[0].dynamic_range = ranges.get("c1:0")
+        p = net.add_layer("Pooling", c1.outputs, pool, name="pool")
+        p.outputs[0].dynamic_range = ranges.get("c1:0")
+        c2 = net.add_layer("Convolution", p.outputs, conv_params(k=1, pad=0), {"kernel": k2, "bias": b2}, name="c2")
+        net.mark_output(c2.outputs[0], name="y")
+        return net
+
+    net = build()
+    mid = emulate_conv(net.layers[0], x)
+    ranges["c1:0"] = float(np.max(np.abs(mid))) * 0.8
+    net = build()
+    pooled = KERNELS["Pooling"](net.layers[1], [mid])[0]
+    engine = check(build, {"x": x}, {"y": emulate_conv(net.layers[2], pooled)}, "pool")
+    prog = engine.cupy_program
+    assert prog.slots["c1:0"].dtype == "int8" and prog.slots["pool:0"].dtype == "int8", prog.slots
+    assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]
+
+
 #: The int8 GEMM ops (cuBLAS or cuBLASLt, whichever was faster).
 INT8_GEMMS = {"cublas_gemm_int8", "cublaslt_gemm_int8"}
 

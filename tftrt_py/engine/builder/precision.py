@@ -9,11 +9,11 @@ Run once after the fusion passes have settled (a layer's kind and inputs decide 
   statistics, casts. Attention and Normalization layers run in fp16: their kernels keep the softmax and the
   statistics in fp32.
 * INT8: Convolution and MatrixMultiply layers in int8 (activations quantized with their tensors' dynamic
-  ranges, weights per output channel); the other layers as in FP16, since TF-TRT's INT8 mode enables FP16
-  too, and so does a MatrixMultiply holding a residual sum (fusions/gemm.py: its quantized kernels take
-  none). An int8 layer reading a tensor without a range is an error naming those tensors
-  (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range at all: then the network
-  builds without int8 layers, with a warning.
+  ranges, weights per output channel; a max pool's output takes its input's range); the other layers as in
+  FP16, since TF-TRT's INT8 mode enables FP16 too, and so does a MatrixMultiply holding a residual sum
+  (fusions/gemm.py: its quantized kernels take none). An int8 layer reading a tensor without a range is an
+  error naming those tensors (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range
+  at all: then the network builds without int8 layers, with a warning.
 * FP8 (our extension): as INT8, the same layers and ranges, quantized to E4M3 (scale = range / 448)
   instead of int8.
 
@@ -190,6 +190,19 @@ def _saturate_fp16_constants(network: Network) -> None:
             layer.weights["value"] = _saturate(value)
 
 
+def _share_max_pool_ranges(network: Network) -> None:
+    """A max pool's output takes its input's range (TensorRT's int8 pooling keeps the scale): the pooled values
+    are input values, so quantizing them with the input's scale gives the max of the quantized input, and a
+    backend may pool int8 values exactly."""
+    for layer in network.layers:
+        x, y = layer.inputs[0] if layer.inputs else None, layer.outputs[0]
+        if layer.kind == "Pooling" and layer.params.get("type") == "max" and x.dynamic_range is not None:
+            if y.dynamic_range != x.dynamic_range:
+                logger.debug("%s: max pool %r takes its input's range %g (was %s)", network.name, layer.name,
+                             x.dynamic_range, y.dynamic_range)
+            y.dynamic_range = x.dynamic_range
+
+
 def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
     """Set ``layer.precision`` of every layer (None for constants) for builder precision `precision`.
 
@@ -197,6 +210,8 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
     """
     precision = precision.upper()
     quantized = set()
+    if precision == "INT8":
+        _share_max_pool_ranges(network)
     if precision in QUANTIZED:
         candidates = _int8_candidates(network)
         if _check_ranges(network, candidates, precision):

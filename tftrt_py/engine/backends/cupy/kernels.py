@@ -25,6 +25,7 @@ __device__ __forceinline__ float ld(signed char v) { return (float)v; }
 template <typename T> __device__ __forceinline__ T st(float f);
 template <> __device__ __forceinline__ float st<float>(float f) { return f; }
 template <> __device__ __forceinline__ unsigned short st<unsigned short>(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+template <> __device__ __forceinline__ signed char st<signed char>(float f) { return (signed char)f; }
 #define TT_INF __int_as_float(0x7f800000)
 """
 

@@ -344,9 +344,10 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     if options.strict_types:  # quantized, or the build fails where no quantized kernel exists
         return dict(layers), {}
     by_name = {layer.name: layer for layer in net.layers}
-    # what int8 layers would write as int8 if every candidate stayed quantized
-    direct, dual = int8_tensors(net, {n: ops for n, ops in layers.items()
-                                      if _quant_format(by_name[n], precision) == "INT8"})
+    pools = int8_pools(net, precision)
+    # what int8 layers (and max pools) would write as int8 if every candidate stayed quantized
+    direct, dual = int8_tensors(net, {**pools, **{n: ops for n, ops in layers.items()
+                                                  if _quant_format(by_name[n], precision) == "INT8"}})
     costs: Dict[str, _Costs] = {}
     recorded: Dict[str, bool] = {}
     readers = net.consumers()
@@ -366,7 +367,7 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
         writers[name] = {i: inputs[i].producer.name if (fmt == "INT8" and not transposed and inputs[i].name in
                                                         direct | dual) else None for i, transposed in layers[name]}
-    keep = settle_quantized(costs, {name for name, low in recorded.items() if low}, writers)
+    keep = settle_quantized(costs, {name for name, low in recorded.items() if low} | set(pools), writers)
     chosen = {}
     for name in layers:
         chosen[name] = (_quant_format(by_name[name], precision).lower(), name in keep)
@@ -379,7 +380,18 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     if demoted:
         logger.info("engine %s: %d of %d quantized layers run in FP16, faster on this GPU", net.name,
                     len(demoted), len(layers))
-    return {name: layers[name] for name in layers if name in keep}, chosen
+    return {name: layers[name] for name in layers if name in keep}, chosen  # (pools are not quantized layers)
+
+
+def int8_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
+    """Max pools an INT8 engine may run on int8 values, as quantized layers with one operand: their output has
+    their input's range (builder/precision.py), so the max of the int8 values is the pooled tensor quantized."""
+    if precision != "INT8":
+        return {}
+    return {layer.name: [(0, False)] for layer in net.layers
+            if layer.kind == "Pooling" and layer.params.get("type") == "max" and layer.outputs[0].dtype in FLOATS
+            and layer.inputs[0].dynamic_range is not None and layer.inputs[0].shape[-1] % PAD == 0
+            and layer.outputs[0].dynamic_range == layer.inputs[0].dynamic_range}
 
 
 def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, set]:
@@ -502,7 +514,11 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
                                                   prefer)
     int8 = {l.name: quantized_ops[l.name] for l in net.layers
             if l.name in quantized_ops and _quant_format(l, precision) == "INT8"}
-    int8_direct, int8_dual = int8_tensors(net, int8)
+    pools = int8_pools(net, precision)
+    int8_direct, _ = int8_tensors(net, {**int8, **pools})
+    pooled = {l.name: l.outputs[0].name for l in net.layers if l.name in pools}
+    pools = {name: ops for name, ops in pools.items() if pooled[name] in int8_direct}  # int8 layers alone read it
+    int8_direct, int8_dual = int8_tensors(net, {**int8, **pools})
     quantized: Dict[Tuple[str, str, int, bool], str] = {}
 
     def need_q(tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
@@ -575,7 +591,10 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
         cdt = compute_dtype(layer, precision)
         host = layer.kind == "NMS"
         quant, extra = None, []  # extra: (slot, shape) of a second, int8 output (dual tensors)
-        if layer.name in quantized_ops:
+        if layer.name in pools:
+            x = layer.inputs[0]
+            inputs, out_dtypes = [need_q(x.name, "INT8", x.shape[-1], False, layer.name)], ["int8"]
+        elif layer.name in quantized_ops:
             inputs, quant = quantized_inputs(layer, cdt)
             t = layer.outputs[0]
             out_dtypes = ["int8" if t.name in int8_direct else cdt]
