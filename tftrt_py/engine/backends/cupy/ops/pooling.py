@@ -1,5 +1,5 @@
-"""Pooling: one generated kernel per configuration, one thread per output element, channels last
-(consecutive threads read consecutive channels). Up to three spatial dims."""
+"""Pooling: one generated kernel per configuration, one thread per output element (four int8 channels in a
+max pool), channels last (consecutive threads read consecutive channels). Up to three spatial dims."""
 from __future__ import annotations
 
 from typing import List
@@ -11,6 +11,29 @@ from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, pad3, register
 
 __all__ = ["PoolOp"]
 
+#: How a window is reduced: the accumulator, its start, taking one element, and the stored result.
+_FLOAT = r"""
+typedef float A;
+#define INIT (IS_MAX ? -3.402823466e38f : 0.0f)  // TF's max pooling: NaN skipped, never below float's lowest
+__device__ __forceinline__ void take(A& acc, T v) {
+  float f = ld(v);
+  if (IS_MAX) { if (f > acc) acc = f; } else { acc += f; }
+}
+__device__ __forceinline__ T finish(A acc, bool padded, int count) {
+  if (IS_MAX && INCLUDE_PAD && padded && acc < 0.0f) acc = 0.0f;  // padding as zeros (a folded zero Padding)
+  if (!IS_MAX) acc = INCLUDE_PAD ? acc / (float)(K0 * K1 * K2) : acc / (float)count;
+  return st<T>(acc);
+}
+"""
+#: Max pooling of int8 values four channels at a time (T int: one word holds four; C counts words).
+_INT8X4_MAX = r"""
+typedef int A;
+#define INIT ((int)0x80808080)  // -128 in each byte
+__device__ __forceinline__ void take(A& acc, T v) { acc = __vmaxs4(acc, v); }
+__device__ __forceinline__ T finish(A acc, bool padded, int count) {
+  return INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc;
+}
+"""
 _POOL = r"""
 extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, long long total) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -18,7 +41,7 @@ extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, l
     long long r = i;
     int c = r % C; r /= C;
     int o2 = r % O2; r /= O2; int o1 = r % O1; r /= O1; int o0 = r % O0; long long n = r / O0;
-    float acc = IS_MAX ? -3.402823466e38f : 0.0f;  // TF's max pooling: NaN skipped, never below float's lowest
+    A acc = INIT;
     int count = 0;
     bool padded = false;  // the window reaches into the padding
     for (int k0 = 0; k0 < K0; ++k0) {
@@ -30,15 +53,12 @@ extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, l
         for (int k2 = 0; k2 < K2; ++k2) {
           int s2 = o2 * ST2 + k2 - PD2;
           if (s2 < 0 || s2 >= S2) { padded = true; continue; }
-          float v = ld(x[(((n * S0 + s0) * S1 + s1) * S2 + s2) * C + c]);
-          if (IS_MAX) { if (v > acc) acc = v; } else { acc += v; }
+          take(acc, x[(((n * S0 + s0) * S1 + s1) * S2 + s2) * C + c]);
           ++count;
         }
       }
     }
-    if (IS_MAX && INCLUDE_PAD && padded && acc < 0.0f) acc = 0.0f;  // padding as zeros (a folded zero Padding)
-    if (!IS_MAX) acc = INCLUDE_PAD ? acc / (float)(K0 * K1 * K2) : acc / (float)count;
-    y[i] = st<T>(acc);
+    y[i] = finish(acc, padded, count);
   }
 }
 """
@@ -49,15 +69,16 @@ class PoolOp(Op):
         p = spec.params
         shape, out = spec.in_shapes[0], spec.out_shapes[0]
         dtype = spec.in_dtypes[0]
-        defs = {"T": kernels.raw_type(dtype), "C": shape[-1], "IS_MAX": int(p["type"] == "max"),
-                "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}
+        packed = dtype == "int8" and p["type"] == "max" and shape[-1] % 4 == 0  # four int8 channels a word
+        defs = {"T": "int" if packed else kernels.raw_type(dtype), "C": shape[-1] // 4 if packed else shape[-1],
+                "IS_MAX": int(p["type"] == "max"), "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}
         s, k, o = pad3(shape[1:-1], 1), pad3(p["window"], 1), pad3(out[1:-1], 1)
         st, pd = pad3(p["strides"], 1), pad3(p["pre_padding"], 0)
         for d in range(3):
             defs.update({f"S{d}": s[d], f"K{d}": k[d], f"O{d}": o[d], f"ST{d}": st[d], f"PD{d}": pd[d]})
         head = "".join(f"#define {name} {value}\n" for name, value in defs.items())
-        self.kernel = kernels.raw_kernel(head + _POOL, "tt_pool")
-        self.total = int(np.prod(out))
+        self.kernel = kernels.raw_kernel(head + (_INT8X4_MAX if packed else _FLOAT) + _POOL, "tt_pool")
+        self.total = int(np.prod(out)) // (4 if packed else 1)
         self.tactic = {"op": "pool_kernel"}
 
     def run(self, rc, ins, outs):
