@@ -9,7 +9,7 @@ are built and timed per convolution (2: building one compiles its kernels, and o
 FP16 engines built in 12.9 s with 2 against 21.1 s with 4, both with cuDNN's kernel cache warm, and ran as fast), ``TFTRT_PY_CUDA_GRAPHS=0`` runs engines without graph capture,
 ``TFTRT_PY_CHECK_TACTICS=1`` checks every candidate against the numpy backend while building (INT8
 layers are checked by tests/engine/gpu/test_int8.py instead), ``TFTRT_PY_INT8_CONV`` (tests) restricts
-int8 convolutions to one path (a cuDNN graph variant of ops/int8.py, or "gemm").
+int8 convolutions to one path (a cuDNN graph variant of ops/int8.py, "gemm" or "triton").
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
-from tftrt_py.engine.backends.cupy.ops import fp8
+from tftrt_py.engine.backends.cupy.ops import fp8, int8_triton
+from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.int8 import (INT8_Q, PAD, QMAX, QuantizeOp, conv_channels,
                                                     matmul_constant, padded, quantized_shape, tensor_scale)
@@ -394,6 +395,28 @@ def int8_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
             and layer.outputs[0].dynamic_range == layer.inputs[0].dynamic_range}
 
 
+def _prefetch_int8_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str,
+                           prefer: Dict[str, dict]) -> None:
+    """Start compiling the Triton kernels INT8 convolutions are timed with (ops/int8_triton.py), all at once
+    (not for layers whose tactic was recorded: those build the one kernel they need)."""
+    by_name = {layer.name: layer for layer in net.layers}
+    int8 = {n: ops for n, ops in layers.items() if _quant_format(by_name[n], precision) == "INT8"}
+    direct, _ = int8_tensors(net, {**int8_pools(net, precision), **int8})
+    convolutions = []
+    for name in int8:
+        layer = by_name[name]
+        if layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4 or prefer.get(name):
+            continue
+        x, y = layer.inputs[0], layer.outputs[0]
+        geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (conv_channels(x.shape[-1]),), y.shape)
+        residual = None
+        if len(layer.inputs) > 1:
+            residual = (layer.inputs[1].shape[0], "int8" if _int8_residual(layer, "INT8") else "float16")
+        convolutions.append((geom, "bias" in layer.weights, layer.params.get("activation"), residual,
+                             quantized_residual(layer, "INT8"), "int8" if y.name in direct else "float16"))
+    int8_triton.prefetch(convolutions)
+
+
 def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, set]:
     """(direct, dual): outputs of int8 layers that int8 layers read untransposed and unpadded. Direct:
     only they read it, so it is stored as int8 alone; dual (convolution outputs): other layers read it
@@ -510,8 +533,9 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
 
     tensors = {t.name: t for t in net.inputs}
     tensors.update({t.name: t for l in net.layers for t in l.outputs})
-    quantized_ops, choice = keep_faster_quantized(net, quantized_layers(net, precision), precision, tuner, options,
-                                                  prefer)
+    candidates = quantized_layers(net, precision)
+    _prefetch_int8_kernels(net, candidates, precision, prefer)
+    quantized_ops, choice = keep_faster_quantized(net, candidates, precision, tuner, options, prefer)
     int8 = {l.name: quantized_ops[l.name] for l in net.layers
             if l.name in quantized_ops and _quant_format(l, precision) == "INT8"}
     pools = int8_pools(net, precision)

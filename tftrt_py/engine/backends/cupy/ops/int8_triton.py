@@ -17,7 +17,7 @@ from tftrt_py.engine.backends.cupy.ops.base import Op
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import Dequant
 
-__all__ = ["TILES", "GRIDS", "TritonInt8ConvOp", "triton_conv_candidates"]
+__all__ = ["TILES", "GRIDS", "TritonInt8ConvOp", "triton_conv_candidates", "prefetch", "kernel_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,22 +43,42 @@ def fits(geom: ConvGeom, activation, residual) -> bool:
             and (residual is None or residual[0] == geom.n))
 
 
-def _compile(geom: ConvGeom, deq: Dequant, residual: Optional[Tuple[int, str]], tile, capability: int):
+def kernel_request(geom: ConvGeom, has_bias: bool, relu: bool, residual: Optional[Tuple[int, str]],
+                   residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int):
+    """The Triton compile request of one tile for this convolution and epilogue (triton.request)."""
     from tftrt_py.engine.backends.cupy import triton
 
-    bm, bn, warps, stages = tile
-    out = 1 if deq.out_dtype == "int8" else 2 if deq.dual_scale is not None else 0
-    res = 0 if residual is None else 2 if residual[1] == "int8" else 3 if deq.res_scale is not None else 1
+    bm, bn, warps, stages = tile[:4]
+    out = 1 if out_dtype == "int8" else 2 if dual else 0
+    res = 0 if residual is None else 2 if residual[1] == "int8" else 3 if residual_scaled else 1
     params = {"x": "*i8", "w": "*i8", "dq": "*fp32", "bias": "*fp32",
-              "res": _pointer(residual[1] if residual else "float16"), "y": _pointer(deq.out_dtype), "yq": "*i8",
+              "res": _pointer(residual[1] if residual else "float16"), "y": _pointer(out_dtype), "yq": "*i8",
               "M": "i32", "H": "i32", "W": "i32", "OH": "i32", "OW": "i32", "C": "i32", "COUT": "i32",
               "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
-    constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=deq.bias is not None, RES=res,
-                      RELU=bool(deq.activation), OUT=out, BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
+    constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res, RELU=bool(relu),
+                      OUT=out, BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0)
     multiples = ("C", "COUT") if geom.cout % 16 == 0 else ("C",)
-    return triton.compile_kernel(_SOURCE, "conv_int8", params, constexprs, capability, multiples, warps, stages)
+    return triton.request(_SOURCE, "conv_int8", params, constexprs, capability, multiples, warps, stages)
+
+
+def _request(geom: ConvGeom, deq: Dequant, residual, tile, capability: int):
+    return kernel_request(geom, deq.bias is not None, bool(deq.activation), residual, deq.res_scale is not None,
+                          deq.out_dtype, deq.dual_scale is not None, tile, capability)
+
+
+def prefetch(convolutions) -> None:
+    """Start compiling every tile of these convolutions: (geom, has bias, activation, residual (batch, dtype) or
+    None, residual scaled, output dtype) each, those the kernel fits."""
+    from tftrt_py.engine.backends.cupy import triton
+
+    if not triton.available():
+        return
+    capability = int(_device.require().cuda.Device().compute_capability)
+    triton.prefetch([kernel_request(geom, bias, bool(act), residual, scaled, out, False, tile, capability)
+                     for geom, bias, act, residual, scaled, out in convolutions
+                     if fits(geom, act, residual) for tile in TILES])
 
 
 class TritonInt8ConvOp(Op):
@@ -83,8 +103,8 @@ class TritonInt8ConvOp(Op):
 
 def triton_conv_candidates(geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
                            prefer: dict) -> List[Op]:
-    """Each kernel of TILES (compiled side by side: Triton's compiler and ptxas release the GIL) with each grid
-    of GRIDS, or the recorded tile; none where Triton is missing or the convolution does not fit."""
+    """Each kernel of TILES (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
+    tile; none where Triton is missing or the convolution does not fit."""
     from tftrt_py.engine.backends.cupy import triton
 
     if not triton.available() or not fits(geom, deq.activation, residual):
@@ -97,7 +117,7 @@ def triton_conv_candidates(geom: ConvGeom, w, deq: Dequant, residual: Optional[T
 
     def build(tile):
         try:
-            return _compile(geom, deq, residual, tile, capability)
+            return triton.compile_kernel(_request(geom, deq, residual, tile, capability))
         except Exception as exc:  # a tile Triton cannot compile for this GPU
             logger.debug("Triton int8 convolution, tile %s: %s", tile, exc)
             return None

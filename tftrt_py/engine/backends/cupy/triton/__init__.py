@@ -2,20 +2,27 @@
 
 Triton serves as a compiler only: its JIT launcher takes streams and devices from PyTorch, which the engine
 does not use. :func:`compile_kernel` compiles one specialization (the parameters given types, the others
-constexprs) for a GPU architecture, through Triton's on-disk cache; :class:`CompiledKernel` loads the cubin into
-cupy and launches it on the current stream. Triton is optional (the ``gpu`` extra): without it these kernels are
-simply not candidates.
+constexprs) for a GPU architecture, through Triton's on-disk cache, or takes it from :func:`prefetch` (a
+build asks for its kernels first; they compile side by side in another process); :class:`CompiledKernel`
+loads the cubin into cupy and launches it on the current stream. Triton is optional (the ``gpu`` extra):
+without it these kernels are simply not candidates.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import importlib
 import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["available", "compile_kernel", "CompiledKernel"]
+__all__ = ["available", "request", "compile_kernel", "prefetch", "artifacts", "CompiledKernel", "Request"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +75,23 @@ def _param_count(ptx: str, name: str) -> int:
     return ptx[start:ptx.index(")", start)].count(".param")
 
 
-@functools.lru_cache(maxsize=None)
-def _compile(module: str, fn_name: str, params: Tuple[Tuple[str, str], ...],
-             constexprs: Tuple[Tuple[str, object], ...], multiples: Tuple[str, ...], num_warps: int,
-             num_stages: int, capability: int) -> CompiledKernel:
+#: What determines a compiled kernel: (module, function, typed parameters, constexprs, multiples of 16, warps,
+#: stages, compute capability).
+Request = Tuple[str, str, Tuple[Tuple[str, str], ...], Tuple[Tuple[str, object], ...], Tuple[str, ...], int, int,
+                int]
+
+_PREFETCHED: Dict[Request, concurrent.futures.Future] = {}
+_PREFETCH_LOCK = threading.Lock()
+#: Seconds a build waits for a prefetched kernel before compiling it itself.
+PREFETCH_WAIT_S = 600
+
+
+def artifacts(request: Request) -> Tuple[bytes, str, int, int, int]:
+    """Compile `request`: (cubin, entry name, warps, shared memory bytes, parameter count)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
+    module, fn_name, params, constexprs, multiples, num_warps, num_stages, capability = request
     fn = getattr(importlib.import_module(module), fn_name)
     types = dict(params)
     signature = {n: types.get(n, "constexpr") for n in fn.arg_names}
@@ -86,17 +103,73 @@ def _compile(module: str, fn_name: str, params: Tuple[Tuple[str, str], ...],
     meta = k.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise RuntimeError(f"Triton kernel {fn_name} wants scratch memory, which this launcher does not give")
-    return CompiledKernel(k.asm["cubin"], meta.name, meta.num_warps, meta.shared,
-                          _param_count(k.asm["ptx"], meta.name))
+    return k.asm["cubin"], meta.name, meta.num_warps, meta.shared, _param_count(k.asm["ptx"], meta.name)
 
 
-def compile_kernel(module: str, fn_name: str, params: Dict[str, str], constexprs: Dict[str, object],
-                   capability: int, multiples: Sequence[str] = (), num_warps: int = 4,
-                   num_stages: int = 3) -> CompiledKernel:
-    """Compile `module`.`fn_name` (a ``triton.jit`` function) for GPUs of compute `capability` (e.g. 90):
-    `params` maps its runtime parameters to Triton types ("*i8", "*fp16", "i32", "fp32", ...; pointers 16-byte
-    aligned), `constexprs` gives every other parameter; the integer parameters named in `multiples` are promised
-    multiples of 16 (so Triton vectorizes the accesses they stride). Safe to call from several threads (each
-    compile has its own MLIR context; Triton's cache writes files atomically)."""
-    return _compile(module, fn_name, tuple(sorted(params.items())), tuple(sorted(constexprs.items())),
-                    tuple(sorted(multiples)), num_warps, num_stages, int(capability))
+@functools.lru_cache(maxsize=None)
+def _compile(request: Request) -> CompiledKernel:
+    future = _PREFETCHED.get(request)
+    if future is not None:
+        try:
+            return CompiledKernel(*future.result(timeout=PREFETCH_WAIT_S))
+        except Exception as exc:  # the compile process failed, or this kernel did not compile there
+            logger.debug("prefetched Triton kernel unavailable (%s): compiling it here", exc)
+    return CompiledKernel(*artifacts(request))
+
+
+def request(module: str, fn_name: str, params: Dict[str, str], constexprs: Dict[str, object], capability: int,
+            multiples: Sequence[str] = (), num_warps: int = 4, num_stages: int = 3) -> Request:
+    """The compile request of `module`.`fn_name` (a ``triton.jit`` function) for GPUs of compute `capability`
+    (e.g. 90): `params` maps its runtime parameters to Triton types ("*i8", "*fp16", "i32", "fp32", ...;
+    pointers 16-byte aligned), `constexprs` gives every other parameter; the integer parameters named in
+    `multiples` are promised multiples of 16 (so Triton vectorizes the accesses they stride)."""
+    return (module, fn_name, tuple(sorted(params.items())), tuple(sorted(constexprs.items())),
+            tuple(sorted(multiples)), int(num_warps), int(num_stages), int(capability))
+
+
+def compile_kernel(req: Request) -> CompiledKernel:
+    """The compiled kernel of `req`: prefetched, from Triton's on-disk cache, or compiled here. Safe to call from
+    several threads (each compile has its own MLIR context; Triton's cache writes files atomically)."""
+    return _compile(req)
+
+
+def prefetch(requests: Sequence[Request]) -> None:
+    """Start compiling `requests` in a separate process, in parallel, while the build goes on: Triton's front end
+    is Python, so threads here would take turns. The process runs this package's ``compile_worker`` module (a
+    module of our own as its ``__main__``, so a user's script is never re-imported by its worker processes); a
+    kernel it fails to deliver is compiled here when needed."""
+    with _PREFETCH_LOCK:
+        todo = [r for r in dict.fromkeys(requests) if r not in _PREFETCHED]
+        if not todo:
+            return
+        futures = {r: concurrent.futures.Future() for r in todo}
+        _PREFETCHED.update(futures)
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's imports
+        proc = subprocess.Popen([sys.executable, "-m", f"{__name__}.compile_worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        pickle.dump(todo, proc.stdin)
+        proc.stdin.close()
+    except Exception as exc:
+        for f in futures.values():
+            f.set_exception(RuntimeError(f"could not start the Triton compile process: {exc}"))
+        return
+    threading.Thread(target=_collect, args=(proc, futures), daemon=True, name="triton-prefetch").start()
+
+
+def _collect(proc, futures) -> None:
+    """Deliver the compile process's results (its own pickles, from a process this package started)."""
+    try:
+        while True:
+            try:
+                req, result, error = pickle.load(proc.stdout)
+            except EOFError:
+                break
+            f = futures.get(req)
+            if f is not None and not f.done():
+                f.set_result(result) if error is None else f.set_exception(RuntimeError(error))
+    finally:
+        proc.wait()
+        for f in futures.values():
+            if not f.done():
+                f.set_exception(RuntimeError("the Triton compile process ended without this kernel"))
