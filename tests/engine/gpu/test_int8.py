@@ -227,10 +227,10 @@ def test_int8_tensor_between_int8_convolutions(variant, monkeypatch):
     assert not any(name.startswith("c1:0@") for name in slots)  # no quantize step for it
 
 
-def two_convolutions(variant, monkeypatch, residual: bool, mid_is_output: bool):
-    """(engine, inputs, emulated outputs) of x -> c1 (3x3 relu) -> c2 (1x1 relu, reading c1's output, and with
-    `residual` also adding it), c1's output also an engine output when `mid_is_output`; None when the forced
-    `variant` has no plan on this GPU."""
+def two_convolutions(variant, monkeypatch, residual: bool = False, mid_is_output: bool = False, pool=None):
+    """The engine of x -> c1 (3x3 relu) -> [max pool `pool`] -> c2 (1x1 relu, with `residual` also adding c1's
+    output), c1's output also an engine output when `mid_is_output`, checked against the emulation; skips when
+    the forced `variant` has no plan on this GPU."""
     if variant:
         monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
     k1, k2 = kernel(3, 3, 32, 32), kernel(1, 1, 32, 32)
@@ -245,7 +245,11 @@ def two_convolutions(variant, monkeypatch, residual: bool, mid_is_output: bool):
         c1 = net.add_layer("Convolution", [xt], conv_params(act={"type": "relu"}), {"kernel": k1, "bias": b1},
                            name="c1")
         c1.outputs[0].dynamic_range = ranges.get("c1:0")
-        c2 = net.add_layer("Convolution", [c1.outputs[0]] * (2 if residual else 1),
+        mid = c1.outputs[0]
+        if pool is not None:  # its output with its input's range, as the builder sets it in INT8
+            mid = net.add_layer("Pooling", [mid], pool, name="pool").outputs[0]
+            mid.dynamic_range = ranges.get("c1:0")
+        c2 = net.add_layer("Convolution", [mid] + ([c1.outputs[0]] if residual else []),
                            conv_params(k=1, pad=0, act={"type": "relu"}), {"kernel": k2, "bias": b2}, name="c2")
         net.mark_output(c2.outputs[0], name="y")
         if mid_is_output:
@@ -260,7 +264,8 @@ def two_convolutions(variant, monkeypatch, residual: bool, mid_is_output: bool):
     if residual:  # read quantized: rounded to its int8 grid
         q, s = quantize(mid, ranges["c1:0"])
         res = (q * np.float32(s)).astype(np.float32)
-    emulated = {"y": emulate_conv(net.layers[1], mid, residual=res)}
+    c2_input = KERNELS["Pooling"](net.layers[1], [mid])[0] if pool is not None else mid
+    emulated = {"y": emulate_conv(net.layers[-1], c2_input, residual=res)}
     if mid_is_output:
         emulated["mid"] = mid
     try:
@@ -274,7 +279,7 @@ def two_convolutions(variant, monkeypatch, residual: bool, mid_is_output: bool):
 @pytest.mark.parametrize("variant", ["fused+q", "fused", "conv", "gemm", "triton", None])
 def test_int8_tensor_read_by_int8_and_float_layers(variant, monkeypatch):
     """c1 -> c2 (int8 input) with c1's output also an engine output: c1 writes it in fp16 and as int8."""
-    engine = two_convolutions(variant, monkeypatch, residual=False, mid_is_output=True)
+    engine = two_convolutions(variant, monkeypatch, mid_is_output=True)
     prog = engine.cupy_program  # (c1's output tensor is named after its binding, "mid")
     assert prog.slots["mid"].dtype == "float16" and prog.slots["mid@int8"].dtype == "int8"
     producers = [s for s in prog.steps if "mid@int8" in s.outputs]
@@ -287,7 +292,7 @@ def test_int8_residual_is_read_as_int8(variant, monkeypatch):
     """c1 -> c2 reading c1's output as its input and as its residual: both reads int8 (TensorRT's int8 residual),
     so c1 writes int8 alone and c2 dequantizes the residual in its epilogue (cuDNN's graphs here take float
     residuals only: not candidates)."""
-    engine = two_convolutions(variant, monkeypatch, residual=True, mid_is_output=False)
+    engine = two_convolutions(variant, monkeypatch, residual=True)
     prog = engine.cupy_program
     assert prog.slots["c1:0"].dtype == "int8" and not any(name.startswith("c1:0@") for name in prog.slots)
     (step,) = [s for s in prog.steps if s.layer == "c2"]
@@ -328,35 +333,11 @@ def test_int8_residual_of_odd_channels_is_rounded_in_the_epilogue(variant, monke
     assert engine.tactics["conv"]["op"] in ("gemm_conv_int8", "triton_conv_int8"), engine.tactics["conv"]
 
 
-def test_max_pool_between_int8_convolutions_pools_int8_values():
-    """c1 -> max pool -> c2, the pool's output with its input's range (as the builder sets it in INT8): c1 writes
-    int8, the pool takes the max of the int8 values and writes int8 for c2: no float tensor and no quantize step
-    between them."""
-    k1, k2 = kernel(3, 3, 32, 32), kernel(1, 1, 32, 16)
-    b1, b2 = (rng0.standard_normal(32) * 0.1).astype(np.float32), (rng0.standard_normal(16) * 0.1).astype(np.float32)
-    x = np.random.default_rng(13).standard_normal((2, 12, 12, 32)).astype(np.float32)
+def test_max_pool_between_int8_convolutions_pools_int8_values(monkeypatch):
+    """c1 -> max pool -> c2: c1 writes int8, the pool takes the max of the int8 values (four channels a word) and
+    writes int8 for c2: no float tensor and no quantize step between them."""
     pool = dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1])
-    ranges = {}
-
-    def build():
-        net = Network("int8_pool")
-        xt = net.add_input("x", "float32", x.shape)
-        xt.dynamic_range = float(np.max(np.abs(x)))
-        c1 = net.add_layer("Convolution", [xt], conv_params(act={"type": "relu"}), {"kernel": k1, "bias": b1},
-                           name="c1")
-        c1.outputs[0].dynamic_range = ranges.get("c1:0")
-        p = net.add_layer("Pooling", c1.outputs, pool, name="pool")
-        p.outputs[0].dynamic_range = ranges.get("c1:0")
-        c2 = net.add_layer("Convolution", p.outputs, conv_params(k=1, pad=0), {"kernel": k2, "bias": b2}, name="c2")
-        net.mark_output(c2.outputs[0], name="y")
-        return net
-
-    net = build()
-    mid = emulate_conv(net.layers[0], x)
-    ranges["c1:0"] = float(np.max(np.abs(mid))) * 0.8
-    net = build()
-    pooled = KERNELS["Pooling"](net.layers[1], [mid])[0]
-    engine = check(build, {"x": x}, {"y": emulate_conv(net.layers[2], pooled)}, "pool")
+    engine = two_convolutions(None, monkeypatch, pool=pool)
     prog = engine.cupy_program
     assert prog.slots["c1:0"].dtype == "int8" and prog.slots["pool:0"].dtype == "int8", prog.slots
     assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]
