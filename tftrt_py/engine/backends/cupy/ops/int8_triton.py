@@ -104,12 +104,16 @@ class TritonInt8ConvOp(Op):
 def triton_conv_candidates(geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
                            prefer: dict) -> List[Op]:
     """Each kernel of TILES (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
-    tile; none where Triton is missing or the convolution does not fit."""
+    tile when it is one of them (a plan's other values are not compiled); none where Triton is missing or the
+    convolution does not fit."""
     from tftrt_py.engine.backends.cupy import triton
 
     if not triton.available() or not fits(geom, deq.activation, residual):
         return []
-    tiles = [tuple(prefer["tile"])] if prefer.get("tile") else [t + (g,) for t in TILES for g in GRIDS]
+    tiles = [t + (g,) for t in TILES for g in GRIDS]
+    recorded = prefer.get("tile")
+    if isinstance(recorded, list) and tuple(recorded) in tiles:
+        tiles = [tuple(recorded)]
     kernels = {t[:4]: None for t in tiles}
 
     device = _device.require().cuda.Device()
