@@ -9,12 +9,13 @@ without it these kernels are simply not candidates.
 """
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import functools
 import importlib
+import json
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import threading
@@ -136,40 +137,46 @@ def compile_kernel(req: Request) -> CompiledKernel:
 def prefetch(requests: Sequence[Request]) -> None:
     """Start compiling `requests` in a separate process, in parallel, while the build goes on: Triton's front end
     is Python, so threads here would take turns. The process runs this package's ``compile_worker`` module (a
-    module of our own as its ``__main__``, so a user's script is never re-imported by its worker processes); a
-    kernel it fails to deliver is compiled here when needed."""
+    module of our own as its ``__main__``, so a user's script is never re-imported by its worker processes) and
+    answers in JSON lines; a kernel it fails to deliver is compiled here when needed."""
     with _PREFETCH_LOCK:
         todo = [r for r in dict.fromkeys(requests) if r not in _PREFETCHED]
         if not todo:
             return
-        futures = {r: concurrent.futures.Future() for r in todo}
-        _PREFETCHED.update(futures)
+        futures = [concurrent.futures.Future() for _ in todo]
+        _PREFETCHED.update(zip(todo, futures))
     try:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's imports
         proc = subprocess.Popen([sys.executable, "-m", f"{__name__}.compile_worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        pickle.dump(todo, proc.stdin)
+        proc.stdin.write(json.dumps(todo).encode())
         proc.stdin.close()
     except Exception as exc:
-        for f in futures.values():
+        for f in futures:
             f.set_exception(RuntimeError(f"could not start the Triton compile process: {exc}"))
         return
     threading.Thread(target=_collect, args=(proc, futures), daemon=True, name="triton-prefetch").start()
 
 
 def _collect(proc, futures) -> None:
-    """Deliver the compile process's results (its own pickles, from a process this package started)."""
+    """Deliver the compile process's answers: {"index": i, "artifacts": [base64 cubin, name, warps, shared, params]}
+    or {"index": i, "error": why}, one JSON object a line; anything else ends the collection."""
     try:
-        while True:
+        for line in proc.stdout:
             try:
-                req, result, error = pickle.load(proc.stdout)
-            except EOFError:
+                answer = json.loads(line)
+                f = futures[int(answer["index"])]
+                if "error" in answer:
+                    f.set_exception(RuntimeError(str(answer["error"])))
+                    continue
+                cubin, name, warps, shared, params = answer["artifacts"]
+                f.set_result((base64.b64decode(cubin), str(name), int(warps), int(shared), int(params)))
+            except (ValueError, KeyError, IndexError, TypeError, concurrent.futures.InvalidStateError) as exc:
+                logger.debug("unreadable answer from the Triton compile process: %s", exc)
                 break
-            f = futures.get(req)
-            if f is not None and not f.done():
-                f.set_result(result) if error is None else f.set_exception(RuntimeError(error))
     finally:
+        proc.stdout.close()
         proc.wait()
-        for f in futures.values():
+        for f in futures:
             if not f.done():
                 f.set_exception(RuntimeError("the Triton compile process ended without this kernel"))

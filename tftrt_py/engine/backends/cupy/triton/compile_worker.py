@@ -1,29 +1,31 @@
-"""The Triton compile process of triton.prefetch: reads a pickled list of requests on stdin, compiles them in
-parallel worker processes and writes (request, artifacts or None, error or None) pickles to stdout as each
-finishes. Run as ``python -m tftrt_py.engine.backends.cupy.triton.compile_worker`` (this module is the
-``__main__`` its spawned workers import)."""
+"""The Triton compile process of triton.prefetch: reads a JSON list of requests on stdin, compiles them in
+parallel worker processes and writes one JSON line per kernel as each finishes: {"index": i, "artifacts":
+[base64 cubin, entry name, warps, shared memory bytes, parameter count]} or {"index": i, "error": why}. Run as
+``python -m tftrt_py.engine.backends.cupy.triton.compile_worker`` (this module is the ``__main__`` its spawned
+workers import)."""
+import base64
 import concurrent.futures
+import json
 import multiprocessing
 import os
-import pickle
 import sys
 
 from tftrt_py.engine.backends.cupy.triton import artifacts
 
 
 def main() -> None:
-    requests = pickle.load(sys.stdin.buffer)
-    out = sys.stdout.buffer
+    requests = json.load(sys.stdin)
     workers = max(1, min(len(requests), os.cpu_count() or 1, 16))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = {pool.submit(artifacts, r): r for r in requests}
+        jobs = {pool.submit(artifacts, r): i for i, r in enumerate(requests)}
         for job in concurrent.futures.as_completed(jobs):
             try:
-                result, error = job.result(), None
+                cubin, *rest = job.result()
+                answer = {"index": jobs[job], "artifacts": [base64.b64encode(cubin).decode(), *rest]}
             except Exception as exc:  # a kernel that does not compile: the build compiles it and reports why
-                result, error = None, f"{type(exc).__name__}: {exc}"
-            pickle.dump((jobs[job], result, error), out)
-            out.flush()
+                answer = {"index": jobs[job], "error": f"{type(exc).__name__}: {exc}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":
