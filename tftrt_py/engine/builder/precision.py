@@ -195,12 +195,13 @@ def _share_max_pool_ranges(network: Network) -> None:
     are input values, so quantizing them with the input's scale gives the max of the quantized input, and a
     backend may pool int8 values exactly."""
     for layer in network.layers:
-        x, y = layer.inputs[0] if layer.inputs else None, layer.outputs[0]
-        if layer.kind == "Pooling" and layer.params.get("type") == "max" and x.dynamic_range is not None:
-            if y.dynamic_range != x.dynamic_range:
-                logger.debug("%s: max pool %r takes its input's range %g (was %s)", network.name, layer.name,
-                             x.dynamic_range, y.dynamic_range)
-            y.dynamic_range = x.dynamic_range
+        if layer.kind != "Pooling" or layer.params.get("type") != "max" or layer.inputs[0].dynamic_range is None:
+            continue
+        x, y = layer.inputs[0], layer.outputs[0]
+        if y.dynamic_range != x.dynamic_range:
+            logger.debug("%s: max pool %r takes its input's range %g (was %s)", network.name, layer.name,
+                         x.dynamic_range, y.dynamic_range)
+        y.dynamic_range = x.dynamic_range
 
 
 def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
