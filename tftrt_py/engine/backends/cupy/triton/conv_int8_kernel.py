@@ -95,18 +95,20 @@ def conv_int8(x, w, dq, bias, res, y, yq, M, H, W, OH, OW, C, COUT, res_scale, i
                             other=0)
                 b = tl.load(w + rn[None, :] * K + k[:, None], mask=(k < K)[:, None], other=0)
                 acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        for s in range(0, 0 if SMALL_C else steps):
-            if POINTWISE:
-                a = tl.load(x + rm[:, None] * C + s * BK + offs_k[None, :])
-            else:
-                tap = s // per_tap
-                ih = oh * SH - PH + tap // KW
-                iw = ow * SW - PW + tap % KW
-                ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                pix = (nb * H + ih) * W + iw
-                a = tl.load(x + pix[:, None] * C + (s % per_tap) * BK + offs_k[None, :], mask=ok[:, None], other=0)
-            b = tl.load(w_rows + s * BK)
-            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        else:
+            for s in range(0, steps):
+                if POINTWISE:
+                    a = tl.load(x + rm[:, None] * C + s * BK + offs_k[None, :])
+                else:
+                    tap = s // per_tap
+                    ih = oh * SH - PH + tap // KW
+                    iw = ow * SW - PW + tap % KW
+                    ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    pix = (nb * H + ih) * W + iw
+                    a = tl.load(x + pix[:, None] * C + (s % per_tap) * BK + offs_k[None, :], mask=ok[:, None],
+                                other=0)
+                b = tl.load(w_rows + s * BK)
+                acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         done += nprog
         offs_m, offs_n = _tile(done, M, COUT, BM, BN, GROUP)
         _epilogue(acc, offs_m, offs_n, dq, bias, res, y, yq, M, COUT, res_scale, inv_out, HAS_BIAS, RES, RELU, OUT)
