@@ -346,9 +346,7 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
         return dict(layers), {}
     by_name = {layer.name: layer for layer in net.layers}
     pools = int8_pools(net, precision)
-    # what int8 layers (and max pools) would write as int8 if every candidate stayed quantized
-    direct, dual = int8_tensors(net, {**pools, **{n: ops for n, ops in layers.items()
-                                                  if _quant_format(by_name[n], precision) == "INT8"}})
+    direct, dual = _int8_if_all_kept(net, layers, precision)
     costs: Dict[str, _Costs] = {}
     recorded: Dict[str, bool] = {}
     readers = net.consumers()
@@ -395,17 +393,23 @@ def int8_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
             and layer.outputs[0].dynamic_range == layer.inputs[0].dynamic_range}
 
 
+def _int8_if_all_kept(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Tuple[set, set]:
+    """int8_tensors of the INT8 candidates among `layers` and the max pools, as if every candidate stayed int8."""
+    by_name = {layer.name: layer for layer in net.layers}
+    int8 = {name: ops for name, ops in layers.items() if _quant_format(by_name[name], precision) == "INT8"}
+    return int8_tensors(net, {**int8_pools(net, precision), **int8})
+
+
 def _prefetch_int8_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str,
                            prefer: Dict[str, dict]) -> None:
     """Start compiling the Triton kernels INT8 convolutions are timed with (ops/int8_triton.py), all at once
     (not for layers whose tactic was recorded: those build the one kernel they need)."""
     by_name = {layer.name: layer for layer in net.layers}
-    int8 = {n: ops for n, ops in layers.items() if _quant_format(by_name[n], precision) == "INT8"}
-    direct, _ = int8_tensors(net, {**int8_pools(net, precision), **int8})
+    direct, _ = _int8_if_all_kept(net, layers, precision)
     convolutions = []
-    for name in int8:
+    for name in layers:
         layer = by_name[name]
-        if layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4 or prefer.get(name):
+        if _quant_format(layer, precision) != "INT8" or layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4 or prefer.get(name):
             continue
         x, y = layer.inputs[0], layer.outputs[0]
         geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (conv_channels(x.shape[-1]),), y.shape)
