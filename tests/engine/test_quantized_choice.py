@@ -69,3 +69,65 @@ def test_the_choice_is_the_least_total_time_on_random_graphs():
         best = min(total(costs, writers, set(keep)) for r in range(n + 1)
                    for keep in itertools.combinations(costs, r))
         assert np.isclose(total(costs, writers, got), best), (costs, writers, got)
+
+
+# -- which tensors stay quantized between layers (program.quantized_tensors) -----------------------------
+def conv_net(name, pool=False, residual=False, mid_is_output=False):
+    """x -> c1 (3x3 relu) -> [max pool] -> c2 (1x1, [+ c1's output]); every tensor with a range."""
+    from tftrt_py.engine import Network
+
+    rng = np.random.default_rng(0)
+    net = Network(name)
+    x = net.add_input("x", "float32", (2, 8, 8, 32))
+    params = dict(strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1], post_padding=[1, 1], groups=1)
+    c1 = net.add_layer("Convolution", [x], dict(params, activation={"type": "relu"}),
+                       {"kernel": rng.standard_normal((3, 3, 32, 32)).astype("float32")}, name="c1")
+    mid = c1.outputs[0]
+    if pool:
+        mid = net.add_layer("Pooling", [mid], dict(type="max", window=[2, 2], strides=[2, 2], pre_padding=[0, 0],
+                                                   post_padding=[0, 0]), name="pool").outputs[0]
+    c2 = net.add_layer("Convolution", [mid] + ([c1.outputs[0]] if residual else []),
+                       dict(params, pre_padding=[0, 0], post_padding=[0, 0]),
+                       {"kernel": rng.standard_normal((1, 1, 32, 32)).astype("float32")}, name="c2")
+    net.mark_output(c2.outputs[0], name="y")
+    if mid_is_output:
+        net.mark_output(c1.outputs[0], name="mid")
+    for t in [x] + [t for layer in net.layers for t in layer.outputs]:
+        t.dynamic_range = 4.0
+    return net
+
+
+def stored_between(net, precision, **layer_precisions):
+    """(direct, dual) of the network as the builder leaves it (then the given layers' precisions set), every
+    quantized layer kept."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import program
+
+    built = Builder(BuilderConfig(precision=precision)).build_engine(net).network
+    for layer in built.layers:
+        layer.precision = layer_precisions.get(layer.name, layer.precision)
+    layers = program.quantized_layers(built, precision)
+    return program.quantized_tensors(built, {**layers, **program.quantized_pools(built, precision)}, precision)
+
+
+def test_int8_and_a_max_pool_pass_int8_values_along():
+    assert stored_between(conv_net("pool", pool=True), "INT8")[0] >= {"c1:0", "pool:0"}
+
+
+def test_fp8_layers_pass_e4m3_values_along_also_to_residuals():
+    direct, dual = stored_between(conv_net("fp8", residual=True), "FP8")
+    assert "c1:0" in direct and not dual
+
+
+def test_a_quantized_tensor_also_read_as_a_float_is_written_twice():
+    direct, dual = stored_between(conv_net("fp8", mid_is_output=True), "FP8")
+    assert "mid" in dual and "mid" not in direct
+
+
+def test_a_tensor_between_different_formats_stays_float():
+    direct, dual = stored_between(conv_net("mixed"), "INT8", c2="FP8")
+    assert "c1:0" not in direct | dual
+
+
+def test_fp8_max_pools_pass_e4m3_values_along():
+    assert stored_between(conv_net("pool", pool=True), "FP8")[0] >= {"c1:0", "pool:0"}

@@ -232,15 +232,15 @@ def test_int8_convolution_quantizes_as_tensorrt():
     np.testing.assert_array_equal(got, want.astype(np.float16).astype(np.float32))
 
 
-def _conv_with_residual(residual_range):
+def _conv_with_residual(residual_range, mode="INT8", k=None):
     net = Network("n")
     x, r = net.add_input("x", "float32", (1, 4, 4, 3)), net.add_input("r", "float32", (1, 4, 4, 3))
     x.dynamic_range, r.dynamic_range = 2.0, residual_range
-    k = rand(1, 1, 3, 3)
+    k = rand(1, 1, 3, 3) if k is None else k
     y = add(net, "Convolution", [x, r], "conv", {"kernel": k}, strides=[1, 1], dilations=[1, 1],
             pre_padding=[0, 0], post_padding=[0, 0], groups=1, activation={"type": "relu"})
     net.mark_output(y, "y")
-    return build(net, "INT8"), k
+    return build(net, mode), k
 
 
 def test_int8_convolution_reads_a_residual_with_a_range_quantized():
@@ -267,6 +267,21 @@ def test_int8_convolution_reads_a_residual_without_a_range_as_it_is():
     np.testing.assert_allclose(got, np.maximum(want, 0).astype(np.float16).astype(np.float32), rtol=1e-6)
 
 
+def test_fp8_convolution_reads_a_residual_with_a_range_rounded_to_its_e4m3_grid():
+    """FP8 likewise: the residual read is its E4M3 value at its scale (range / 448; nearest, ties to even,
+    saturated at 448), so the output equals that of the rounded residual read without a range."""
+    v, res = rand(1, 4, 4, 3), rand(1, 4, 4, 3) * 2
+    res.flat[0], res.flat[1] = 1.0625 * 0.25, 200.0  # a tie between 1 and 1.125 steps (to 1), a value past 448 steps
+    rounded = numpy_precision.round_e4m3(res.astype(np.float64) / 0.25)
+    assert rounded.flat[0] == 1.0 and rounded.flat[1] == 448.0
+    engine, k = _conv_with_residual(448 * 0.25, "FP8")
+    plain, _ = _conv_with_residual(None, "FP8", k)
+    got = engine.create_execution_context().execute_v2([v, res])[0]
+    want = plain.create_execution_context().execute_v2([v, (rounded * 0.25).astype(np.float32)])[0]
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, plain.create_execution_context().execute_v2([v, res])[0])
+
+
 def _pool_then_conv():
     net = Network("n")
     x = net.add_input("x", "float32", (1, 4, 4, 16))
@@ -279,10 +294,12 @@ def _pool_then_conv():
     return net
 
 
-def test_int8_max_pool_output_takes_its_input_range():
-    """So quantizing the pooled tensor gives the max of the quantized input: an int8 max pool is exact."""
-    layers = {layer.name: layer for layer in build(_pool_then_conv(), "INT8").network.layers}
-    assert layers["pool"].outputs[0].dynamic_range == 2.0 and layers["conv"].precision == "INT8"
+@pytest.mark.parametrize("mode", ["INT8", "FP8"])
+def test_quantized_max_pool_output_takes_its_input_range(mode):
+    """So quantizing the pooled tensor gives the max of the quantized input (rounding keeps order): a max pool of
+    int8 or E4M3 values is exact."""
+    layers = {layer.name: layer for layer in build(_pool_then_conv(), mode).network.layers}
+    assert layers["pool"].outputs[0].dynamic_range == 2.0 and layers["conv"].precision == mode
     assert build(_pool_then_conv(), "FP16").network.layers[0].outputs[0].dynamic_range == 1.5
 
 

@@ -195,3 +195,15 @@ def spec_from_network(network) -> dict:
                       _conv_spec(c3, f"{name}.conv3", True),
                       None if proj is None else _conv_spec(proj, f"{name}.downsample", False)))
     return {"stem": _conv_spec(stem, "conv1", True), "blocks": specs, "fc": (w, b), "classes": w.shape[1]}
+
+
+def calibrated_engine(model: dict, precision: str, rng, batch: int = 2, size: int = 64, **config):
+    """An engine of ``network(batch, size, model)`` built in `precision` on the cupy backend (more BuilderConfig
+    in `config`), each tensor's range its max |value| over two random batches through the FP32 network."""
+    from gpu_calibrate import apply_ranges, max_abs_ranges
+    from tftrt_py.engine import Builder, BuilderConfig
+
+    batches = [{"input": rng.standard_normal((batch, size, size, 3)).astype(np.float32)} for _ in range(2)]
+    ranges = max_abs_ranges(lambda: network(batch, size, model), batches)
+    return Builder(BuilderConfig(precision=precision, backend="cupy", **config)).build_engine(
+        apply_ranges(network(batch, size, model), ranges))

@@ -1,8 +1,9 @@
-"""precision FP8 on the cupy backend: E4M3 convolutions (cuDNN, dequantize/bias/residual/activation fused) and
-matrix multiplies (cuBLASLt) computing what the numpy backend's FP8 emulation computes, within fp16 rounding and
-accumulation order, on fresh random inputs with NaN-poisoned buffers, CUDA-graph replays equal to the eager run;
-without strict types each FP8 layer runs FP8 only where that is faster than FP16 (recorded in its tactic and
-precision); below compute capability 8.9 the build fails saying what to use instead."""
+"""precision FP8 on the cupy backend: E4M3 convolutions (our Triton kernel, cuDNN with dequantize/bias/residual/
+activation fused, or cuDNN's sums and our epilogue) and matrix multiplies (cuBLASLt) computing what the numpy
+backend's FP8 emulation computes, within fp16 rounding and accumulation order, on fresh random inputs with
+NaN-poisoned buffers, CUDA-graph replays equal to the eager run; E4M3 tensors between FP8 layers (written by their
+producer, read as residuals too); without strict types each FP8 layer runs FP8 only where that is faster than FP16
+(recorded in its tactic and precision); below compute capability 8.9 the build fails saying what to use instead."""
 import numpy as np
 import pytest
 
@@ -10,6 +11,7 @@ from tftrt_py.engine import Builder, BuilderConfig, Network
 from tftrt_py.engine.errors import BuildError
 from tftrt_py.engine.plan import deserialize
 
+import gpu_resnet50 as resnet50
 from gpu_helpers import GPU, healthy_gpu  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
@@ -58,6 +60,145 @@ def fp8_capable():
     return int(cupy.cuda.Device().compute_capability) >= 89
 
 
+CONV_OPS = ("cudnn_conv_fp8", "triton_conv_fp8")
+
+
+def against_numpy(engine, inputs, runs=3):
+    """The engine's outputs on fresh random `inputs()` against the same plan on the numpy backend (max error over
+    max(1, |ref|) below TOL), and a graph replay equal to the eager run."""
+    ctx = engine.create_execution_context()
+    on_cpu = deserialize(engine.serialize(), backend="numpy").create_execution_context()
+    first = None
+    for run in range(runs):
+        feed = inputs()
+        got, want = ctx.execute(feed), on_cpu.execute(feed)
+        for name in want:
+            assert np.isfinite(got[name]).all()
+            assert rel_err(got[name], want[name]) < TOL, (run, name, rel_err(got[name], want[name]))
+        first = first or (feed, got)
+    again = ctx.execute(first[0])
+    for name in again:
+        np.testing.assert_array_equal(again[name], first[1][name])
+
+
+def fp8_pair(variant, monkeypatch, residual=False, mid_is_output=False, cout=32):
+    """Strict FP8 engine of x -> c1 (3x3 relu) -> c2 (1x1 relu, with `residual` also adding c1's output), c1's
+    output also an engine output when `mid_is_output`; the convolutions forced to `variant` ("triton", "fused",
+    "conv" or None: the fastest). Skips below compute capability 8.9 and where the variant has no kernel."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    if variant:
+        monkeypatch.setenv("TFTRT_PY_FP8_CONV", variant)
+    rng = np.random.default_rng(21)
+    net = Network("fp8_pair")
+    x = net.add_input("x", "float32", (2, 10, 10, 32))
+    c1 = net.add_layer("Convolution", [x], conv_params("relu"),
+                       {"kernel": (rng.standard_normal((3, 3, 32, 32)) * 0.1).astype("float32"),
+                        "bias": rng.standard_normal(32).astype("float32")}, name="c1")
+    c2 = net.add_layer("Convolution", [c1.outputs[0]] + ([c1.outputs[0]] if residual else []),
+                       dict(conv_params("relu"), pre_padding=[0, 0], post_padding=[0, 0]),
+                       {"kernel": (rng.standard_normal((1, 1, 32, cout)) * 0.1).astype("float32"),
+                        "bias": rng.standard_normal(cout).astype("float32")}, name="c2")
+    net.mark_output(c2.outputs[0], name="y")
+    if mid_is_output:
+        net.mark_output(c1.outputs[0], name="mid")
+    x.dynamic_range, c1.outputs[0].dynamic_range = 4.0, 6.0  # some of c1's values saturate
+    try:
+        engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+    except BuildError as exc:
+        if variant and "no GPU implementation" in str(exc):
+            pytest.skip(f"no {variant} FP8 kernel on this GPU: {exc}")
+        raise
+    rng = np.random.default_rng(22)
+    against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 10, 10, 32)).astype("float32")})
+    for name in ("c1", "c2"):
+        op = engine.tactics[name]
+        assert op["op"] in CONV_OPS and (variant is None or op["op"] == f"{variant}_conv_fp8"
+                                         or op.get("fusion") == variant), (name, op)
+    return engine
+
+
+@pytest.mark.parametrize("variant", ["triton", "conv", None])
+def test_fp8_tensor_between_fp8_convolutions_stays_e4m3(variant, monkeypatch):
+    """c1 -> c2: c1 writes its output as E4M3 bytes (from its epilogue), c2 reads them: no float tensor, no
+    quantize step between them."""
+    prog = fp8_pair(variant, monkeypatch).cupy_program
+    assert prog.slots["c1:0"].dtype == "uint8" and not any(name.startswith("c1:0@") for name in prog.slots)
+
+
+@pytest.mark.parametrize("variant", ["triton", "conv", None])
+def test_fp8_residual_is_read_as_e4m3(variant, monkeypatch):
+    """c2 reads c1's output as its input and as its residual, both E4M3 (the contract rounds a residual with a
+    range to its grid), so c1 writes E4M3 alone."""
+    engine = fp8_pair(variant, monkeypatch, residual=True)
+    prog = engine.cupy_program
+    assert prog.slots["c1:0"].dtype == "uint8" and not any(name.startswith("c1:0@") for name in prog.slots)
+    (step,) = [s for s in prog.steps if s.layer == "c2"]
+    assert step.inputs == ["c1:0", "c1:0"], step.inputs
+
+
+@pytest.mark.parametrize("variant", ["triton", "fused", "conv", None])
+def test_fp8_tensor_read_by_fp8_and_float_layers_is_written_twice(variant, monkeypatch):
+    """c1's output is also an engine output: c1 writes it in fp16 and as E4M3 (for c2)."""
+    prog = fp8_pair(variant, monkeypatch, mid_is_output=True).cupy_program
+    assert prog.slots["mid"].dtype == "float16" and prog.slots["mid@fp8"].dtype == "uint8"
+    producers = [s.layer for s in prog.steps if "mid@fp8" in s.outputs]
+    assert producers == ["c1"], producers
+
+
+@pytest.mark.parametrize("variant", ["triton", "conv"])
+def test_fp8_residual_of_odd_channels_is_rounded_in_the_epilogue(variant, monkeypatch):
+    """A residual with a range but 10 channels (no E4M3 storage: the quantize step writes 4-byte words) is read
+    in fp16 and rounded to its E4M3 grid inside the convolution's epilogue."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    monkeypatch.setenv("TFTRT_PY_FP8_CONV", variant)
+    rng = np.random.default_rng(23)
+    net = Network("fp8_odd_residual")
+    x, r = net.add_input("x", "float32", (2, 8, 8, 32)), net.add_input("r", "float32", (2, 8, 8, 10))
+    x.dynamic_range, r.dynamic_range = 4.0, 2.0  # some residual values saturate
+    layer = net.add_layer("Convolution", [x, r], conv_params("relu"),
+                          {"kernel": (rng.standard_normal((3, 3, 32, 10)) * 0.1).astype("float32"),
+                           "bias": rng.standard_normal(10).astype("float32")}, name="conv")
+    net.mark_output(layer.outputs[0], name="y")
+    engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+    against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 8, 8, 32)).astype("float32"),
+                                   "r": rng.uniform(-3, 3, (2, 8, 8, 10)).astype("float32")})
+    assert engine.tactics["conv"]["op"] in CONV_OPS, engine.tactics["conv"]
+    assert not any(s.dtype == "uint8" for name, s in engine.cupy_program.slots.items() if name.startswith("r"))
+
+
+def test_resnet50_fp8():
+    """ResNet-50 (64x64, batch 2) calibrated by max |value|, strict FP8: every convolution an E4M3 kernel, E4M3
+    tensors between them, the numpy backend's FP8 close to it and as far from FP32 (so accuracy measured on the CPU
+    predicts the GPU's; Hopper's FP8 sums are not exact fp32, and an E4M3 step is 1/16 of a value: measured 3.5e-2
+    apart), a plan round trip keeping the tactics."""
+    from tftrt_py.engine import Engine, Runtime
+
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    model = resnet50.spec(classes=100)
+    rng = np.random.default_rng(24)
+    engine = resnet50.calibrated_engine(model, "FP8", rng, strict_types=True)
+    ops = [t["op"] for t in engine.tactics.values()]
+    assert sum(ops.count(op) for op in CONV_OPS) == 53, engine.tactics
+    assert sum(s.dtype == "uint8" for s in engine.cupy_program.slots.values()) > 30
+    x = {"input": rng.standard_normal((2, 64, 64, 3)).astype(np.float32)}
+    got = engine.create_execution_context().execute(x)["logits"].astype(np.float64)
+    on_cpu = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute(x)["logits"]
+    fp32 = Engine(resnet50.network(2, 64, model), backend="numpy").create_execution_context().execute(x)["logits"]
+
+    def rel_l2(a, b):
+        return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+    print(f"ResNet-50 FP8 relative L2: GPU vs numpy FP8 {rel_l2(got, on_cpu):.3e}, GPU vs FP32 "
+          f"{rel_l2(got, fp32):.3e}, numpy FP8 vs FP32 {rel_l2(on_cpu, fp32):.3e}")
+    assert rel_l2(got, on_cpu) < 5e-2
+    assert rel_l2(got, fp32) < 1.5 * rel_l2(on_cpu, fp32) + 1e-2
+    again = Runtime().deserialize_cuda_engine(engine.serialize())
+    assert again.tactics == engine.tactics
+
+
 def test_fp8_needs_compute_capability_8_9():
     if fp8_capable():
         engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(fp8_net())
@@ -76,9 +217,10 @@ def test_fp8_layers_match_the_numpy_emulation(batch):
     engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(fp8_net(batch))
     ctx = engine.create_execution_context()
     layers = {l.name: l for l in engine.network.layers}
-    for name, op in (("conv1", "cudnn_conv_fp8"), ("conv2", "cudnn_conv_fp8"), ("dense", "cublaslt_gemm_fp8")):
+    for name, ops in (("conv1", CONV_OPS), ("conv2", CONV_OPS), ("dense", ("cublaslt_gemm_fp8",))):
         print(name, layers[name].precision, engine.tactics[name])
-        assert layers[name].precision == "FP8" and engine.tactics[name]["op"] == op, (name, engine.tactics[name])
+        assert layers[name].precision == "FP8" and engine.tactics[name]["op"] in ops, (name, engine.tactics[name])
+    assert engine.cupy_program.slots["conv1:0"].dtype == "uint8"  # conv2 reads it (and its residual) as E4M3
     on_cpu = deserialize(engine.serialize(), backend="numpy").create_execution_context()
     rng = np.random.default_rng(4)
     first = None
@@ -128,3 +270,57 @@ def test_fp8_layers_slower_than_fp16_run_in_fp16():
     got = engine.create_execution_context().execute({"x": x})["y"]
     want = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute({"x": x})["y"]
     assert rel_err(got, want) < TOL
+
+
+def e4m3_values(codes):
+    """The values of E4M3FN codes (NaN for 0x7f and 0xff)."""
+    from tftrt_py.engine.backends.cupy.ops import fp8
+
+    magnitude = np.append(fp8._E4M3_POSITIVE, np.nan)[codes & 0x7f]
+    return np.where(codes & 0x80, -magnitude, magnitude)
+
+
+def test_fp8_max_pool_takes_the_largest_e4m3_value_of_each_window():
+    """Pooling E4M3 bytes four channels a word: order by value (negative codes reversed, -0 below +0), NaN
+    skipped as the float kernel skips it."""
+    import types
+
+    import cupy
+
+    from tftrt_py.engine.backends.cupy.ops.base import Spec
+    from tftrt_py.engine.backends.cupy.ops.pooling import PoolOp
+
+    layer = types.SimpleNamespace(name="pool", weights={}, params=dict(
+        type="max", window=[2, 2], strides=[2, 2], pre_padding=[0, 0], post_padding=[0, 0]))
+    codes = np.random.default_rng(25).integers(0, 256, (3, 8, 8, 16), dtype=np.uint8)
+    codes[0, 0, 0, :4], codes[0, 0, 1, :4], codes[0, 1, 0, :4], codes[0, 1, 1, :4] = 0x80, 0x00, 0xff, 0x7f
+    op = PoolOp(Spec(layer, [codes.shape], ["uint8"], [(3, 4, 4, 16)], ["uint8"], "float16", None))
+    y = cupy.zeros((3, 4, 4, 16), cupy.uint8)
+    op.run(None, [cupy.asarray(codes)], [y])
+    windows = e4m3_values(codes).reshape(3, 4, 2, 4, 2, 16).transpose(0, 1, 3, 5, 2, 4).reshape(3, 4, 4, 16, 4)
+    assert not np.isnan(windows).all(axis=-1).any()
+    got = e4m3_values(y.get())
+    np.testing.assert_array_equal(got, np.nanmax(windows, axis=-1))
+    assert got[0, 0, 0, 0] == 0.0 and not np.signbit(got[0, 0, 0, 0])  # max(-0, +0, NaNs) is +0
+
+
+def test_fp8_max_pool_between_fp8_convolutions_pools_e4m3_bytes(monkeypatch):
+    """c1 -> max pool -> c2 in FP8: c1 writes E4M3 bytes, the pool takes their max and writes E4M3 for c2."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    rng = np.random.default_rng(26)
+    net = Network("fp8_pool")
+    x = net.add_input("x", "float32", (2, 10, 10, 32))
+    c1 = net.add_layer("Convolution", [x], conv_params(),  # no activation: negative values pooled too
+                       {"kernel": (rng.standard_normal((3, 3, 32, 32)) * 0.1).astype("float32")}, name="c1")
+    pool = net.add_layer("Pooling", c1.outputs, dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1],
+                                                     post_padding=[1, 1]), name="pool")
+    c2 = net.add_layer("Convolution", pool.outputs, dict(conv_params("relu"), pre_padding=[0, 0], post_padding=[0, 0]),
+                       {"kernel": (rng.standard_normal((1, 1, 32, 32)) * 0.1).astype("float32")}, name="c2")
+    net.mark_output(c2.outputs[0], name="y")
+    x.dynamic_range, c1.outputs[0].dynamic_range = 4.0, 6.0
+    engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+    against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 10, 10, 32)).astype("float32")})
+    prog = engine.cupy_program
+    assert prog.slots["c1:0"].dtype == "uint8" and prog.slots["pool:0"].dtype == "uint8", prog.slots
+    assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]

@@ -11,7 +11,8 @@ measured on the CPU predicts accuracy on the GPU.
   range is read quantized too (TensorRT's int8 residual): rounded to its tensor's int8 grid.
 * FP8 (Convolution, MatrixMultiply): as INT8 with E4M3FN values instead of integers: scales range / 448 per
   tensor and max abs / 448 per output channel, values rounded to E4M3 (:func:`round_e4m3`: nearest, ties
-  to even, saturated to +-448); the products are exact in fp32 and summed in fp32 (the GPU's accumulation).
+  to even, saturated to +-448); the products are exact in fp32 and summed in fp32 (the GPU's accumulation);
+  a convolution's residual with a range is rounded to its E4M3 grid.
 """
 from __future__ import annotations
 
@@ -140,14 +141,14 @@ def _sums(layer, a: np.ndarray, b: np.ndarray, fn: Callable) -> np.ndarray:
 
 
 def _residual(layer, inputs):
-    """An INT8 convolution's residual, rounded to its int8 grid when it has a range (TensorRT's int8 residual
-    input): clamp(rint(r / s), -127, 127) * s in fp32."""
+    """An INT8 or FP8 convolution's residual, rounded to its quantized grid when it has a range (TensorRT's int8
+    residual input): int8 clamp(rint(r / s), -127, 127) * s, or the E4M3 value of r / s times s, in fp32."""
     if len(inputs) < 2:
         return None
     r, amax = inputs[1], layer.inputs[1].dynamic_range
-    if layer.precision != "INT8" or amax is None:
+    if layer.precision not in FORMATS or amax is None:
         return r
-    q, s = quantize(r, amax)
+    q, s = quantize(r, amax, FORMATS[layer.precision])
     return q.astype(np.float32) * np.float32(s)
 
 

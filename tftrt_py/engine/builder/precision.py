@@ -192,8 +192,8 @@ def _saturate_fp16_constants(network: Network) -> None:
 
 def _share_max_pool_ranges(network: Network) -> None:
     """A max pool's output takes its input's range (TensorRT's int8 pooling keeps the scale): the pooled values
-    are input values, so quantizing them with the input's scale gives the max of the quantized input, and a
-    backend may pool int8 values exactly."""
+    are input values, so quantizing them with the input's scale gives the max of the quantized input (rounding
+    to int8 or E4M3 keeps order), and a backend may pool quantized values exactly."""
     for layer in network.layers:
         if layer.kind != "Pooling" or layer.params.get("type") != "max" or layer.inputs[0].dynamic_range is None:
             continue
@@ -211,7 +211,7 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
     """
     precision = precision.upper()
     quantized = set()
-    if precision == "INT8":
+    if precision in QUANTIZED:
         _share_max_pool_ranges(network)
     if precision in QUANTIZED:
         candidates = _int8_candidates(network)

@@ -4,8 +4,8 @@ per layer or fused pointwise group, plus casts), tactics chosen by timing on thi
 Inside the engine every float tensor is stored in its layer's compute dtype (float16 for FP16/INT8
 layers); bindings keep their network dtype and casts are inserted where they meet. INT8 layers read
 their activation operands through quantize steps (one per tensor, shared by its readers), or straight
-from an int8 producer when only int8 layers read the tensor (ops/int8.py); FP8 layers read E4M3 bytes
-from their quantize steps (ops/fp8.py). Each quantized layer runs so only where that is faster than FP16
+from an int8 producer when only int8 layers read the tensor (ops/int8.py); FP8 layers likewise with E4M3
+bytes (ops/fp8.py). Each quantized layer runs so only where that is faster than FP16
 (keep_faster_quantized). Tensors that
 are a view of another (reshapes, order-keeping transposes, same-dtype identities) take no memory.
 Activations share one arena per execution context, laid out by lifetime.
@@ -17,18 +17,17 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
-from tftrt_py.engine.backends.cupy.ops import fp8, int8_triton
+from tftrt_py.engine.backends.cupy.ops import fp8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.base import align
-from tftrt_py.engine.backends.cupy.ops.int8 import (INT8_Q, PAD, QMAX, QuantizeOp, conv_channels,
-                                                    matmul_constant, padded, quantized_shape, tensor_scale)
+from tftrt_py.engine.backends.cupy.ops.int8 import INT8, PAD, QuantizeOp, matmul_constant, padded, quantized_shape
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.errors import BackendError, MissingDynamicRangeError
 
@@ -124,19 +123,7 @@ def storage_dtype(tensor, layer, precision: str) -> str:
 QUANT_KINDS = ("Convolution", "MatrixMultiply")
 
 
-@dataclasses.dataclass(frozen=True)
-class QuantFormat:
-    """How a quantized precision stores its operands here: storage dtype, largest magnitude (a tensor's
-    range maps to it), the quantize kernel's rounding, the padding of a convolution's input channels."""
-
-    storage: str
-    qmax: float
-    qfunc: str
-    channels: Callable[[int], int]
-
-
-FORMATS = {"INT8": QuantFormat("int8", QMAX, INT8_Q, conv_channels),
-           "FP8": QuantFormat("uint8", fp8.E4M3_MAX, fp8.E4M3_Q, padded)}  # FP8: E4M3 bytes as uint8
+FORMATS = {"INT8": INT8, "FP8": fp8.FP8}  # how each quantized precision stores its operands (ops/int8.py)
 
 
 def _constant(t) -> bool:
@@ -149,21 +136,21 @@ def _quant_format(layer, precision: str) -> Optional[str]:
 
 
 def quantized_residual(layer, fmt: str) -> bool:
-    """An INT8 convolution reads its residual quantized when the residual has a range (numpy_precision.py's
-    contract): stored as int8 where its channels are a multiple of 4 (the quantize step's words), otherwise
-    rounded to the int8 grid inside the convolution's epilogue."""
-    return (fmt == "INT8" and layer.kind == "Convolution" and len(layer.inputs) > 1
+    """An INT8 or FP8 convolution reads its residual quantized when the residual has a range
+    (numpy_precision.py's contract): stored quantized where its channels are a multiple of 4 (the quantize
+    step's words), otherwise rounded to its quantized grid inside the convolution's epilogue."""
+    return (fmt in FORMATS and layer.kind == "Convolution" and len(layer.inputs) > 1
             and layer.inputs[1].dynamic_range is not None)
 
 
-def _int8_residual(layer, fmt: str) -> bool:
+def _stored_residual(layer, fmt: str) -> bool:
     return quantized_residual(layer, fmt) and layer.inputs[1].shape[-1] % 4 == 0
 
 
 def _quantized_operands(layer, fmt: str) -> List[Tuple[int, bool]]:
     """(input index, needs a transposed copy) of each activation operand `layer` quantizes."""
     if layer.kind == "Convolution":
-        return [(0, False)] + ([(1, False)] if _int8_residual(layer, fmt) else [])
+        return [(0, False)] + ([(1, False)] if _stored_residual(layer, fmt) else [])
     p = layer.params
     return [(i, bool(p.get("transpose_a")) if i == 0 else not p.get("transpose_b"))
             for i in (0, 1) if not _constant(layer.inputs[i])]
@@ -206,7 +193,7 @@ def quantized_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
 
 
 def quant_scale(fmt: str, dynamic_range: float) -> np.float32:
-    return tensor_scale(dynamic_range, FORMATS[fmt].qmax)
+    return FORMATS[fmt].scale(dynamic_range)
 
 
 def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, bool]], dict]:
@@ -220,7 +207,7 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
         if quantized_residual(layer, fmt):
             r = layer.inputs[1]
             quant["res_scale"] = float(quant_scale(fmt, r.dynamic_range))
-            if _int8_residual(layer, fmt):
+            if _stored_residual(layer, fmt):
                 operands.append((1, tuple(r.shape), r.shape[-1], False))
         return operands, quant
     p = layer.params
@@ -245,15 +232,16 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
 
 @dataclasses.dataclass
 class _Costs:
-    """A quantized layer's measured times (ms): its quantized kernel (reading quantized operands, writing int8
-    where int8 layers alone would read its output), the quantize step of each operand, and its fp16 kernel."""
+    """A quantized layer's measured times (ms): its quantized kernel (reading quantized operands, writing its
+    output quantized where layers of its format alone would read it), the quantize step of each operand, and its
+    fp16 kernel."""
 
     quantized: float
     steps: Dict[int, float]
     fp16: float
 
 
-def _measure(layer, fmt: str, int8_out: bool, sole_reader: set, tuner: Tuner, options: BuildOptions) -> _Costs:
+def _measure(layer, fmt: str, quantized_out: bool, sole_reader: set, tuner: Tuner, options: BuildOptions) -> _Costs:
     """`sole_reader`: names of float32 engine inputs only this layer reads (the fp16 kernel then pays their cast,
     which the quantize step replaces)."""
     factory = FACTORIES[layer.kind]
@@ -263,7 +251,7 @@ def _measure(layer, fmt: str, int8_out: bool, sole_reader: set, tuner: Tuner, op
     reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind == "Convolution"]
     q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
              [FORMATS[fmt].storage if i in qshapes else "float16" for i in reads], out,
-             ["int8" if int8_out else "float16"], "float16", options, quant=quant)
+             [FORMATS[fmt].storage if quantized_out else "float16"], "float16", options, quant=quant)
     try:
         q_ms = tuner.fastest_ms(q, factory)
     except BackendError as exc:  # no quantized kernel for these shapes
@@ -336,8 +324,8 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     counting the reformats at precision boundaries: each quantized convolution and matrix multiply is timed
     quantized (int8 operands in, int8 out where only int8 layers would read it) and in fp16, and so is each
     quantize step its operands would need; :func:`settle_quantized` then picks the precisions of least total
-    time. An operand costs no step where its producer runs int8 and writes it as int8 (int8_tensors); FP8
-    operands always take one. So a chain of int8 layers pays the reformat once, at its start, where a
+    time. An operand costs no step where its producer runs quantized and writes it so (quantized_tensors).
+    So a chain of int8 (FP8) layers pays the reformat once, at its start, where a
     layer-by-layer choice would charge each layer for it (and keep none). A layer left in fp16 becomes an FP16
     layer (``layer.precision``, so the plan and the numpy backend say what runs). A tactic recorded on this GPU
     (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key, quantized or not).
@@ -345,8 +333,8 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     if options.strict_types:  # quantized, or the build fails where no quantized kernel exists
         return dict(layers), {}
     by_name = {layer.name: layer for layer in net.layers}
-    pools = int8_pools(net, precision)
-    direct, dual = _int8_if_all_kept(net, layers, precision)
+    pools = quantized_pools(net, precision)
+    direct, dual = _quantized_if_all_kept(net, layers, precision)
     costs: Dict[str, _Costs] = {}
     recorded: Dict[str, bool] = {}
     readers = net.consumers()
@@ -364,8 +352,9 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     writers = {}
     for name in costs:
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
-        writers[name] = {i: inputs[i].producer.name if (fmt == "INT8" and not transposed and inputs[i].name in
-                                                        direct | dual) else None for i, transposed in layers[name]}
+        writers[name] = {i: inputs[i].producer.name if (
+            not transposed and inputs[i].name in direct | dual
+            and _member_format(inputs[i].producer, precision) == fmt) else None for i, transposed in layers[name]}
     keep = settle_quantized(costs, {name for name, low in recorded.items() if low} | set(pools), writers)
     chosen = {}
     for name in layers:
@@ -382,10 +371,11 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     return {name: layers[name] for name in layers if name in keep}, chosen  # (pools are not quantized layers)
 
 
-def int8_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
-    """Max pools an INT8 engine may run on int8 values, as quantized layers with one operand: their output has
-    their input's range (builder/precision.py), so the max of the int8 values is the pooled tensor quantized."""
-    if precision != "INT8":
+def quantized_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
+    """Max pools an INT8 or FP8 engine may run on quantized values, as quantized layers with one operand: their
+    output has their input's range (builder/precision.py), so the max of the quantized values is the pooled tensor
+    quantized."""
+    if precision not in FORMATS:
         return {}
     return {layer.name: [(0, False)] for layer in net.layers
             if layer.kind == "Pooling" and layer.params.get("type") == "max" and layer.outputs[0].dtype in FLOATS
@@ -393,38 +383,44 @@ def int8_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
             and layer.outputs[0].dynamic_range == layer.inputs[0].dynamic_range}
 
 
-def _int8_if_all_kept(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Tuple[set, set]:
-    """int8_tensors of the INT8 candidates among `layers` and the max pools, as if every candidate stayed int8."""
-    by_name = {layer.name: layer for layer in net.layers}
-    int8 = {name: ops for name, ops in layers.items() if _quant_format(by_name[name], precision) == "INT8"}
-    return int8_tensors(net, {**int8_pools(net, precision), **int8})
+def _quantized_if_all_kept(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Tuple[set, set]:
+    """quantized_tensors of the candidates `layers` (and the max pools), as if every candidate stayed
+    quantized."""
+    return quantized_tensors(net, {**quantized_pools(net, precision), **layers}, precision)
 
 
-def _prefetch_int8_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str,
-                           prefer: Dict[str, dict]) -> None:
-    """Start compiling the Triton kernels INT8 convolutions are timed with (ops/int8_triton.py), all at once
+def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str,
+                             prefer: Dict[str, dict]) -> None:
+    """Start compiling the Triton kernels quantized convolutions are timed with (ops/triton_conv.py), all at once
     (not for layers whose tactic was recorded: those build the one kernel they need)."""
-    by_name = {layer.name: layer for layer in net.layers}
-    direct, _ = _int8_if_all_kept(net, layers, precision)
+    direct, _ = _quantized_if_all_kept(net, layers, precision)
     convolutions = []
-    for name in layers:
-        layer = by_name[name]
-        if _quant_format(layer, precision) != "INT8" or layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4 or prefer.get(name):
+    for layer in net.layers:
+        if (layer.name not in layers or layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4
+                or prefer.get(layer.name)):
             continue
+        fmt = _quant_format(layer, precision)
+        f = FORMATS[fmt]
         x, y = layer.inputs[0], layer.outputs[0]
-        geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (conv_channels(x.shape[-1]),), y.shape)
+        geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (f.channels(x.shape[-1]),), y.shape)
         residual = None
         if len(layer.inputs) > 1:
-            residual = (layer.inputs[1].shape[0], "int8" if _int8_residual(layer, "INT8") else "float16")
-        convolutions.append((geom, "bias" in layer.weights, layer.params.get("activation"), residual,
-                             quantized_residual(layer, "INT8"), "int8" if y.name in direct else "float16"))
-    int8_triton.prefetch(convolutions)
+            residual = (layer.inputs[1].shape[0], f.storage if _stored_residual(layer, fmt) else "float16")
+        convolutions.append((fmt, geom, "bias" in layer.weights, layer.params.get("activation"), residual,
+                             quantized_residual(layer, fmt), f.storage if y.name in direct else "float16"))
+    triton_conv.prefetch(convolutions)
 
 
-def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, set]:
-    """(direct, dual): outputs of int8 layers that int8 layers read untransposed and unpadded. Direct:
-    only they read it, so it is stored as int8 alone; dual (convolution outputs): other layers read it
-    too (a residual sum), so its producer writes an int8 copy beside the fp16 tensor."""
+def _member_format(layer, precision: str) -> Optional[str]:
+    """The format a layer of quantized_tensors' `layers` runs in: its own, the engine's for the max pools."""
+    return precision if layer.kind == "Pooling" else _quant_format(layer, precision)
+
+
+def quantized_tensors(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Tuple[set, set]:
+    """(direct, dual): outputs of quantized layers that layers of the same format (INT8 or FP8) read as
+    quantized operands, untransposed and unpadded. Direct: only they read it, so it is stored quantized alone;
+    dual (convolution outputs): other layers read it too (a residual sum), so its producer writes a quantized
+    copy beside the fp16 tensor."""
     consumers = net.consumers()
     outputs = {t.name for t in net.outputs}
     direct, dual = set(), set()
@@ -435,9 +431,11 @@ def int8_tensors(net, layers: Dict[str, List[Tuple[int, bool]]]) -> Tuple[set, s
         if t.dynamic_range is None or t.rank < 2 or t.shape[-1] % PAD:
             continue
 
+        fmt = _member_format(layer, precision)
+
         def quantized_reads(user) -> List[bool]:
-            """Per use of t by `user`: is it an untransposed int8 operand?"""
-            ops = layers.get(user.name, [])
+            """Per use of t by `user`: is it an untransposed operand of the same format?"""
+            ops = layers.get(user.name, []) if _member_format(user, precision) == fmt else []
             return [any(i == j and not transposed for j, transposed in ops)
                     for i, u in enumerate(user.inputs) if u is t]
 
@@ -538,15 +536,13 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     tensors = {t.name: t for t in net.inputs}
     tensors.update({t.name: t for l in net.layers for t in l.outputs})
     candidates = quantized_layers(net, precision)
-    _prefetch_int8_kernels(net, candidates, precision, prefer)
+    _prefetch_triton_kernels(net, candidates, precision, prefer)
     quantized_ops, choice = keep_faster_quantized(net, candidates, precision, tuner, options, prefer)
-    int8 = {l.name: quantized_ops[l.name] for l in net.layers
-            if l.name in quantized_ops and _quant_format(l, precision) == "INT8"}
-    pools = int8_pools(net, precision)
-    int8_direct, _ = int8_tensors(net, {**int8, **pools})
+    pools = quantized_pools(net, precision)
+    direct, _ = quantized_tensors(net, {**quantized_ops, **pools}, precision)
     pooled = {l.name: l.outputs[0].name for l in net.layers if l.name in pools}
-    pools = {name: ops for name, ops in pools.items() if pooled[name] in int8_direct}  # int8 layers alone read it
-    int8_direct, int8_dual = int8_tensors(net, {**int8, **pools})
+    pools = {name: ops for name, ops in pools.items() if pooled[name] in direct}  # quantized layers alone read it
+    direct, dual = quantized_tensors(net, {**quantized_ops, **pools}, precision)
     quantized: Dict[Tuple[str, str, int, bool], str] = {}
 
     def need_q(tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
@@ -618,32 +614,34 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
             raise BackendError(f"layer kind {layer.kind!r} ({layer.name}) is not supported by the cupy backend")
         cdt = compute_dtype(layer, precision)
         host = layer.kind == "NMS"
-        quant, extra = None, []  # extra: (slot, shape) of a second, int8 output (dual tensors)
+        quant, extra = None, []  # extra: (slot, shape, format) of a second, quantized output (dual tensors)
         if layer.name in pools:
             x = layer.inputs[0]
-            inputs, out_dtypes = [need_q(x.name, "INT8", x.shape[-1], False, layer.name)], ["int8"]
+            inputs = [need_q(x.name, precision, x.shape[-1], False, layer.name)]
+            out_dtypes = [FORMATS[precision].storage]
         elif layer.name in quantized_ops:
             inputs, quant = quantized_inputs(layer, cdt)
-            t = layer.outputs[0]
-            out_dtypes = ["int8" if t.name in int8_direct else cdt]
-            if t.name in int8_dual:
-                quant["dual_scale"] = float(tensor_scale(t.dynamic_range))
-                extra = [(f"{t.name}@int8", tuple(t.shape))]
+            t, fmt = layer.outputs[0], _quant_format(layer, precision)
+            out_dtypes = [FORMATS[fmt].storage if t.name in direct else cdt]
+            if t.name in dual:
+                quant["dual_scale"] = float(quant_scale(fmt, t.dynamic_range))
+                extra = [(f"{t.name}@{fmt.lower()}", tuple(t.shape), fmt)]
         else:
             inputs = []
             for t in layer.inputs:
                 want = sd[t.name] if host else (cdt if t.dtype in FLOATS else t.dtype)
                 inputs.append(need(t.name, want, layer.name))
         spec = Spec(layer, [prog.slots[n].shape for n in inputs], [sd[n] for n in inputs],
-                    [t.shape for t in layer.outputs] + [shape for _, shape in extra],
-                    out_dtypes + ["int8"] * len(extra), cdt, options, prefer.get(layer.name), quant=quant)
+                    [t.shape for t in layer.outputs] + [shape for _, shape, _ in extra],
+                    out_dtypes + [FORMATS[fmt].storage for _, _, fmt in extra], cdt, options, prefer.get(layer.name),
+                    quant=quant)
         op, record = tuner.choose(spec, factory)
         for t, dtype in zip(layer.outputs, out_dtypes):
             add_slot(t.name, t.shape, dtype, "arena")
-        for name, shape in extra:
-            add_slot(name, shape, "int8", "arena")
-            quantized[(layer.outputs[0].name, "INT8", shape[-1], False)] = name
-        prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _ in extra], layer.name))
+        for name, shape, fmt in extra:
+            add_slot(name, shape, FORMATS[fmt].storage, "arena")
+            quantized[(layer.outputs[0].name, fmt, shape[-1], False)] = name
+        prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _, _ in extra], layer.name))
         if layer.name in choice:
             record = dict(record, **dict([choice[layer.name]]))
         prog.tactics[layer.name] = record

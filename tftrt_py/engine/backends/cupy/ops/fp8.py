@@ -6,8 +6,11 @@ nearest even and saturated to +-448 (``cvt.rn.satfinite.e4m3x2.f32``, one kernel
 reader of a tensor, :data:`E4M3_Q` in int8's QuantizeOp); constant weights per output channel (max abs / 448);
 products summed in fp32, then ``act(sum * s_x * s_w[c] + bias + residual)`` in fp32, written as fp16.
 
-* Convolution: a cuDNN graph (E4M3 image and filter, fp32 accumulation) with the per-channel dequantize,
-  bias, residual and activation fused on its output (int8's graph with FP8 operands).
+* Convolution: our Triton kernel (triton_conv.py, int8's with E4M3 operands and fp32 sums), which also reads
+  and writes E4M3 tensors between FP8 layers and quantized residuals; a cuDNN graph (E4M3 image and filter, fp32
+  accumulation) with the per-channel dequantize, bias, residual and activation fused on its output (int8's graph
+  with FP8 operands); where neither serves (a quantized output or residual without Triton), cuDNN's graph
+  writing fp32 sums and int8's epilogue kernel.
 * MatrixMultiply: cuBLASLt's E4M3 GEMM writing fp32 sums (it takes one scale per operand), then int8's
   epilogue kernel applies the per-channel scales, bias and activation.
 
@@ -17,6 +20,7 @@ Hopper): building an FP8 engine on an older GPU is a BuildError saying what to u
 from __future__ import annotations
 
 import logging
+import os
 from typing import List, Tuple
 
 import numpy as np
@@ -24,11 +28,13 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.cupy.ops.int8 import CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, _cudnn_int8_graph
+from tftrt_py.engine.backends.cupy.ops.int8 import (CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, QuantFormat,
+                                                    QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, out_scale, padded)
+from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates
 from tftrt_py.engine.backends.numpy_precision import E4M3_MAX, FORMATS, quantize_per_channel
 from tftrt_py.engine.errors import BuildError
 
-__all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "check_device", "e4m3_bytes", "fp8_conv_candidates",
+__all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "FP8", "check_device", "e4m3_bytes", "fp8_conv_candidates",
            "fp8_matmul_candidates", "matmul_constant"]
 
 logger = logging.getLogger(__name__)
@@ -36,14 +42,24 @@ logger = logging.getLogger(__name__)
 #: The oldest GPU generation with FP8 tensor cores (Ada Lovelace, sm_89).
 MIN_CAPABILITY: Tuple[int, int] = (8, 9)
 
-#: int8.QuantizeOp's rounding for FP8: the E4M3FN byte of v / s (nearest even, saturated, NaN kept).
+#: int8.QuantizeOp's rounding for FP8: the E4M3FN byte of v / s (nearest even, saturated, NaN kept), and the
+#: value of an E4M3FN byte.
 E4M3_Q = r"""
 __device__ __forceinline__ int tt_q(float v, float s) {
   unsigned short h;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(v / s));
   return h & 0xff;
 }
+__device__ __forceinline__ float tt_v(int q) {
+  unsigned int h2; float f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)(q & 0xff)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xffff)));
+  return f;
+}
 """
+
+#: FP8's storage here: E4M3 bytes as uint8, input channels of convolutions padded to a multiple of 16.
+FP8 = QuantFormat("FP8", "uint8", E4M3_MAX, E4M3_Q, padded)
 
 #: The 127 non-negative finite E4M3FN values in code order (0x00..0x7e; 0x7f is NaN).
 _E4M3_POSITIVE = np.array([(m / 8.0) * 2.0 ** -6 if (c >> 3) == 0 else (1 + m / 8.0) * 2.0 ** ((c >> 3) - 7)
@@ -91,42 +107,59 @@ def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):
 
 
 def fp8_conv_candidates(spec: Spec) -> List[Op]:
-    """The plans of cuDNN's FP8 convolution graph with dequantize, bias, residual and activation fused; none
-    (the layer then runs in FP16) for grouped convolutions or where cuDNN has no plan."""
+    """Our Triton kernel's tiles, the plans of cuDNN's FP8 graph with dequantize, bias, residual and activation
+    fused (float outputs and residuals), or else cuDNN's graph writing fp32 sums and the epilogue kernel; none
+    (the layer then runs in FP16) for grouped convolutions or where nothing serves."""
     cupy = _device.require()
-    layer, opts, prefer = spec.layer, spec.options, spec.prefer or {}
+    layer, opts, prefer, quant = spec.layer, spec.options, spec.prefer or {}, spec.quant
     geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
-    if (geom.groups != 1 or _device.cudnn_module() is None or prefer.get("op") not in (None, "cudnn_conv_fp8")
-            or (residual is not None and residual[0] != geom.n)):
+    if geom.groups != 1 or (residual is not None and residual[0] != geom.n):
         return []
     activation, bias = layer.params.get("activation"), layer.weights.get("bias")
-    try:
-        graph = _cudnn_int8_graph(geom, "fused", bias is not None, residual, activation, spec.out_dtypes[0], opts,
-                                  fp8=True)
-        plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
-    except Exception as exc:
-        logger.debug("cuDNN FP8 graph for %s not supported: %s", layer.name, exc)
-        return []
     kernel = layer.weights["kernel"]
     q, s_w = _per_channel(kernel, -1)
     if geom.c > kernel.shape[-2]:
         q = np.concatenate([q, np.zeros(q.shape[:-2] + (geom.c - q.shape[-2], q.shape[-1]), np.uint8)], axis=-2)
     w = cupy.asarray(np.ascontiguousarray(np.moveaxis(q, -1, 0)))  # [Cout, *K, C]
-    deq = Dequant(cupy.asarray(np.float32(spec.quant["in_scale"]) * s_w),
-                  cupy.asarray(bias.astype(np.float32)) if bias is not None else None, activation,
-                  spec.out_dtypes[0], None, residual[1] if residual else None)
-    ops = [CudnnInt8ConvOp(graph, plan, w, deq, (), has_residual) for plan in plans]
-    for op in ops:
-        op.tactic = dict(op.tactic, op="cudnn_conv_fp8")
-    return ops
+    out_dtype, dual, res_scale = spec.out_dtypes[0], quant.get("dual_scale"), quant.get("res_scale")
+    deq = Dequant(cupy.asarray(np.float32(quant["in_scale"]) * s_w),
+                  cupy.asarray(bias.astype(np.float32)) if bias is not None else None, activation, out_dtype,
+                  out_scale(spec, FP8), residual[1] if residual else None,
+                  np.float32(dual) if dual is not None else None, "float32",
+                  np.float32(res_scale) if has_residual and res_scale is not None else None, FP8)
+    force = os.environ.get("TFTRT_PY_FP8_CONV")  # tests: only this path ("triton", "fused" or "conv")
+    cands: List[Op] = []
+    if prefer.get("op") in (None, "triton_conv_fp8") and force in (None, "triton"):
+        cands += triton_conv_candidates("FP8", geom, w, deq, residual, prefer)
+    fused = out_dtype != FP8.storage and deq.res_scale is None  # cuDNN's graph writes floats, adds floats
+    for fusion in (("fused",) if fused else ()) + ("conv",):
+        if (_device.cudnn_module() is None or prefer.get("op") not in (None, "cudnn_conv_fp8")
+                or prefer.get("fusion") not in (None, fusion) or force not in (None, fusion)
+                or (fusion == "conv" and cands)):  # "conv": only where nothing else serves
+            continue
+        try:
+            graph = _cudnn_int8_graph(geom, fusion, bias is not None, residual, activation, out_dtype, opts,
+                                      fp8=True)
+            plans = graph.plans(opts.cudnn_plans, prefer.get("plan"), opts.cudnn_runtime_plans)
+        except Exception as exc:
+            logger.debug("cuDNN FP8 graph (%s) for %s not supported: %s", fusion, layer.name, exc)
+            continue
+        ops = [CudnnInt8ConvOp(graph, plan, w, deq, (geom.n, *geom.out, geom.cout), has_residual) for plan in plans]
+        for op in ops:
+            op.tactic = dict(op.tactic, op="cudnn_conv_fp8")
+        if dual is not None and fusion == "fused":
+            quantize = QuantizeOp(spec.out_shapes[0], out_dtype, dual, geom.cout, qfunc=E4M3_Q)
+            ops = [QuantizeAfterOp(op, quantize) for op in ops]
+        cands += ops
+    return cands
 
 
 class LtFp8MatMulOp(LtInt8MatMulOp):
     """The product through cuBLASLt's E4M3 GEMM: fp32 sums, then the dequantizing epilogue."""
 
-    OPERANDS, ACC = "float8_e4m3", "float32"
+    OPERANDS, ACC, FORMAT = "float8_e4m3", "float32", FP8
 
 
 def fp8_matmul_candidates(spec: Spec) -> List[Op]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from tftrt_py.engine.backends.cupy.ops.conv import (CudnnConvGraph, ConvGeom, _c
                                                     im2col_kernel, nhwc_dims)
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE, PREAMBLE, activation_expr
 
-__all__ = ["QMAX", "PAD", "conv_channels", "tensor_scale", "quantize_weights", "QuantizeOp", "int8_conv_candidates",
-           "int8_matmul_candidates", "padded"]
+__all__ = ["QMAX", "PAD", "INT8", "QuantFormat", "conv_channels", "tensor_scale", "quantize_weights", "QuantizeOp",
+           "int8_conv_candidates", "int8_matmul_candidates", "padded"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +67,34 @@ def quantize_weights(w: np.ndarray, axis: int = -1) -> Tuple[np.ndarray, np.ndar
 
 
 # -- quantize step -----------------------------------------------------------------------------------
-#: tt_q(v, s): the quantized byte of v with scale s (in the low 8 bits); fp8.py has the E4M3 one.
+#: tt_q(v, s): the quantized byte of v with scale s (in the low 8 bits); tt_v(q): the value of byte q (before
+#: its scale). fp8.py has the E4M3 ones.
 INT8_Q = r"""
 __device__ __forceinline__ int tt_q(float v, float s) {
   if (!(s > 0.0f)) return 0;
   return (int)fminf(fmaxf(rintf(v / s), -127.0f), 127.0f);
 }
+__device__ __forceinline__ float tt_v(int q) { return (float)(signed char)q; }
 """
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantFormat:
+    """How a quantized precision stores its operands here: storage dtype, largest magnitude (a tensor's range
+    maps to it), the device functions tt_q/tt_v that round to and read its bytes, the padding of a convolution's
+    input channels."""
+
+    name: str
+    storage: str
+    qmax: float
+    qfunc: str
+    channels: Callable[[int], int]
+
+    def scale(self, dynamic_range: float) -> np.float32:
+        return tensor_scale(dynamic_range, self.qmax)
+
+
+INT8 = QuantFormat("INT8", "int8", QMAX, INT8_Q, conv_channels)
 _QUANTIZE = r"""
 extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict__ q, float s, long long groups) {
   // one thread per 4 output bytes: q is [OUTER, D1, D2P] (D2P % 4 == 0) read from x [OUTER, D2, D1]
@@ -143,13 +164,13 @@ def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[i
 
 
 # -- int32 accumulators -> output ------------------------------------------------------------------
-def int8_epilogue(out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation, dual: bool = False,
-                  acc_dtype: str = "int32", residual_scaled: bool = False):
-    """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (int8:
+def int8_epilogue(fmt: QuantFormat, out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation,
+                  dual: bool = False, acc_dtype: str = "int32", residual_scaled: bool = False):
+    """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (`fmt`'s storage:
     requantized with the output's scale, ``sy``); `dual` also stores it requantized with scale ``sq`` in
-    ``yq``. With `residual_scaled` the residual has the int8 scale ``rs``: an int8 residual is dequantized, a
-    float one rounded to the int8 grid (clamp(rint(res / rs), -127, 127) * rs). Call as kernel(acc, dq[, bias][,
-    res][, rs][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
+    ``yq``. With `residual_scaled` the residual has the scale ``rs``: a quantized residual is dequantized, a
+    float one rounded to its quantized grid (int8: clamp(rint(res / rs), -127, 127) * rs). Call as kernel(acc,
+    dq[, bias][, res][, rs][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
     params, e = [f"{acc_dtype} acc", "float32 dq"], "((float)acc * dq)"
     if has_bias:
         params.append("float32 bias")
@@ -159,20 +180,20 @@ def int8_epilogue(out_dtype: str, has_bias: bool, residual_dtype: Optional[str],
         r = "(float)res"
         if residual_scaled:
             params.append("float32 rs")
-            r = f"({r} * rs)" if residual_dtype == "int8" else f"(fminf(fmaxf(rintf({r} / rs), -127.0f), 127.0f) * rs)"
+            r = "(tt_v(res) * rs)" if residual_dtype == fmt.storage else f"(tt_v(tt_q({r}, rs)) * rs)"
         e = f"({e} + {r})"
     e = activation_expr(e, activation)
     outs = f"{out_dtype} y"
-    if out_dtype == "int8":
+    if out_dtype == fmt.storage:
         params.append("float32 sy")
-        body = f"float v = tt_fp16({e}); y = (signed char)fminf(fmaxf(rintf(v / sy), -127.0f), 127.0f);"
+        body = f"float v = tt_fp16({e}); y = tt_q(v, sy);"
     else:
         body = f"float v = {e}; y = ({C_TYPE[out_dtype]})(v);"
     if dual:
         params.append("float32 sq")
-        outs += ", int8 yq"
-        body += " yq = (signed char)fminf(fmaxf(rintf(tt_fp16(v) / sq), -127.0f), 127.0f);"
-    return kernels.elementwise(", ".join(params), outs, body, f"tt_{acc_dtype}_epilogue", PREAMBLE + _FP16)
+        outs += f", {fmt.storage} yq"
+        body += " yq = tt_q(tt_fp16(v), sq);"
+    return kernels.elementwise(", ".join(params), outs, body, f"tt_{acc_dtype}_epilogue", PREAMBLE + _FP16 + fmt.qfunc)
 
 
 #: Round a float to the nearest fp16 value (cupy's float16 type exists only in kernels with fp16 arguments).
@@ -188,7 +209,7 @@ __device__ __forceinline__ float tt_fp16(float f) {
 
 @dataclasses.dataclass
 class Dequant:
-    """What turns int32 accumulators into the output: per-channel dq, bias, activation, output scale."""
+    """What turns int32 (FP8: fp32) accumulators into the output: per-channel dq, bias, activation, output scale."""
 
     dq: object          # cupy float32 [Cout] (matrix multiplies with a constant A: [M, N])
     bias: object        # cupy float32 [Cout] or None
@@ -196,26 +217,28 @@ class Dequant:
     out_dtype: str
     out_scale: Optional[np.float32]
     residual_dtype: Optional[str]
-    #: Also write the output requantized with this scale (a second, int8 output).
+    #: Also write the output requantized with this scale (a second, quantized output).
     dual_scale: Optional[np.float32] = None
     acc_dtype: str = "int32"
-    #: The residual's int8 scale (an INT8 convolution's quantized residual, see program.quantized_residual).
+    #: The residual's scale (a quantized convolution's quantized residual, see program.quantized_residual).
     res_scale: Optional[np.float32] = None
+    fmt: QuantFormat = INT8
 
     def __post_init__(self):
-        self.kernel = int8_epilogue(self.out_dtype, self.bias is not None, self.residual_dtype, self.activation,
-                                    self.dual_scale is not None, self.acc_dtype, self.res_scale is not None)
+        self.kernel = int8_epilogue(self.fmt, self.out_dtype, self.bias is not None, self.residual_dtype,
+                                    self.activation, self.dual_scale is not None, self.acc_dtype,
+                                    self.res_scale is not None)
 
     @property
     def requant_scale(self) -> Optional[np.float32]:
-        """The scale of the int8 values this layer writes (its int8 output or its second output)."""
-        return self.out_scale if self.out_dtype == "int8" else self.dual_scale
+        """The scale of the quantized values this layer writes (its quantized output or its second output)."""
+        return self.out_scale if self.out_dtype == self.fmt.storage else self.dual_scale
 
     def run(self, acc, res, y, yq=None) -> None:
         args = [acc, self.dq] + ([self.bias] if self.bias is not None else []) + ([res] if res is not None else [])
         if res is not None and self.res_scale is not None:
             args.append(self.res_scale)
-        if self.out_dtype == "int8":
+        if self.out_dtype == self.fmt.storage:
             args.append(self.out_scale)
         if self.dual_scale is not None:
             args.append(self.dual_scale)
@@ -226,10 +249,11 @@ class Dequant:
         return int(self.dq.nbytes) + (int(self.bias.nbytes) if self.bias is not None else 0)
 
 
-def _out_scale(spec: Spec) -> Optional[np.float32]:
-    if spec.out_dtypes[0] != "int8":
+def out_scale(spec: Spec, fmt: QuantFormat) -> Optional[np.float32]:
+    """The scale of a layer's quantized output (None for a float one)."""
+    if spec.out_dtypes[0] != fmt.storage:
         return None
-    return tensor_scale(spec.layer.outputs[0].dynamic_range)
+    return fmt.scale(spec.layer.outputs[0].dynamic_range)
 
 
 # -- cuDNN int8 convolution ---------------------------------------------------------------------------
@@ -258,7 +282,7 @@ class CudnnInt8ConvGraph(CudnnConvGraph):
         self.fusion, self.dtype = fusion, out_dtype
         io = {"float16": dt.HALF, "float32": dt.FLOAT, "int8": dt.INT8}
         g2 = geom.as2d()
-        inter = dt.INT32 if fusion == "conv" else dt.FLOAT
+        inter = acc if fusion == "conv" else dt.FLOAT
         g = cudnn.pygraph(io_data_type=qt, intermediate_data_type=inter, compute_data_type=inter, handle=handle)
         xd, xs = nhwc_dims(g2.n, g2.c, g2.spatial)
         wd, ws = nhwc_dims(g2.cout, g2.cg, g2.kernel)
@@ -271,8 +295,8 @@ class CudnnInt8ConvGraph(CudnnConvGraph):
         self.S = self.B = self.R = self.Q = self.H = self.Yq = None
         yd, ys = nhwc_dims(g2.n, g2.cout, g2.out)
         if fusion == "conv":
-            y = g.identity(input=y, name="identity", compute_data_type=dt.INT32)
-            y.set_output(True).set_data_type(dt.INT32).set_dim(yd).set_stride(ys)
+            y = g.identity(input=y, name="identity", compute_data_type=acc)
+            y.set_output(True).set_data_type(acc).set_dim(yd).set_stride(ys)
         else:
             if fusion == "fused_i32":
                 y.set_data_type(dt.INT32)
@@ -348,7 +372,7 @@ class CudnnInt8ConvOp(Op):
         ws_ptr = rc.workspace_ptr + self.acc_bytes
         pack = {g.X: ins[0].data.ptr, g.W: self.w.data.ptr}
         if g.fusion == "conv":
-            acc = rc.scratch(0, self.acc_shape, "int32")
+            acc = rc.scratch(0, self.acc_shape, self.deq.acc_dtype)
             pack[g.Y] = acc.data.ptr
         else:
             pack[g.Y] = outs[0].data.ptr
@@ -432,9 +456,9 @@ def _conv_weights(kernel: np.ndarray, cp: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def int8_conv_candidates(spec: Spec) -> List[Op]:
-    """cuDNN int8 plans of the most fused graph that has any, our Triton kernel (int8_triton.py) and the cuBLAS
+    """cuDNN int8 plans of the most fused graph that has any, our Triton kernel (triton_conv.py) and the cuBLAS
     int8 GEMM path (FP8 layers: fp8.py's)."""
-    from tftrt_py.engine.backends.cupy.ops.int8_triton import triton_conv_candidates
+    from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates
 
     if spec.quant.get("format") == "FP8":
         from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_conv_candidates
@@ -454,7 +478,7 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
     bias32 = cupy.asarray(bias.astype(np.float32)) if bias is not None else None
     out_dtype = spec.out_dtypes[0]
     dual, res_scale = quant.get("dual_scale"), quant.get("res_scale")
-    deq = Dequant(dq, bias32, activation, out_dtype, _out_scale(spec), residual[1] if residual else None,
+    deq = Dequant(dq, bias32, activation, out_dtype, out_scale(spec, INT8), residual[1] if residual else None,
                   np.float32(dual) if dual is not None else None,
                   res_scale=np.float32(res_scale) if has_residual and res_scale is not None else None)
     w = cupy.asarray(w_q)
@@ -487,7 +511,7 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
                     ops = [QuantizeAfterOp(op, quantize) for op in ops]
                 cands += ops
     if prefer.get("op") in (None, "triton_conv_int8") and force in (None, "triton"):
-        cands += triton_conv_candidates(geom, w, deq, residual, prefer)
+        cands += triton_conv_candidates("INT8", geom, w, deq, residual, prefer)
     want_gemm = (prefer.get("op") == "gemm_conv_int8" or (not prefer and (geom.pointwise_gemm() or geom.c < PAD))
                  or not cands)
     if want_gemm and force in (None, "gemm"):
@@ -502,8 +526,8 @@ class Int8MatMulOp(Op):
     int32 accumulators in the workspace, then the epilogue. Constant operands are uploaded quantized;
     activation operands arrive quantized (and transposed where needed) from QuantizeOp steps."""
 
-    #: The accumulators' dtype.
-    ACC = "int32"
+    #: The accumulators' dtype, and the operands' format.
+    ACC, FORMAT = "int32", INT8
 
     def __init__(self, spec: Spec):
         cupy = _device.require()
@@ -538,8 +562,8 @@ class Int8MatMulOp(Op):
         bias = spec.weights.get("bias")
         bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (self.n,)).copy()) if bias is not None else None
         dq = cupy.asarray(np.ascontiguousarray(q["dq"], np.float32))  # [N], or [M, N] for a constant A
-        self.deq = Dequant(dq, bias32, p.get("activation"), spec.out_dtypes[0], _out_scale(spec), None,
-                           acc_dtype=self.ACC)
+        self.deq = Dequant(dq, bias32, p.get("activation"), spec.out_dtypes[0], out_scale(spec, self.FORMAT), None,
+                           acc_dtype=self.ACC, fmt=self.FORMAT)
         self.device_bytes = self.deq.nbytes + sum(int(s[1].nbytes) for s in self.sources if s[0] == "const")
         self.tactic = {"op": "cublas_gemm_int8", "workspace": self.workspace}
 

@@ -1,5 +1,5 @@
-"""Pooling: one generated kernel per configuration, one thread per output element (four int8 channels in a
-max pool), channels last (consecutive threads read consecutive channels). Up to three spatial dims."""
+"""Pooling: one generated kernel per configuration, one thread per output element (four int8 or E4M3 channels
+in a max pool), channels last (consecutive threads read consecutive channels). Up to three spatial dims."""
 from __future__ import annotations
 
 from typing import List
@@ -34,6 +34,24 @@ __device__ __forceinline__ T finish(A acc, bool padded, int count) {
   return INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc;
 }
 """
+#: Max pooling of E4M3 bytes (stored as uint8) four channels at a time: each byte's sign and magnitude mapped to
+#: an ordered signed byte (negative magnitudes reversed; an involution), the max taken as int8, mapped back. NaN
+#: (+NaN ordered highest, -NaN lowest) is skipped, as the float kernel skips it.
+_E4M3X4_MAX = r"""
+typedef int A;
+#define INIT ((int)0x80808080)  // below every ordered byte but -NaN's
+__device__ __forceinline__ int ordered(int v) { return v ^ (__vcmplts4(v, 0) & 0x7f7f7f7f); }
+__device__ __forceinline__ void take(A& acc, T v) {
+  int o = ordered(v);
+  int nan = __vcmpeq4(o, 0x7f7f7f7f);
+  acc = __vmaxs4(acc, (o & ~nan) | (INIT & nan));
+}
+__device__ __forceinline__ T finish(A acc, bool padded, int count) {
+  return ordered(INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc);
+}
+"""
+#: in dtype of a max pool over quantized bytes -> its policy (four channels a word)
+_PACKED_MAX = {"int8": _INT8X4_MAX, "uint8": _E4M3X4_MAX}
 _POOL = r"""
 extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, long long total) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
@@ -69,7 +87,7 @@ class PoolOp(Op):
         p = spec.params
         shape, out = spec.in_shapes[0], spec.out_shapes[0]
         dtype = spec.in_dtypes[0]
-        packed = dtype == "int8" and p["type"] == "max" and shape[-1] % 4 == 0  # four int8 channels a word
+        packed = dtype in _PACKED_MAX and p["type"] == "max" and shape[-1] % 4 == 0  # four bytes a word
         defs = {"T": "int" if packed else kernels.raw_type(dtype), "C": shape[-1] // 4 if packed else shape[-1],
                 "IS_MAX": int(p["type"] == "max"), "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}
         s, k, o = pad3(shape[1:-1], 1), pad3(p["window"], 1), pad3(out[1:-1], 1)
@@ -77,7 +95,7 @@ class PoolOp(Op):
         for d in range(3):
             defs.update({f"S{d}": s[d], f"K{d}": k[d], f"O{d}": o[d], f"ST{d}": st[d], f"PD{d}": pd[d]})
         head = "".join(f"#define {name} {value}\n" for name, value in defs.items())
-        self.kernel = kernels.raw_kernel(head + (_INT8X4_MAX if packed else _FLOAT) + _POOL, "tt_pool")
+        self.kernel = kernels.raw_kernel(head + (_PACKED_MAX[dtype] if packed else _FLOAT) + _POOL, "tt_pool")
         self.total = int(np.prod(out)) // (4 if packed else 1)
         self.tactic = {"op": "pool_kernel"}
 

@@ -1,11 +1,12 @@
-"""Our Triton int8 convolution (ops/int8.py TritonInt8ConvOp) against our FP16 convolutions, for every distinct
-convolution of ResNet-50 v1.5 (tests/engine/gpu/gpu_resnet50.py) at one batch size: the int8 data flow (int8
-image, int8 output, int8 residual) next to each layer's best FP16 tactic (fp16 image, output and residual), both
-timed through the backend's tuner, and the sums over the network's 53 convolutions. Each Triton shape is also
-checked against the cuBLAS int8 GEMM path on the same operands (fp16 residual, int8 output). GPU machine only.
+"""Our Triton int8 / FP8 convolution (ops/triton_conv.py) against our FP16 convolutions, for every distinct
+convolution of ResNet-50 v1.5 (tests/engine/gpu/gpu_resnet50.py) at one batch size: the quantized data flow
+(quantized image, output and residual) next to each layer's best FP16 tactic (fp16 image, output and residual),
+both timed through the backend's tuner, and the sums over the network's 53 convolutions. Each Triton shape is
+also checked against another path on the same operands (fp16 residual, quantized output): the cuBLAS int8 GEMM,
+or for FP8 cuDNN's E4M3 graph with our epilogue (steps counted in codes). GPU machine only.
 
-    python benchmarks/int8_conv_probe.py [--batch 128]
-    ncu -k conv_int8 python benchmarks/int8_conv_probe.py --only layer1.0.conv3 --tile 128,64,4,4,0  # one kernel
+    python benchmarks/quantized_conv_probe.py [--batch 128] [--precision FP8]
+    ncu -k conv_quantized python benchmarks/quantized_conv_probe.py --only layer1.0.conv3 --tile 128,64,4,4,0
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -69,15 +69,28 @@ def layer_for(c, shape, residual):
     return layer, out
 
 
-def run_one(layer, shape, out, residual, tile, opts, tuner, runs: int = 3):
-    """One Triton kernel of the int8 data flow, run `runs` times (for a profiler)."""
-    from tftrt_py.engine.backends.cupy.ops import Spec, int8
+#: precision -> (format, environment variable forcing a path, the path checked against)
+FORCE = {"INT8": ("TFTRT_PY_INT8_CONV", "gemm"), "FP8": ("TFTRT_PY_FP8_CONV", "conv")}
+
+
+def quantized_spec(layer, shape, out, residual, fmt, opts, prefer=None, residual_dtype=None):
+    """The Spec of `layer` in the quantized data flow of format `fmt` (the residual quantized unless
+    `residual_dtype` says otherwise)."""
+    from tftrt_py.engine.backends.cupy.ops import Spec
+
+    s = fmt.scale(RANGE)
+    qshape = shape[:3] + (fmt.channels(shape[3]),)
+    return Spec(layer, [qshape] + ([out] if residual else []),
+                [fmt.storage] + ([residual_dtype or fmt.storage] if residual else []), [out], [fmt.storage],
+                "float16", opts, prefer, quant={"format": fmt.name, "in_scale": float(s), "res_scale": float(s)})
+
+
+def run_one(layer, shape, out, residual, fmt, tile, opts, tuner, runs: int = 3):
+    """One Triton kernel of the quantized data flow, run `runs` times (for a profiler)."""
     from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
 
-    qshape = shape[:3] + (int8.conv_channels(shape[3]),)
-    spec = Spec(layer, [qshape] + ([out] if residual else []), ["int8"] * (2 if residual else 1), [out], ["int8"],
-                "float16", opts, {"op": "triton_conv_int8", "tile": tile},
-                quant={"in_scale": RANGE / 127, "res_scale": RANGE / 127})
+    spec = quantized_spec(layer, shape, out, residual, fmt, opts, {"op": f"triton_conv_{fmt.name.lower()}",
+                                                                    "tile": tile})
     op = conv_candidates(spec)[0]
     ins, outs = tuner._io(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
     with opts.tuner.stream:
@@ -94,36 +107,37 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--precision", choices=sorted(FORCE), default="INT8")
     parser.add_argument("--only", help="run only this layer's Triton kernel (--tile) a few times, untimed (for ncu)")
     parser.add_argument("--tile", help="BM,BN,warps,stages,programs per SM (0: one per tile)")
-    parser.add_argument("--tiles", help="kernels to compile instead of int8_triton.TILES: BM,BN,warps,stages;...")
+    parser.add_argument("--tiles", help="kernels to compile instead of triton_conv.TILES: BM,BN,warps,stages;...")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("ops.int8", "tactics"):
+    for name in ("ops.int8", "ops.fp8", "tactics"):
         logging.getLogger(f"tftrt_py.engine.backends.cupy.{name}").setLevel(logging.DEBUG)
 
     from tftrt_py.engine.backends import get_backend
-    from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, int8
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, triton_conv
     from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
-    from tftrt_py.engine.backends.cupy.ops import int8_triton
+    from tftrt_py.engine.backends.cupy.program import FORMATS
     from tftrt_py.engine.backends.cupy.tactics import Tuner
 
     if args.tiles:
-        int8_triton.TILES = tuple(tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";"))
+        triton_conv.TILES = tuple(tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";"))
+    fmt, (force, other) = FORMATS[args.precision], FORCE[args.precision]
 
     backend = get_backend("cupy")
-    print(f"GPU {backend.device}; batch {args.batch}")
+    print(f"GPU {backend.device}; batch {args.batch}; {args.precision}")
     opts = BuildOptions(cudnn_plans=4)
     opts.tuner = backend._tuning_context()
     tuner = Tuner(opts.tuner, opts)
     rows, compile_s = [], 0.0
     totals = collections.Counter()
-    s = RANGE / 127
     for key, count, c, shape, residual in convolutions(args.batch):
         layer, out = layer_for(c, shape, residual)
         if args.only:
             if c["name"] == args.only:
-                run_one(layer, shape, out, residual, [int(v) for v in args.tile.split(",")], opts, tuner)
+                run_one(layer, shape, out, residual, fmt, [int(v) for v in args.tile.split(",")], opts, tuner)
             continue
         name = f"{c['name']} {shape[1]}x{shape[2]} {c['kernel'].shape[0]}x{c['kernel'].shape[0]}/{c['stride']} " \
                f"{shape[3]}->{out[3]}{' +res' if residual else ''}"
@@ -131,24 +145,21 @@ def main():
                      ["float16"], "float16", opts, None)
         f16 = tuner._time_all(fspec, conv_candidates(fspec))[0]
         totals["fp16"] += count * f16.ms
-        cp = int8.conv_channels(shape[3])
-        qshape = shape[:3] + (cp,)
         tri_ms, tile, check = None, "", ""
         try:
-            os.environ["TFTRT_PY_INT8_CONV"] = "triton"
-            spec = Spec(layer, [qshape] + ([out] if residual else []), ["int8"] * (2 if residual else 1), [out],
-                        ["int8"], "float16", opts, None, quant={"in_scale": s, "res_scale": s})
+            os.environ[force] = "triton"
+            spec = quantized_spec(layer, shape, out, residual, fmt, opts)
             t0 = time.perf_counter()
             cands = conv_candidates(spec)
             compile_s += time.perf_counter() - t0
             if cands:
                 best = tuner._time_all(spec, cands)[0]
                 tri_ms, tile = best.ms, best.tactic["tile"]
-                # check: fp16 residual, int8 output, against the cuBLAS int8 GEMM path on the same operands
-                cspec = Spec(layer, spec.in_shapes, ["int8"] + (["float16"] if residual else []), [out], ["int8"],
-                             "float16", opts, {"op": "triton_conv_int8", "tile": tile}, quant=spec.quant)
+                # check: fp16 residual, quantized output, against the other path on the same operands
+                cspec = quantized_spec(layer, shape, out, residual, fmt, opts,
+                                       {"op": best.tactic["op"], "tile": tile}, "float16")
                 mine = conv_candidates(cspec)[0]
-                os.environ["TFTRT_PY_INT8_CONV"] = "gemm"
+                os.environ[force] = other
                 ref = conv_candidates(Spec(**{**cspec.__dict__, "prefer": None}))[0]
                 ins, outs = tuner._io(cspec.in_shapes, cspec.in_dtypes, cspec.out_shapes, cspec.out_dtypes)
                 opts.tuner.ensure_workspace(max(ref.workspace, 1))
@@ -162,20 +173,22 @@ def main():
         except Exception as exc:
             check = f"error {type(exc).__name__}: {str(exc)[:200]}"
         finally:
-            os.environ.pop("TFTRT_PY_INT8_CONV", None)
-        totals["int8"] += count * (tri_ms if tri_ms is not None else f16.ms)
+            os.environ.pop(force, None)
+        totals["quantized"] += count * (tri_ms if tri_ms is not None else f16.ms)
         rows.append((name, count, f16.ms, f16.tactic.get("op"), tri_ms, tile, check))
         tuner.release()
         cupy.get_default_memory_pool().free_all_blocks()
     if args.only:
         return
     print(f"\nTriton compiles: {compile_s:.1f} s")
-    print(f"\n{'convolution':<44} {'n':>2} {'fp16 ms':>8} {'int8 ms':>8} {'ratio':>6}  tile / fp16 op / check")
+    print(f"\n{'convolution':<44} {'n':>2} {'fp16 ms':>8} {args.precision.lower() + ' ms':>8} {'ratio':>6}  "
+          f"tile / fp16 op / check")
     for name, n, f, fop, t, tile, check in rows:
         ratio = f"{f / t:.2f}x" if t else "-"
         print(f"{name:<44} {n:>2} {f:8.4f} {t if t else float('nan'):8.4f} {ratio:>6}  {tile} / {fop} / {check}")
-    print(f"\nsum over the 53 convolutions: fp16 {totals['fp16']:.3f} ms, int8 data flow {totals['int8']:.3f} ms "
-          f"({totals['fp16'] / totals['int8']:.2f}x; layers without a Triton kernel counted at fp16)")
+    print(f"\nsum over the 53 convolutions: fp16 {totals['fp16']:.3f} ms, {args.precision} data flow "
+          f"{totals['quantized']:.3f} ms ({totals['fp16'] / totals['quantized']:.2f}x; layers without a Triton kernel "
+          f"counted at fp16)")
 
 
 if __name__ == "__main__":

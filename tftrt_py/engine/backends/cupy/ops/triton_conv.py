@@ -1,8 +1,9 @@
-"""The int8 convolution of our own Triton kernel (triton/conv_int8_kernel.py): implicit GEMM on int8 tensor cores,
-dequantization, bias, residual (fp16, int8 with its scale, or fp16 rounded to its int8 grid), ReLU and the
-output's requantization in one kernel, so an int8 layer between int8 layers reads and writes bytes only.
-Written because cuDNN's int8 graphs on Hopper are runtime-fusion kernels no faster than its fp16 ones wherever
-memory bounds a layer (README "Where the time goes"); chosen per layer by timing, like every tactic.
+"""The int8 and FP8 convolution of our own Triton kernel (triton/quantized_conv.py): implicit GEMM on int8 (E4M3)
+tensor cores, dequantization, bias, residual (fp16, quantized with its scale, or fp16 rounded to its quantized
+grid), ReLU and the output's requantization in one kernel, so a quantized layer between quantized layers reads
+and writes bytes only. Written because cuDNN's int8 and FP8 graphs on Hopper are runtime-fusion kernels no
+faster than its fp16 ones wherever memory bounds a layer (README "Where the time goes"); chosen per layer by
+timing, like every tactic.
 """
 from __future__ import annotations
 
@@ -17,21 +18,24 @@ from tftrt_py.engine.backends.cupy.ops.base import Op
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import Dequant
 
-__all__ = ["TILES", "GRIDS", "TritonInt8ConvOp", "triton_conv_candidates", "prefetch", "kernel_request"]
+__all__ = ["TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "prefetch", "kernel_request"]
 
 logger = logging.getLogger(__name__)
 
 #: Kernels compiled per layer: (BM pixels, BN channels, warps, pipeline stages): the five that won ResNet-50's
-#: convolutions at batch 128 on an H100 out of ten tried (benchmarks/int8_conv_probe.py --tiles).
+#: convolutions at batch 128 on an H100 out of ten tried (benchmarks/quantized_conv_probe.py --tiles).
 TILES = ((128, 128, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (256, 64, 8, 3), (128, 64, 4, 4))
 #: Grids each kernel is timed with: programs per SM (a persistent kernel), or 0 for one program per tile.
 GRIDS = (0, 1, 2, 4)
-_SOURCE = "tftrt_py.engine.backends.cupy.triton.conv_int8_kernel"
+_SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_conv"
 _I32 = 2 ** 31
+#: Triton's type of a quantized operand (E4M3 bytes are stored as uint8 here).
+_QUANTIZED = {"INT8": "*i8", "FP8": "*fp8e4nv"}
+_FLOATS = ("float16", "float32")
 
 
-def _pointer(dtype: str) -> str:
-    return {"int8": "*i8", "float16": "*fp16", "float32": "*fp32"}[dtype]
+def _pointer(dtype: str, fmt: str) -> str:
+    return {"int8": "*i8", "uint8": _QUANTIZED[fmt], "float16": "*fp16", "float32": "*fp32"}[dtype]
 
 
 def fits(geom: ConvGeom, activation, residual) -> bool:
@@ -43,48 +47,50 @@ def fits(geom: ConvGeom, activation, residual) -> bool:
             and (residual is None or residual[0] == geom.n))
 
 
-def kernel_request(geom: ConvGeom, has_bias: bool, relu: bool, residual: Optional[Tuple[int, str]],
+def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residual: Optional[Tuple[int, str]],
                    residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int):
-    """The Triton compile request of one tile for this convolution and epilogue (triton.request)."""
+    """The Triton compile request of one tile for this `fmt` ("INT8" or "FP8") convolution and epilogue
+    (triton.request)."""
     from tftrt_py.engine.backends.cupy import triton
 
     bm, bn, warps, stages = tile[:4]
-    out = 1 if out_dtype == "int8" else 2 if dual else 0
-    res = 0 if residual is None else 2 if residual[1] == "int8" else 3 if residual_scaled else 1
-    params = {"x": "*i8", "w": "*i8", "dq": "*fp32", "bias": "*fp32",
-              "res": _pointer(residual[1] if residual else "float16"), "y": _pointer(out_dtype), "yq": "*i8",
+    q = _QUANTIZED[fmt]
+    out = (2 if dual else 0) if out_dtype in _FLOATS else 1
+    res = 0 if residual is None else 2 if residual[1] not in _FLOATS else 3 if residual_scaled else 1
+    params = {"x": q, "w": q, "dq": "*fp32", "bias": "*fp32",
+              "res": _pointer(residual[1] if residual else "float16", fmt), "y": _pointer(out_dtype, fmt), "yq": q,
               "M": "i32", "H": "i32", "W": "i32", "OH": "i32", "OW": "i32", "C": "i32", "COUT": "i32",
               "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
     constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res, RELU=bool(relu),
-                      OUT=out, BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
+                      OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0)
     multiples = ("C", "COUT") if geom.cout % 16 == 0 else ("C",)
-    return triton.request(_SOURCE, "conv_int8", params, constexprs, capability, multiples, warps, stages)
+    return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, multiples, warps, stages)
 
 
-def _request(geom: ConvGeom, deq: Dequant, residual, tile, capability: int):
-    return kernel_request(geom, deq.bias is not None, bool(deq.activation), residual, deq.res_scale is not None,
+def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability: int):
+    return kernel_request(fmt, geom, deq.bias is not None, bool(deq.activation), residual, deq.res_scale is not None,
                           deq.out_dtype, deq.dual_scale is not None, tile, capability)
 
 
 def prefetch(convolutions) -> None:
-    """Start compiling every tile of these convolutions: (geom, has bias, activation, residual (batch, dtype) or
-    None, residual scaled, output dtype) each, those the kernel fits."""
+    """Start compiling every tile of these convolutions: (format, geom, has bias, activation, residual (batch,
+    dtype) or None, residual scaled, output dtype) each, those the kernel fits."""
     from tftrt_py.engine.backends.cupy import triton
 
     if not triton.available():
         return
     capability = int(_device.require().cuda.Device().compute_capability)
-    triton.prefetch([kernel_request(geom, bias, bool(act), residual, scaled, out, False, tile, capability)
-                     for geom, bias, act, residual, scaled, out in convolutions
+    triton.prefetch([kernel_request(fmt, geom, bias, bool(act), residual, scaled, out, False, tile, capability)
+                     for fmt, geom, bias, act, residual, scaled, out in convolutions
                      if fits(geom, act, residual) for tile in TILES])
 
 
-class TritonInt8ConvOp(Op):
-    """One compiled kernel of the Triton int8 convolution, launched with one grid."""
+class TritonConvOp(Op):
+    """One compiled kernel of the Triton int8 or FP8 convolution, launched with one grid."""
 
-    def __init__(self, geom: ConvGeom, w, deq: Dequant, kernel, tile, sms: int):
+    def __init__(self, fmt: str, geom: ConvGeom, w, deq: Dequant, kernel, tile, sms: int):
         bm, bn, _, _, per_sm = tile
         self.w, self.deq, self.kernel = w, deq, kernel
         self.scalars = [np.int32(v) for v in (geom.rows, *geom.spatial, *geom.out, geom.c, geom.cout)] + [
@@ -92,7 +98,7 @@ class TritonInt8ConvOp(Op):
         tiles = -(-geom.rows // bm) * -(-geom.cout // bn)
         self.grid = min(tiles, per_sm * sms) if per_sm else tiles
         self.device_bytes = int(w.nbytes) + deq.nbytes
-        self.tactic = {"op": "triton_conv_int8", "tile": list(tile)}
+        self.tactic = {"op": f"triton_conv_{fmt.lower()}", "tile": list(tile)}
 
     def run(self, rc, ins, outs):
         d = self.deq
@@ -101,7 +107,7 @@ class TritonInt8ConvOp(Op):
         self.kernel.launch(self.grid, [np.uint64(p) for p in ptr] + self.scalars)
 
 
-def triton_conv_candidates(geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
+def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
                            prefer: dict) -> List[Op]:
     """Each kernel of TILES (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
     tile when it is one of them (a plan's other values are not compiled); none where Triton is missing or the
@@ -121,11 +127,11 @@ def triton_conv_candidates(geom: ConvGeom, w, deq: Dequant, residual: Optional[T
 
     def build(tile):
         try:
-            return triton.compile_kernel(_request(geom, deq, residual, tile, capability))
+            return triton.compile_kernel(_request(fmt, geom, deq, residual, tile, capability))
         except Exception as exc:  # a tile Triton cannot compile for this GPU
-            logger.debug("Triton int8 convolution, tile %s: %s", tile, exc)
+            logger.debug("Triton %s convolution, tile %s: %s", fmt, tile, exc)
             return None
 
     with concurrent.futures.ThreadPoolExecutor(len(kernels)) as pool:
         kernels = dict(zip(kernels, pool.map(build, kernels)))
-    return [TritonInt8ConvOp(geom, w, deq, kernels[t[:4]], t, sms) for t in tiles if kernels[t[:4]]]
+    return [TritonConvOp(fmt, geom, w, deq, kernels[t[:4]], t, sms) for t in tiles if kernels[t[:4]]]
