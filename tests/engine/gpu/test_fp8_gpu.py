@@ -324,3 +324,28 @@ def test_fp8_max_pool_between_fp8_convolutions_pools_e4m3_bytes(monkeypatch):
     prog = engine.cupy_program
     assert prog.slots["c1:0"].dtype == "uint8" and prog.slots["pool:0"].dtype == "uint8", prog.slots
     assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]
+
+
+@pytest.mark.parametrize("variant", ["triton", "fused", "conv"])
+def test_fp8_convolution_of_an_rgb_image(variant, monkeypatch):
+    """A stem: the image's 3 channels padded to 4 (4 bytes a pixel), 7x7 stride 2, on each path this GPU has."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    monkeypatch.setenv("TFTRT_PY_FP8_CONV", variant)
+    rng = np.random.default_rng(27)
+    net = Network("fp8_stem")
+    x = net.add_input("x", "float32", (2, 32, 32, 3))
+    layer = net.add_layer("Convolution", [x], dict(strides=[2, 2], dilations=[1, 1], pre_padding=[3, 3],
+                                                   post_padding=[3, 3], groups=1, activation={"type": "relu"}),
+                          {"kernel": (rng.standard_normal((7, 7, 3, 64)) * 0.1).astype("float32"),
+                           "bias": rng.standard_normal(64).astype("float32")}, name="conv")
+    net.mark_output(layer.outputs[0], name="y")
+    x.dynamic_range = 4.0
+    try:
+        engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+    except BuildError as exc:
+        if "no GPU implementation" in str(exc):
+            pytest.skip(f"no {variant} FP8 kernel for an RGB image on this GPU: {exc}")
+        raise
+    assert engine.cupy_program.slots["x@fp8"].shape[-1] == 4
+    against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 32, 32, 3)).astype("float32")})

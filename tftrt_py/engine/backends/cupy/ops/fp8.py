@@ -29,7 +29,7 @@ from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import (CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, QuantFormat,
-                                                    QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, out_scale, padded)
+                                                    QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, conv_channels, out_scale)
 from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates
 from tftrt_py.engine.backends.numpy_precision import E4M3_MAX, FORMATS, quantize_per_channel
 from tftrt_py.engine.errors import BuildError
@@ -59,7 +59,7 @@ __device__ __forceinline__ float tt_v(int q) {
 """
 
 #: FP8's storage here: E4M3 bytes as uint8, input channels of convolutions padded to a multiple of 16.
-FP8 = QuantFormat("FP8", "uint8", E4M3_MAX, E4M3_Q, padded)
+FP8 = QuantFormat("FP8", "uint8", E4M3_MAX, E4M3_Q, conv_channels)
 
 #: The 127 non-negative finite E4M3FN values in code order (0x00..0x7e; 0x7f is NaN).
 _E4M3_POSITIVE = np.array([(m / 8.0) * 2.0 ** -6 if (c >> 3) == 0 else (1 + m / 8.0) * 2.0 ** ((c >> 3) - 7)
