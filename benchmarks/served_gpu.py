@@ -4,10 +4,10 @@ engine called directly and against PyTorch, on one GPU machine in one run.
 Models (random weights, nothing downloaded): Keras ResNet50, a keras-hub BERT-base encoder (sequence 128, token
 ids + segment ids + padding mask with padded tails), a keras-hub GPT-2 small (causal, padding mask) and a keras-hub
 ViT-B/16 (224x224, 197 tokens, erf GELU; PyTorch's ViTModel has random weights of its own: timing only), each in
-FP16 and INT8. Each is exported, converted (engines built for every batch; the build of the first three batches is
-timed), saved, loaded and checked against native TF (``err``); BERT and GPT-2 also against HF ``transformers``
-models holding the same weights, run in fp32 (``vs_torch32``). Per batch it times, in milliseconds (median of
-single calls, wall clock):
+FP16 and INT8 (``--precisions``: also FP32, FP8). Each is exported, converted (engines built for every batch; the
+build of the first three batches is timed), saved, loaded and checked against native TF (``err``); BERT and GPT-2
+also against HF ``transformers`` models holding the same weights, run in fp32 (``vs_torch32``). Per batch it
+times, in milliseconds (median of single calls, wall clock):
 
 - ``tf``: native TensorFlow (the CPU build: this machine's TF has no GPU kernels);
 - ``signature``: the converted model's serving signature, host inputs in, host outputs out (what users call);
@@ -343,10 +343,10 @@ def rel_err(got: dict, want: dict) -> float:
 
 
 MODELS = {
-    "resnet50": dict(export=resnet50_keras, feed=resnet50_feed, torch=resnet50_torch, precisions=("FP16", "INT8")),
-    "bert": dict(export=bert_keras, feed=bert_feed, torch=bert_torch, precisions=("FP16", "INT8")),
-    "gpt2": dict(export=gpt2_keras, feed=gpt2_feed, torch=gpt2_torch, precisions=("FP16", "INT8")),
-    "vit": dict(export=vit_keras, feed=vit_feed, torch=vit_torch, precisions=("FP16", "INT8")),
+    "resnet50": dict(export=resnet50_keras, feed=resnet50_feed, torch=resnet50_torch),
+    "bert": dict(export=bert_keras, feed=bert_feed, torch=bert_torch),
+    "gpt2": dict(export=gpt2_keras, feed=gpt2_feed, torch=gpt2_torch),
+    "vit": dict(export=vit_keras, feed=vit_feed, torch=vit_torch),
 }
 
 
@@ -362,7 +362,7 @@ def convert(feed, source: str, precision: str, batches, rng, out_dir: str, profi
                                                         maximum_cached_engines=len(batches) + 1)
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=source, conversion_params=params)
     t0 = time.perf_counter()
-    if precision == "INT8":  # calibrated at the smallest batch: an engine serves smaller batches than its own
+    if precision in ("INT8", "FP8"):  # calibrated at the smallest batch: an engine serves smaller batches than its own
         # (TF-TRT's implicit batch), so calibrating at 8 left batch 1 to the batch-8 engine built then
         calib = min(batches)
         converter.convert(calibration_input_fn=lambda: iter([feed(calib, rng) for _ in range(max(2, 16 // calib))]))
@@ -518,12 +518,11 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
         return {names[0]: next(iter(f.values()))} if len(names) == 1 else f  # Keras's "keras_tensor..." name
     feeds = {b: feed(b, np.random.default_rng(b)) for b in batches}
     # Converted and built before PyTorch runs in this process, as in a user's process (no torch there).
-    precisions = [p for p in spec["precisions"] if p in args.precisions]
     convs = {}
-    for precision in precisions:
+    for precision in args.precisions:
         before = set(dispatcher.engine_ops())
         conv = convert(feed, source, precision, batches, rng, os.path.join(work, precision),
-                       profile_build=args.profile_build and precision == precisions[0])
+                       profile_build=args.profile_build and precision == args.precisions[0])
         conv["signature"](**{k: tf.constant(v) for k, v in feeds[batches[0]].items()})  # creates its engine ops
         convs[precision] = (set(dispatcher.engine_ops()) - before, conv)
     tf_ms = {b: timed(lambda b=b: native(**feeds[b]), min_seconds=0.2, min_iters=2, max_iters=20, warmup=1)
@@ -626,7 +625,8 @@ def main() -> int:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile-batches", nargs="+", type=int, default=[1, 8, 32, 128])
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--precisions", nargs="+", default=["FP16", "INT8"])
+    parser.add_argument("--precisions", nargs="+", default=["FP16", "INT8"],
+                        choices=["FP32", "FP16", "INT8", "FP8"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 4, 8])
     parser.add_argument("--thread-batch", type=int, default=8)
     parser.add_argument("--thread-calls", type=int, default=100)

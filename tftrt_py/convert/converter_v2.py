@@ -141,6 +141,7 @@ class TrtGraphConverterV2:
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
         its calibration_data attribute and rebuild the converted function (as TF-TRT does)."""
         algorithm = calibration_algorithm(self._conversion_params)
+        precision = canonical_precision(self._conversion_params.precision_mode)  # INT8 or FP8
         nodes = self._engine_nodes()
         keys = [n.attr["segment_key"].s.decode() for n in nodes]
         start = time.perf_counter()
@@ -148,7 +149,7 @@ class TrtGraphConverterV2:
             dispatcher.start_calibrating(key, algorithm)
         batches = 0
         try:
-            for inp in tqdm(calibration_input_fn(), desc=f"INT8 calibration ({algorithm})", unit="batch"):
+            for inp in tqdm(calibration_input_fn(), desc=f"{precision} calibration ({algorithm})", unit="batch"):
                 args, kwargs = _convert_to_tensors(inp)
                 self._converted_func(*args, **kwargs)
                 batches += 1
@@ -161,8 +162,8 @@ class TrtGraphConverterV2:
                                                                 self._captures)
         self._calibrated = True
         self._calibration_seconds = time.perf_counter() - start
-        logger.info("INT8 calibration (%s) of %d engine op(s) over %d batch(es): %.2f s", algorithm, len(nodes),
-                    batches, self._calibration_seconds)
+        logger.info("%s calibration (%s) of %d engine op(s) over %d batch(es): %.2f s", precision, algorithm,
+                    len(nodes), batches, self._calibration_seconds)
 
     # -- build ----------------------------------------------------------------
     def build(self, input_fn):

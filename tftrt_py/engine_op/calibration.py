@@ -55,7 +55,7 @@ class OpCalibration:
         with self._lock:
             self.collector = Collector(algorithm)
             self._engines.clear()
-            logger.info("TRTEngineOp %s: INT8 calibration (%s) started", self.op_name, algorithm)
+            logger.info("TRTEngineOp %s: calibration (%s) started", self.op_name, algorithm)
 
     @property
     def active(self) -> bool:
