@@ -64,7 +64,8 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residua
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
     constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res, RELU=bool(relu),
                       OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
-                      SMALL_C=geom.c if geom.c < 32 else 0)
+                      SMALL_C=geom.c if geom.c < 32 else 0,
+                      SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22)
     multiples = ("C", "COUT") if geom.cout % 16 == 0 else ("C",)
     return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, multiples, warps, stages)
 
