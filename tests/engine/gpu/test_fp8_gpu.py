@@ -349,3 +349,25 @@ def test_fp8_convolution_of_an_rgb_image(variant, monkeypatch):
         raise
     assert engine.cupy_program.slots["x@fp8"].shape[-1] == 4
     against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 32, 32, 3)).astype("float32")})
+
+
+def test_fp8_product_read_by_an_fp8_product_stays_e4m3():
+    """(a @ b) @ c of three activations: the first product's epilogue writes E4M3 bytes, the second reads them
+    (no float tensor, no quantize step between), computing what the numpy backend's FP8 does."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    rng = np.random.default_rng(28)
+    net = Network("fp8_products")
+    a, b, c = (net.add_input(n, "float32", s) for n, s in (("a", (2, 24, 32)), ("b", (2, 32, 48)),
+                                                           ("c", (2, 48, 16))))
+    ab = net.add_layer("MatrixMultiply", [a, b], {}, name="ab")
+    abc = net.add_layer("MatrixMultiply", [ab.outputs[0], c], {}, name="abc")
+    net.mark_output(abc.outputs[0], name="y")
+    for t, r in ((a, 2.0), (b, 2.0), (c, 2.0), (ab.outputs[0], 12.0)):
+        t.dynamic_range = r
+    engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+    assert engine.tactics["ab"]["op"] == engine.tactics["abc"]["op"] == "cublaslt_gemm_fp8", engine.tactics
+    prog = engine.cupy_program
+    assert prog.slots["ab:0"].dtype == "uint8" and not any(name.startswith("ab:0@") for name in prog.slots)
+    against_numpy(engine, lambda: {n: rng.uniform(-2, 2, s).astype("float32") for n, s in
+                                   (("a", (2, 24, 32)), ("b", (2, 32, 48)), ("c", (2, 48, 16)))})

@@ -322,10 +322,10 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
 
     TensorRT's INT8 (and FP8) mode lets a layer run in fp16 when that is faster, unless precisions are strict,
     counting the reformats at precision boundaries: each quantized convolution and matrix multiply is timed
-    quantized (int8 operands in, int8 out where only int8 layers would read it) and in fp16, and so is each
-    quantize step its operands would need; :func:`settle_quantized` then picks the precisions of least total
-    time. An operand costs no step where its producer runs quantized and writes it so (quantized_tensors).
-    So a chain of int8 (FP8) layers pays the reformat once, at its start, where a
+    quantized (quantized operands in, quantized out where only layers of its format would read it) and in fp16,
+    and so is each quantize step its operands would need; :func:`settle_quantized` then picks the precisions of
+    least total time. An operand costs no step where its producer runs quantized and writes it so
+    (quantized_tensors). So a chain of int8 (FP8) layers pays the reformat once, at its start, where a
     layer-by-layer choice would charge each layer for it (and keep none). A layer left in fp16 becomes an FP16
     layer (``layer.precision``, so the plan and the numpy backend say what runs). A tactic recorded on this GPU
     (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key, quantized or not).

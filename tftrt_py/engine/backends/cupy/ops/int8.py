@@ -163,9 +163,9 @@ def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[i
     return shape[:-1] + (last_padded,)
 
 
-# -- int32 accumulators -> output ------------------------------------------------------------------
-def int8_epilogue(fmt: QuantFormat, out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation,
-                  dual: bool = False, acc_dtype: str = "int32", residual_scaled: bool = False):
+# -- int32 (fp32) accumulators -> output ---------------------------------------------------------------
+def quantized_epilogue(fmt: QuantFormat, out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation,
+                       dual: bool = False, acc_dtype: str = "int32", residual_scaled: bool = False):
     """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (`fmt`'s storage:
     requantized with the output's scale, ``sy``); `dual` also stores it requantized with scale ``sq`` in
     ``yq``. With `residual_scaled` the residual has the scale ``rs``: a quantized residual is dequantized, a
@@ -225,9 +225,9 @@ class Dequant:
     fmt: QuantFormat = INT8
 
     def __post_init__(self):
-        self.kernel = int8_epilogue(self.fmt, self.out_dtype, self.bias is not None, self.residual_dtype,
-                                    self.activation, self.dual_scale is not None, self.acc_dtype,
-                                    self.res_scale is not None)
+        self.kernel = quantized_epilogue(self.fmt, self.out_dtype, self.bias is not None, self.residual_dtype,
+                                         self.activation, self.dual_scale is not None, self.acc_dtype,
+                                         self.res_scale is not None)
 
     @property
     def requant_scale(self) -> Optional[np.float32]:
