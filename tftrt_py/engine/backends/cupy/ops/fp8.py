@@ -58,7 +58,7 @@ __device__ __forceinline__ float tt_v(int q) {
 }
 """
 
-#: FP8's storage here: E4M3 bytes as uint8, input channels of convolutions padded to a multiple of 16.
+#: FP8's storage here: E4M3 bytes as uint8, input channels of convolutions padded as INT8's (int8.conv_channels).
 FP8 = QuantFormat("FP8", "uint8", E4M3_MAX, E4M3_Q, conv_channels)
 
 #: The 127 non-negative finite E4M3FN values in code order (0x00..0x7e; 0x7f is NaN).
