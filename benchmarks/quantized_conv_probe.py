@@ -6,7 +6,7 @@ also checked against another path on the same operands (fp16 residual, quantized
 or for FP8 cuDNN's E4M3 graph with our epilogue (steps counted in codes). GPU machine only.
 
     python benchmarks/quantized_conv_probe.py [--batch 128] [--precision FP8]
-    ncu -k conv_quantized python benchmarks/quantized_conv_probe.py --only layer1.0.conv3 --tile 128,64,4,4,0
+    ncu -k conv_quantized python benchmarks/quantized_conv_probe.py --only layer1.0.conv3 --tile 128,64,64,4,4,0
 """
 from __future__ import annotations
 
@@ -100,6 +100,21 @@ def run_one(layer, shape, out, residual, fmt, tile, opts, tuner, runs: int = 3):
     print(f"ran {layer.name} {op.tactic} x{runs}")
 
 
+def l1_cached_copies():
+    """Make Triton compile its 16-byte asynchronous copies as cp.async.ca (cached in L1; Triton always emits .cg
+    for them, whatever the load's cache modifier): a 3x3 convolution reads each input pixel for 9 taps. Kernels
+    go to a cache directory of their own."""
+    from triton import knobs
+
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "triton-l1-cached")
+
+    def hook(backend, stages, options, language, capability):
+        make_ptx = stages["ptx"]
+        stages["ptx"] = lambda src, metadata: make_ptx(src, metadata).replace("cp.async.cg.", "cp.async.ca.")
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
 def main():
     import logging
 
@@ -109,8 +124,10 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--precision", choices=sorted(FORCE), default="INT8")
     parser.add_argument("--only", help="run only this layer's Triton kernel (--tile) a few times, untimed (for ncu)")
-    parser.add_argument("--tile", help="BM,BN,warps,stages,programs per SM (0: one per tile)")
-    parser.add_argument("--tiles", help="kernels to compile instead of triton_conv.TILES: BM,BN,warps,stages;...")
+    parser.add_argument("--tile", help="BM,BN,BK,warps,stages,programs per SM (0: one per tile)")
+    parser.add_argument("--tiles", help="kernels to compile instead of triton_conv.TILES: BM,BN,BK,warps,stages;...")
+    parser.add_argument("--l1-cached", action="store_true",
+                        help="compile the kernels' asynchronous copies to go through L1 (cp.async.ca), not L2 only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in ("ops.int8", "ops.fp8", "tactics"):
@@ -122,6 +139,8 @@ def main():
     from tftrt_py.engine.backends.cupy.program import FORMATS
     from tftrt_py.engine.backends.cupy.tactics import Tuner
 
+    if args.l1_cached:
+        l1_cached_copies()
     if args.tiles:
         triton_conv.TILES = tuple(tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";"))
     fmt, (force, other) = FORMATS[args.precision], FORCE[args.precision]

@@ -71,3 +71,19 @@ def test_requests_are_hashable_and_order_independent():
     b = kernels.request("m", "f", {"n": "i32", "x": "*i8"}, {"A": 2, "B": 1}, 90, ["n"], 4, 3)
     assert a == b and hash(a) == hash(b)
     assert json.loads(json.dumps(a))[2] == [["n", "i32"], ["x", "*i8"]]  # what the compile process receives
+
+
+def geom(c, kernel=(3, 3)):
+    from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
+
+    return ConvGeom(8, (14, 14), c, 64, kernel, 1, (1, 1), (1, 1), (1, 1), (1, 1), (14, 14))
+
+
+@pytest.mark.parametrize("c, bk", [(256, 128), (128, 128), (64, 64), (96, 32), (4, 128)])
+def test_a_convolution_steps_through_the_tiles_bk_channels_where_they_divide_them(c, bk):
+    from tftrt_py.engine.backends.cupy.ops import triton_conv
+
+    tile = (128, 128, 128, 4, 3)
+    assert triton_conv.kernel_tile(geom(c), tile) == (128, 128, bk, 4, 3)
+    request = triton_conv.kernel_request("INT8", geom(c), True, True, None, False, "int8", False, tile, 90)
+    assert dict(request[3])["BK"] == bk and request[5:7] == (4, 3)

@@ -22,9 +22,12 @@ __all__ = ["TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "prefetch
 
 logger = logging.getLogger(__name__)
 
-#: Kernels compiled per layer: (BM pixels, BN channels, warps, pipeline stages): the five that won ResNet-50's
-#: convolutions at batch 128 on an H100 out of ten tried (benchmarks/quantized_conv_probe.py --tiles).
-TILES = ((128, 128, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (256, 64, 8, 3), (128, 64, 4, 4))
+#: Kernels compiled per layer: (BM pixels, BN channels, BK bytes of K a step, warps, pipeline stages): the six
+#: that won ResNet-50's convolutions at batch 128 on an H100 out of ten tried (benchmarks/quantized_conv_probe.py
+#: --tiles; BK 128 won most layers of 128 channels or more). A layer whose channels BK does not divide steps
+#: through 64 (or 32) of them.
+TILES = ((128, 128, 128, 4, 3), (128, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 4, 2), (128, 64, 64, 4, 4),
+         (256, 128, 128, 8, 3))
 #: Grids each kernel is timed with: programs per SM (a persistent kernel), or 0 for one program per tile.
 GRIDS = (0, 1, 2, 4)
 _SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_conv"
@@ -47,13 +50,22 @@ def fits(geom: ConvGeom, activation, residual) -> bool:
             and (residual is None or residual[0] == geom.n))
 
 
+def kernel_tile(geom: ConvGeom, tile) -> Tuple[int, ...]:
+    """The (BM, BN, BK, warps, stages) `tile` compiles for this convolution: BK bytes of channels a step where
+    they divide the channels (or a stem's whole filter taps), else 64 or 32."""
+    bm, bn, bk, warps, stages = tile[:5]
+    if geom.c >= 32 and geom.c % bk:
+        bk = 64 if geom.c % 64 == 0 else 32
+    return bm, bn, bk, warps, stages
+
+
 def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residual: Optional[Tuple[int, str]],
                    residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int):
     """The Triton compile request of one tile for this `fmt` ("INT8" or "FP8") convolution and epilogue
     (triton.request)."""
     from tftrt_py.engine.backends.cupy import triton
 
-    bm, bn, warps, stages = tile[:4]
+    bm, bn, bk, warps, stages = kernel_tile(geom, tile)
     q = _QUANTIZED[fmt]
     out = (2 if dual else 0) if out_dtype in _FLOATS else 1
     res = 0 if residual is None else 2 if residual[1] not in _FLOATS else 3 if residual_scaled else 1
@@ -63,7 +75,7 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residua
               "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
     constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res, RELU=bool(relu),
-                      OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=64 if geom.c % 64 == 0 else 32, GROUP=8,
+                      OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0,
                       SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22)
     multiples = ("C", "COUT") if geom.cout % 16 == 0 else ("C",)
@@ -92,7 +104,7 @@ class TritonConvOp(Op):
     """One compiled kernel of the Triton int8 or FP8 convolution, launched with one grid."""
 
     def __init__(self, fmt: str, geom: ConvGeom, w, deq: Dequant, kernel, tile, sms: int):
-        bm, bn, _, _, per_sm = tile
+        bm, bn, _, _, _, per_sm = tile
         self.w, self.deq, self.kernel = w, deq, kernel
         self.scalars = [np.int32(v) for v in (geom.rows, *geom.spatial, *geom.out, geom.c, geom.cout)] + [
             np.float32(deq.res_scale or 1.0), np.float32(1.0) / np.float32(deq.requant_scale or 1.0)]
@@ -117,11 +129,11 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
 
     if not triton.available() or not fits(geom, deq.activation, residual):
         return []
-    tiles = [t + (g,) for t in TILES for g in GRIDS]
+    tiles = list(dict.fromkeys(kernel_tile(geom, t) + (g,) for t in TILES for g in GRIDS))
     recorded = prefer.get("tile")
     if isinstance(recorded, list) and tuple(recorded) in tiles:
         tiles = [tuple(recorded)]
-    kernels = {t[:4]: None for t in tiles}
+    kernels = {t[:5]: None for t in tiles}
 
     device = _device.require().cuda.Device()
     capability, sms = int(device.compute_capability), device.attributes["MultiProcessorCount"]
@@ -135,4 +147,4 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
 
     with concurrent.futures.ThreadPoolExecutor(len(kernels)) as pool:
         kernels = dict(zip(kernels, pool.map(build, kernels)))
-    return [TritonConvOp(fmt, geom, w, deq, kernels[t[:4]], t, sms) for t in tiles if kernels[t[:4]]]
+    return [TritonConvOp(fmt, geom, w, deq, kernels[t[:5]], t, sms) for t in tiles if kernels[t[:5]]]
