@@ -22,12 +22,12 @@ __all__ = ["TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "prefetch
 
 logger = logging.getLogger(__name__)
 
-#: Kernels compiled per layer: (BM pixels, BN channels, BK bytes of K a step, warps, pipeline stages): the six
-#: that won ResNet-50's convolutions at batch 128 on an H100 out of ten tried (benchmarks/quantized_conv_probe.py
-#: --tiles; BK 128 won most layers of 128 channels or more). A layer whose channels BK does not divide steps
-#: through 64 (or 32) of them.
-TILES = ((128, 128, 128, 4, 3), (128, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 64, 4, 2), (128, 64, 64, 4, 4),
-         (256, 128, 128, 8, 3))
+#: Kernels compiled per layer: (BM pixels, BN channels, BK bytes of K a step, warps, pipeline stages): the eight
+#: that won ResNet-50's convolutions at batch 128 on an H100 out of sixteen tried (benchmarks/quantized_conv_probe.py
+#: --tiles; BK 128 won most layers of 128 channels or more, 8-warp tiles none). A layer whose channels BK does not
+#: divide steps through 64 (or 32) of them.
+TILES = ((128, 128, 128, 4, 3), (64, 128, 128, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3), (128, 64, 64, 4, 4),
+         (64, 64, 64, 4, 3), (128, 128, 64, 4, 3), (128, 64, 64, 4, 2))
 #: Grids each kernel is timed with: programs per SM (a persistent kernel), or 0 for one program per tile.
 GRIDS = (0, 1, 2, 4)
 _SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_conv"
