@@ -1,14 +1,17 @@
 """Triton kernels compiled ahead of time (cupy backend's triton package), without a GPU or Triton: a build's
 compile process answers in JSON lines, which are read as data only, and a kernel it does not deliver is compiled
-where it is needed."""
+where it is needed; the quantized convolution's tiles and the geometry it runs a stem in (ops/triton_conv.py)."""
 import base64
 import concurrent.futures
 import io
 import json
 
+import numpy as np
 import pytest
 
 from tftrt_py.engine.backends.cupy import triton as kernels
+from tftrt_py.engine.backends.cupy.ops import triton_conv
+from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 
 REQUEST = ("some.module", "kernel", (("x", "*i8"),), (("BM", 64),), (), 4, 3, 90)
 
@@ -74,16 +77,52 @@ def test_requests_are_hashable_and_order_independent():
 
 
 def geom(c, kernel=(3, 3)):
-    from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
+    pad = kernel[0] // 2
+    return ConvGeom(8, (14, 14), c, 64, kernel, 1, (1, 1), (1, 1), (pad, pad), (pad, pad), (14, 14))
 
-    return ConvGeom(8, (14, 14), c, 64, kernel, 1, (1, 1), (1, 1), (1, 1), (1, 1), (14, 14))
 
-
-@pytest.mark.parametrize("c, bk", [(256, 128), (128, 128), (64, 64), (96, 32), (4, 128)])
-def test_a_convolution_steps_through_the_tiles_bk_channels_where_they_divide_them(c, bk):
-    from tftrt_py.engine.backends.cupy.ops import triton_conv
-
+@pytest.mark.parametrize("c, kernel, bk, small_c", [(256, (3, 3), 128, 0), (128, (1, 1), 128, 0),
+                                                    (64, (3, 3), 64, 0), (96, (3, 3), 32, 0), (4, (7, 7), 128, 4)])
+def test_a_step_reads_the_tiles_bk_bytes_where_they_divide_the_channels_or_a_stems_whole_taps(c, kernel, bk, small_c):
     tile = (128, 128, 128, 4, 3)
-    assert triton_conv.kernel_tile(geom(c), tile) == (128, 128, bk, 4, 3)
-    request = triton_conv.kernel_request("INT8", geom(c), True, True, None, False, "int8", False, tile, 90)
-    assert dict(request[3])["BK"] == bk and request[5:7] == (4, 3)
+    assert triton_conv.kernel_tile(geom(c, kernel), tile) == (128, 128, bk, 4, 3)
+    request = triton_conv.kernel_request("INT8", geom(c, kernel), True, True, None, False, "int8", False, tile, 90)
+    constexprs = dict(request[3])
+    assert (constexprs["BK"], constexprs["SMALL_C"]) == (bk, small_c) and request[5:7] == (4, 3)
+
+
+def direct_conv(x, w, strides, pre, out):
+    """NHWC x [N, H, W, C] with filters [COUT, KH, KW, C], zero padding `pre` before each spatial dim, `out` pixels."""
+    n, h, wd, c = x.shape
+    cout, kh, kw, _ = w.shape
+    y = np.zeros((n, *out, cout), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            for oh in range(out[0]):
+                for ow in range(out[1]):
+                    ih, iw = oh * strides[0] - pre[0] + i, ow * strides[1] - pre[1] + j
+                    if 0 <= ih < h and 0 <= iw < wd:
+                        y[:, oh, ow] += x[:, ih, iw].astype(np.int64) @ w[:, i, j].T.astype(np.int64)
+    return y
+
+
+@pytest.mark.parametrize("kernel, pad, width", [(7, 3, 20), (7, 2, 20), (5, 2, 14), (3, 1, 8), (7, 0, 22)])
+def test_a_stride_2_image_of_4_channels_runs_as_pairs_of_pixels_with_the_same_sums(kernel, pad, width):
+    rng = np.random.default_rng(kernel * 10 + pad)
+    out = ((12 + 2 * pad - kernel) // 2 + 1, (width + 2 * pad - kernel) // 2 + 1)
+    geom = ConvGeom(2, (12, width), 4, 5, (kernel, kernel), 1, (2, 2), (1, 1), (pad, pad), (pad, pad), out)
+    paired = triton_conv.pixel_pairs("INT8", geom)
+    assert paired.spatial == (12, width // 2) and paired.c == 8 and paired.strides == (2, 1)
+    assert paired.out == out and (paired.spatial[1] + paired.pre[1] + paired.post[1] - paired.kernel[1]) + 1 == out[1]
+    x = rng.integers(-127, 128, (2, 12, width, 4), dtype=np.int8)
+    w = rng.integers(-127, 128, (5, kernel, kernel, 4), dtype=np.int8)
+    pw = triton_conv.pixel_pair_weights(w, geom, paired)
+    expected = direct_conv(x, w, geom.strides, geom.pre, out)
+    assert np.array_equal(direct_conv(x.reshape(2, 12, width // 2, 8), pw, paired.strides, paired.pre, out), expected)
+
+
+@pytest.mark.parametrize("fmt, spatial, c, strides", [("FP8", (12, 20), 4, (2, 2)), ("INT8", (12, 21), 4, (2, 2)),
+                                                      ("INT8", (12, 20), 64, (2, 2)), ("INT8", (12, 20), 4, (1, 1))])
+def test_other_convolutions_keep_their_geometry(fmt, spatial, c, strides):
+    geom = ConvGeom(2, spatial, c, 8, (3, 3), 1, strides, (1, 1), (1, 1), (1, 1), (6, 10))
+    assert triton_conv.pixel_pairs(fmt, geom) is geom
