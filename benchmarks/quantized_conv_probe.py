@@ -5,7 +5,7 @@ both timed through the backend's tuner, and the sums over the network's 53 convo
 also checked against another path on the same operands (fp16 residual, quantized output): the cuBLAS int8 GEMM,
 or for FP8 cuDNN's E4M3 graph with our epilogue (steps counted in codes). GPU machine only.
 
-    python benchmarks/quantized_conv_probe.py [--batch 128] [--precision FP8]
+    python benchmarks/quantized_conv_probe.py [--batch 128] [--precision FP8] [--layers layer1.0.conv3,...]
     ncu -k conv_quantized python benchmarks/quantized_conv_probe.py --only layer1.0.conv3 --tile 128,64,64,4,4,0
 """
 from __future__ import annotations
@@ -124,6 +124,7 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--precision", choices=sorted(FORCE), default="INT8")
     parser.add_argument("--only", help="run only this layer's Triton kernel (--tile) a few times, untimed (for ncu)")
+    parser.add_argument("--layers", help="time only these convolutions (names, comma-separated)")
     parser.add_argument("--tile", help="BM,BN,BK,warps,stages,programs per SM (0: one per tile)")
     parser.add_argument("--tiles", help="kernels to compile instead of triton_conv.TILES: BM,BN,BK,warps,stages;...")
     parser.add_argument("--l1-cached", action="store_true",
@@ -154,6 +155,8 @@ def main():
     totals = collections.Counter()
     for key, count, c, shape, residual in convolutions(args.batch):
         layer, out = layer_for(c, shape, residual)
+        if args.layers and c["name"] not in args.layers.split(","):
+            continue
         if args.only:
             if c["name"] == args.only:
                 run_one(layer, shape, out, residual, fmt, [int(v) for v in args.tile.split(",")], opts, tuner)
@@ -205,9 +208,9 @@ def main():
     for name, n, f, fop, t, tile, check in rows:
         ratio = f"{f / t:.2f}x" if t else "-"
         print(f"{name:<44} {n:>2} {f:8.4f} {t if t else float('nan'):8.4f} {ratio:>6}  {tile} / {fop} / {check}")
-    print(f"\nsum over the 53 convolutions: fp16 {totals['fp16']:.3f} ms, {args.precision} data flow "
-          f"{totals['quantized']:.3f} ms ({totals['fp16'] / totals['quantized']:.2f}x; layers without a Triton kernel "
-          f"counted at fp16)")
+    print(f"\nsum over the {sum(n for _, n, *_ in rows)} convolutions: fp16 {totals['fp16']:.3f} ms, "
+          f"{args.precision} data flow {totals['quantized']:.3f} ms ({totals['fp16'] / totals['quantized']:.2f}x; "
+          f"layers without a Triton kernel counted at fp16)")
 
 
 if __name__ == "__main__":
