@@ -3,6 +3,7 @@ compile process answers in JSON lines, which are read as data only, and a kernel
 where it is needed; the quantized convolution's tiles and the geometry it runs a stem in (ops/triton_conv.py)."""
 import base64
 import concurrent.futures
+import dataclasses
 import io
 import json
 
@@ -90,6 +91,15 @@ def test_a_step_reads_the_tiles_bk_bytes_where_they_divide_the_channels_or_a_ste
     request = triton_conv.kernel_request("INT8", geom(c, kernel), True, True, None, False, "int8", False, tile, 90)
     constexprs = dict(request[3])
     assert (constexprs["BK"], constexprs["SMALL_C"]) == (bk, small_c) and request[5:7] == (4, 3)
+
+
+@pytest.mark.parametrize("change, fits", [({}, True), ({"pre": (0, 0), "post": (1, 1)}, True),  # TF's SAME
+                                          ({"groups": 2}, False), ({"dilations": (2, 2)}, False),
+                                          ({"c": 48}, False), ({"c": 6}, False)])
+def test_the_kernel_takes_2d_ungrouped_undilated_convolutions_padded_before_and_after_alike_or_not(change, fits):
+    conv = dataclasses.replace(geom(64), strides=(2, 2), out=(7, 7), **change)
+    assert triton_conv.fits(conv, {"type": "relu"}, None) == fits
+    assert not triton_conv.fits(conv, {"type": "sigmoid"}, None)
 
 
 def sums(x, w, geom):

@@ -162,3 +162,17 @@ def test_bert_layer_matches_numpy(precision):
     for run in range(2):
         x = {"x": rng.standard_normal((2, 32, 64)).astype(np.float32)}
         assert_close(ctx.execute(x)["y"], reference.execute(x)["y"], precision, f"run {run}")
+
+
+@pytest.mark.parametrize("src, dst", [("float32", "float16"), ("float16", "float32")])
+@pytest.mark.parametrize("size, offset", [(4096, 0), (4099, 0), (4099, 1)])  # whole groups of 4, a tail, misaligned
+def test_casts_between_float32_and_float16_round_as_astype(src, dst, size, offset):
+    from tftrt_py.engine.backends.cupy.program import CastOp
+
+    cupy = _device.require()
+    values = np.random.default_rng(size).standard_normal(size + offset) * 1e3
+    values[offset:offset + 4] = [np.nan, np.inf, 7e4, -1e-8]  # NaN, infinities (fp16 overflows), underflow
+    x = cupy.asarray(values.astype(src))[offset:]
+    y = cupy.full(size + offset, 5, dst)[offset:]
+    CastOp(src, dst).run(None, [x], [y])
+    np.testing.assert_array_equal(y.get(), x.get().astype(dst))

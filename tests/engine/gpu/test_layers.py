@@ -496,6 +496,19 @@ def test_reduce(op, precision):
     compare(single("Reduce", [("float32", shape)], params), normal(shape, low=low, high=high), precision)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("op", layer_kinds.REDUCE_OPS)
+def test_reduce_over_a_run_of_axes_before_the_last_has_a_strided_kernel_too(op, precision):
+    """A global average pool's shape (NHWC over H and W): the strided kernel is a candidate, checked against the
+    numpy backend like every candidate here (TFTRT_PY_CHECK_TACTICS)."""
+    shape = (3, 5, 6, 40)
+    low, high = (0.5, 1.5) if op in ("prod", "log_sum") else (-2.0, 2.0)
+    params = {"op": op, "axes": [1, 2], "keep_dims": op in ("mean", "max")}
+    engine = compare(single("Reduce", [("float32", shape)], params), normal(shape, low=low, high=high), precision)
+    assert {r["tactic"]["op"] for r in engine.cupy_program.tuning_report} == {"strided_reduce_kernel",
+                                                                             "reduction_kernel"}
+
+
 def test_reduce_first_perm_and_int():
     params = {"op": "sum", "axes": [2], "keep_dims": False, "first_perm": [0, 2, 1]}
     compare(single("Reduce", [("float32", (2, 4, 6))], params), normal((2, 4, 6)))
