@@ -40,6 +40,11 @@ CASES = {
     "pooling_avg": ("Pooling", [X4], dict(WINDOW, type="avg"), None, True),
     "pooling_max_zero_padding": ("Pooling", [X4], dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1],
                                                        post_padding=[1, 1], count_include_pad=True), None, True),
+    "pooling_max_8_channels": ("Pooling", [(2, 6, 6, 8)], dict(WINDOW, type="max"), None, True),  # fp16: 8 a thread
+    "pooling_max_8_channels_zero_padding": ("Pooling", [(2, 6, 6, 8)], dict(
+        type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1], count_include_pad=True),
+        None, True),
+    "reduce_sum_run_before_last": ("Reduce", [X4], dict(op="sum", axes=[1, 2], keep_dims=False), None, True),
     "softmax": ("Softmax", [X3], dict(axis=-1), None, True),
     "softmax_middle": ("Softmax", [X3], dict(axis=1), None, True),
     "topk": ("TopK", [X3], dict(k=3, axis=-1), None, False),

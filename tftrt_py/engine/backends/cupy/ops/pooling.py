@@ -1,5 +1,6 @@
-"""Pooling: one generated kernel per configuration, one thread per output element (four int8 or E4M3 channels
-in a max pool), channels last (consecutive threads read consecutive channels). Up to three spatial dims."""
+"""Pooling: one generated kernel per configuration, one thread per output element (four int8 or E4M3 channels,
+or eight fp16 ones, in a max pool), channels last (consecutive threads read consecutive channels); 32-bit
+indices where the tensors allow. Up to three spatial dims."""
 from __future__ import annotations
 
 from typing import List
@@ -50,15 +51,31 @@ __device__ __forceinline__ T finish(A acc, bool padded, int count) {
   return ordered(INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc);
 }
 """
-#: in dtype of a max pool over quantized bytes -> its policy (four channels a word)
-_PACKED_MAX = {"int8": _INT8X4_MAX, "uint8": _E4M3X4_MAX}
+#: Max pooling of fp16 values eight channels at a time (T uint4: 16 bytes; C counts them) by max.f16x2, which
+#: returns the other value where one is NaN: NaN is skipped as the float kernel skips it (sm_80 and later).
+_HALFX8_MAX = r"""
+typedef uint4 A;
+#define INIT A{0xfc00fc00u, 0xfc00fc00u, 0xfc00fc00u, 0xfc00fc00u}  // -inf, as float's lowest rounds
+__device__ __forceinline__ unsigned hmax2(unsigned a, unsigned b) {
+  unsigned d; asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ void take(A& acc, T v) {
+  acc.x = hmax2(acc.x, v.x); acc.y = hmax2(acc.y, v.y); acc.z = hmax2(acc.z, v.z); acc.w = hmax2(acc.w, v.w);
+}
+__device__ __forceinline__ T finish(A acc, bool padded, int count) {
+  if (INCLUDE_PAD && padded) take(acc, T{0u, 0u, 0u, 0u});
+  return acc;
+}
+"""
+#: in dtype of a max pool -> (its policy, storage type and channels of one thread)
+_PACKED_MAX = {"int8": (_INT8X4_MAX, "int", 4), "uint8": (_E4M3X4_MAX, "int", 4),
+               "float16": (_HALFX8_MAX, "uint4", 8)}
 _POOL = r"""
-extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, long long total) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    long long r = i;
+extern "C" __global__ void tt_pool(const T* __restrict__ x, T* __restrict__ y, IDX total) {
+  for (IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x; i < total; i += (IDX)gridDim.x * blockDim.x) {
+    IDX r = i;
     int c = r % C; r /= C;
-    int o2 = r % O2; r /= O2; int o1 = r % O1; r /= O1; int o0 = r % O0; long long n = r / O0;
+    int o2 = r % O2; r /= O2; int o1 = r % O1; r /= O1; int o0 = r % O0; IDX n = r / O0;
     A acc = INIT;
     int count = 0;
     bool padded = false;  // the window reaches into the padding
@@ -87,20 +104,33 @@ class PoolOp(Op):
         p = spec.params
         shape, out = spec.in_shapes[0], spec.out_shapes[0]
         dtype = spec.in_dtypes[0]
-        packed = dtype in _PACKED_MAX and p["type"] == "max" and shape[-1] % 4 == 0  # four bytes a word
-        defs = {"T": "int" if packed else kernels.raw_type(dtype), "C": shape[-1] // 4 if packed else shape[-1],
+        packed = _PACKED_MAX.get(dtype)
+        if packed and p["type"] == "max" and shape[-1] % packed[2] == 0 and (dtype != "float16" or _has_f16x2_max()):
+            policy, storage, lanes = packed
+        else:
+            policy, storage, lanes = _FLOAT, kernels.raw_type(dtype), 1
+        small = max(int(np.prod(shape)), int(np.prod(out))) // lanes < 2 ** 30  # (a grid's stride past the end too)
+        defs = {"T": storage, "C": shape[-1] // lanes, "IDX": "int" if small else "long long",
                 "IS_MAX": int(p["type"] == "max"), "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}
         s, k, o = pad3(shape[1:-1], 1), pad3(p["window"], 1), pad3(out[1:-1], 1)
         st, pd = pad3(p["strides"], 1), pad3(p["pre_padding"], 0)
         for d in range(3):
             defs.update({f"S{d}": s[d], f"K{d}": k[d], f"O{d}": o[d], f"ST{d}": st[d], f"PD{d}": pd[d]})
         head = "".join(f"#define {name} {value}\n" for name, value in defs.items())
-        self.kernel = kernels.raw_kernel(head + (_PACKED_MAX[dtype] if packed else _FLOAT) + _POOL, "tt_pool")
-        self.total = int(np.prod(out)) // (4 if packed else 1)
+        self.kernel = kernels.raw_kernel(head + policy + _POOL, "tt_pool")
+        self.total = int(np.prod(out)) // lanes
+        self.index = kernels.i32 if small else kernels.i64
         self.tactic = {"op": "pool_kernel"}
 
     def run(self, rc, ins, outs):
-        kernels.launch(self.kernel, self.total, (ins[0], outs[0], kernels.i64(self.total)))
+        kernels.launch(self.kernel, self.total, (ins[0], outs[0], self.index(self.total)))
+
+
+def _has_f16x2_max() -> bool:
+    """max.f16x2 needs sm_80."""
+    from tftrt_py.engine.backends.cupy import _device
+
+    return int(_device.require().cuda.Device().compute_capability) >= 80
 
 
 @register("Pooling")
