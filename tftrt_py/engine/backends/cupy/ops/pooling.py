@@ -7,7 +7,7 @@ from typing import List
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import kernels
+from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, pad3, register
 
 __all__ = ["PoolOp"]
@@ -128,8 +128,6 @@ class PoolOp(Op):
 
 def _has_f16x2_max() -> bool:
     """max.f16x2 needs sm_80."""
-    from tftrt_py.engine.backends.cupy import _device
-
     return int(_device.require().cuda.Device().compute_capability) >= 80
 
 

@@ -48,9 +48,9 @@ def fits(geom: ConvGeom, activation, residual) -> bool:
     after fits), channels a multiple of 32 (or of 4 below 32: a stem), int32 offsets, ReLU or no activation, a
     residual of the output's batch."""
     return (len(geom.spatial) == 2 and geom.groups == 1 and geom.dilations == (1, 1)
-            and min(geom.pre + geom.post) >= 0 and geom.c % (32 if geom.c >= 32 else 4) == 0 and geom.n * int(np.prod(geom.spatial)) * geom.c < _I32
-            and geom.rows * geom.cout < _I32 and (activation or {}).get("type") in (None, "relu")
-            and (residual is None or residual[0] == geom.n))
+            and min(geom.pre + geom.post) >= 0 and geom.c % (32 if geom.c >= 32 else 4) == 0
+            and geom.n * int(np.prod(geom.spatial)) * geom.c < _I32 and geom.rows * geom.cout < _I32
+            and (activation or {}).get("type") in (None, "relu") and (residual is None or residual[0] == geom.n))
 
 
 def pixel_pairs(fmt: str, geom: ConvGeom) -> ConvGeom:
