@@ -182,8 +182,8 @@ SMALL_GRAPHS = {
 }
 
 
-#: what runs in int8 in each INT8 engine (chained matrix multiplies fuse into an MLP, which runs in FP16)
-INT8_KINDS = {"mlp": set(), "conv": {"Convolution"}, "depthwise": {"Convolution"}, "residual": {"Convolution"},
+#: what runs in int8 in each INT8 engine (chained matrix multiplies joined by a calibrated tensor stay apart, no MLP)
+INT8_KINDS = {"mlp": {"MatrixMultiply"}, "conv": {"Convolution"}, "depthwise": {"Convolution"}, "residual": {"Convolution"},
               "batched_matmul": {"MatrixMultiply"}, "layer_norm": set()}
 
 

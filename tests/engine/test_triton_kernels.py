@@ -88,7 +88,8 @@ def geom(c, kernel=(3, 3)):
 def test_a_step_reads_the_tiles_bk_bytes_where_they_divide_the_channels_or_a_stems_whole_taps(c, kernel, bk, small_c):
     tile = (128, 128, 128, 4, 3)
     assert triton_conv.kernel_tile(geom(c, kernel), tile) == (128, 128, bk, 4, 3)
-    request = triton_conv.kernel_request("INT8", geom(c, kernel), True, True, None, False, "int8", False, tile, 90)
+    request = triton_conv.kernel_request("INT8", geom(c, kernel), True, {"type": "relu"}, None, False, "int8", False,
+                                         tile, 90)
     constexprs = dict(request[3])
     assert (constexprs["BK"], constexprs["SMALL_C"]) == (bk, small_c) and request[5:7] == (4, 3)
 
@@ -100,6 +101,46 @@ def test_the_kernel_takes_2d_ungrouped_undilated_convolutions_padded_before_and_
     conv = dataclasses.replace(geom(64), strides=(2, 2), out=(7, 7), **change)
     assert triton_conv.fits(conv, {"type": "relu"}, None) == fits
     assert not triton_conv.fits(conv, {"type": "sigmoid"}, None)
+
+
+@pytest.mark.parametrize("activation, code", [(None, 0), ({"type": "relu"}, 1), ({"type": "gelu_tanh"}, 2),
+                                              ({"type": "gelu_erf"}, 2)])
+def test_the_epilogue_applies_relu_and_gelu_the_erf_form_as_fp16_engines_in_the_tanh_form(activation, code):
+    assert triton_conv.fits(geom(64), activation, None)
+    request = triton_conv.kernel_request("FP8", geom(64), False, activation, None, False, "float16", False,
+                                         triton_conv.TILES[0], 90)
+    assert dict(request[3])["ACT"] == code
+
+
+def gemm_operands(a_shape, b_shape, params=None, b_constant=True):
+    """triton_conv.gemm_operands of an INT8 MatrixMultiply (program.quant_plan's quant)."""
+    from tftrt_py.engine import Network
+    from tftrt_py.engine.backends.cupy.program import quant_plan
+
+    rng = np.random.default_rng(0)
+    net = Network("m")
+    a = net.add_input("a", "float16", a_shape)
+    b = (net.add_constant(rng.standard_normal(b_shape).astype(np.float32), name="w") if b_constant
+         else net.add_input("b", "float16", b_shape))
+    a.dynamic_range = b.dynamic_range = 2.0
+    layer = net.add_layer("MatrixMultiply", [a, b], params or {}, name="mm")
+    return triton_conv.gemm_operands(quant_plan(layer, "INT8")[1], layer.params, layer.outputs[0].shape)
+
+
+def test_a_quantized_matrix_multiply_by_constant_weights_runs_as_a_1x1_convolution_over_all_rows():
+    rows, kp, n, w = gemm_operands((4, 32, 768), (768, 2304))
+    assert (rows, kp, n, w.shape, w.dtype) == (128, 768, 2304, (2304, 768), np.int8)
+    g = triton_conv.gemm_geom(rows, kp, n)
+    assert g.pointwise_gemm() and g.rows == 128 and triton_conv.fits(g, {"type": "gelu_erf"}, None)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, params, b_constant", [
+    ((768, 64), (768, 64), {"transpose_a": True}, True),  # A stored [K, M]
+    ((4, 64, 32), (4, 32, 64), {}, False),  # two activations (attention's products)
+    ((64, 32), (2, 32, 64), {}, True),  # per-batch weights
+])
+def test_other_products_keep_the_library_gemms(a_shape, b_shape, params, b_constant):
+    assert gemm_operands(a_shape, b_shape, params, b_constant) is None
 
 
 def sums(x, w, geom):

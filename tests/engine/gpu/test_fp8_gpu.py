@@ -217,7 +217,7 @@ def test_fp8_layers_match_the_numpy_emulation(batch):
     engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(fp8_net(batch))
     ctx = engine.create_execution_context()
     layers = {l.name: l for l in engine.network.layers}
-    for name, ops in (("conv1", CONV_OPS), ("conv2", CONV_OPS), ("dense", ("cublaslt_gemm_fp8",))):
+    for name, ops in (("conv1", CONV_OPS), ("conv2", CONV_OPS), ("dense", ("cublaslt_gemm_fp8", "triton_gemm_fp8"))):
         print(name, layers[name].precision, engine.tactics[name])
         assert layers[name].precision == "FP8" and engine.tactics[name]["op"] in ops, (name, engine.tactics[name])
     assert engine.cupy_program.slots["conv1:0"].dtype == "uint8"  # conv2 reads it (and its residual) as E4M3
@@ -349,6 +349,28 @@ def test_fp8_convolution_of_an_rgb_image(variant, monkeypatch):
         raise
     assert engine.cupy_program.slots["x@fp8"].shape[-1] == 4
     against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 32, 32, 3)).astype("float32")})
+
+
+def test_fp8_ffn_keeps_its_hidden_tensor_e4m3_between_our_gemms(monkeypatch):
+    """A BERT FFN (dense + GELU -> dense) with a calibrated hidden tensor: both products E4M3 in our Triton GEMM
+    (GELU in the tanh form), the first writing the hidden tensor as E4M3 bytes for the second; what the numpy
+    backend's FP8 computes."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    monkeypatch.setenv("TFTRT_PY_GEMM", "triton")
+    rng = np.random.default_rng(29)
+    net = Network("fp8_ffn")
+    x = net.add_input("x", "float32", (48, 64))
+    w1, w2 = ((rng.standard_normal(s) / np.sqrt(s[0])).astype("float32") for s in ((64, 128), (128, 64)))
+    h = net.add_layer("MatrixMultiply", [x, net.add_constant(w1, name="w1")], {"activation": {"type": "gelu_erf"}},
+                      {"bias": np.full(128, 0.1, "float32")}, name="ffn1").outputs[0]
+    y = net.add_layer("MatrixMultiply", [h, net.add_constant(w2, name="w2")], {}, name="ffn2").outputs[0]
+    net.mark_output(y, name="y")
+    x.dynamic_range, h.dynamic_range = 3.0, 2.5
+    engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+    assert engine.tactics["ffn1"]["op"] == engine.tactics["ffn2"]["op"] == "triton_gemm_fp8", engine.tactics
+    assert engine.cupy_program.slots["ffn1:0"].dtype == "uint8"
+    against_numpy(engine, lambda: {"x": rng.uniform(-3, 3, (48, 64)).astype("float32")})
 
 
 def test_fp8_product_read_by_an_fp8_product_stays_e4m3():

@@ -352,12 +352,13 @@ def test_max_pool_between_int8_convolutions_pools_int8_values(monkeypatch):
     assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]
 
 
-#: The int8 GEMM ops (cuBLAS or cuBLASLt, whichever was faster).
-INT8_GEMMS = {"cublas_gemm_int8", "cublaslt_gemm_int8"}
+#: The int8 GEMM ops (cuBLAS, cuBLASLt or our Triton kernel, whichever was faster).
+INT8_GEMMS = {"cublas_gemm_int8", "cublaslt_gemm_int8", "triton_gemm_int8"}
 
 MATMUL_CASES = {
     # name: (a shape, b shape, params, b constant)
     "fc_gelu_pad_k": ((37, 70), (70, 50), {"activation": {"type": "gelu_erf"}}, True),
+    "fc_gelu_k64": ((2, 37, 64), (64, 48), {"activation": {"type": "gelu_erf"}}, True),  # our Triton GEMM fits
     "fc_batched_a": ((3, 5, 64), (64, 24), {}, True),
     "fc_transpose_b": ((16, 48), (40, 48), {"transpose_b": True}, True),
     "attention_scores": ((2, 3, 17, 24), (2, 3, 19, 24), {"transpose_b": True}, False),
@@ -400,6 +401,48 @@ def matmul_case(case: str, bias: bool = True, b_range: float = 0.95):
 def test_int8_matrix_multiply(case):
     engine = check(*matmul_case(case), case)
     assert engine.tactics["mm"]["op"] in INT8_GEMMS, engine.tactics
+
+
+@pytest.mark.parametrize("case", ["fc_gelu_k64", "fc_batched_a"])
+def test_int8_matrix_multiply_by_weights_in_our_triton_gemm(case, monkeypatch):
+    """Activations times constant weights (K a multiple of 32) through our Triton kernel alone: the contract, the
+    GELU in the tanh form (within 4.7e-4 of erf's)."""
+    monkeypatch.setenv("TFTRT_PY_GEMM", "triton")
+    engine = check(*matmul_case(case), case)
+    assert engine.tactics["mm"]["op"] == "triton_gemm_int8", engine.tactics
+
+
+def test_int8_ffn_keeps_its_hidden_tensor_int8_between_our_gemms(monkeypatch):
+    """A BERT FFN (dense + GELU -> dense) with a calibrated hidden tensor: no MLP fusion, both products int8 in our
+    Triton GEMM, the first writing the hidden tensor as int8 for the second (no float copy, no quantize step);
+    what the numpy backend's INT8 computes."""
+    from tftrt_py.engine.plan import deserialize
+
+    monkeypatch.setenv("TFTRT_PY_GEMM", "triton")
+    rng = np.random.default_rng(17)
+    w1, w2 = ((rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32) for s in ((64, 128), (128, 64)))
+
+    def build():
+        net = Network("int8_ffn")
+        x = net.add_input("x", "float32", (48, 64))
+        h = net.add_layer("MatrixMultiply", [x, net.add_constant(w1, name="w1")], {"activation": {"type": "gelu_erf"}},
+                          {"bias": np.full(128, 0.1, np.float32)}, name="ffn1").outputs[0]
+        y = net.add_layer("MatrixMultiply", [h, net.add_constant(w2, name="w2")], {}, name="ffn2").outputs[0]
+        net.mark_output(y, name="y")
+        x.dynamic_range, h.dynamic_range = 3.0, 2.5
+        return net
+
+    engine = Builder(BuilderConfig(precision="INT8", backend="cupy", strict_types=True)).build_engine(build())
+    assert engine.tactics["ffn1"]["op"] == engine.tactics["ffn2"]["op"] == "triton_gemm_int8", engine.tactics
+    prog = engine.cupy_program
+    assert prog.slots["ffn1:0"].dtype == "int8" and not any(name.startswith("ffn1:0@") for name in prog.slots)
+    x = {"x": rng.uniform(-3, 3, (48, 64)).astype(np.float32)}
+    reference = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute(x)["y"]
+    ctx = engine.create_execution_context()
+    for run in range(2):
+        err = rel_l2(ctx.execute(x)["y"], reference.astype(np.float64))
+        print(f"int8 FFN run {run}: relative L2 error vs the numpy backend's INT8 {err:.2e}")
+        assert err < 1e-2  # a GELU value the tanh form moves across an int8 rounding boundary changes one step
 
 
 def test_missing_dynamic_range_names_the_tensor():
@@ -512,3 +555,47 @@ def test_bert_layer_int8():
     err = rel_l2(got, ref)
     print(f"BERT layer INT8: relative L2 error vs FP32 {err:.3e}; ops {sorted(set(ops))}")
     assert err < 0.1
+
+
+@pytest.mark.parametrize("precision, storage", [("INT8", "int8"), ("FP8", "uint8")])
+@pytest.mark.parametrize("width", [96, 33024])  # one pass; rows too long for it: three passes, then a quantize step
+def test_a_layernorm_read_by_a_quantized_gemm_writes_its_output_quantized_too(precision, storage, width):
+    """x + r -> LayerNorm -> (output, dense): the LayerNorm writes its output in fp16 and quantized (no quantize
+    step between it and the dense layer), and the dense layer computes from those bytes what the contract gives
+    for the engine's own LayerNorm output (INT8: emulated here; FP8: the numpy backend's)."""
+    import cupy
+
+    from tftrt_py.engine.plan import deserialize
+
+    if precision == "FP8" and int(cupy.cuda.Device().compute_capability) < 89:
+        pytest.skip("FP8 needs compute capability 8.9")
+    rng = np.random.default_rng(31)
+    net = Network(f"ln_{precision}")
+    x, r = (net.add_input(n, "float32", (5, width)) for n in ("x", "r"))
+    ln = net.add_layer("Normalization", [x, r], {"epsilon": 1e-6},
+                       {"scale": rng.uniform(0.5, 1.5, width).astype(np.float32),
+                        "bias": rng.uniform(-0.2, 0.2, width).astype(np.float32)}, name="ln")
+    h = ln.outputs[0]
+    w = (rng.standard_normal((width, 16)) / np.sqrt(width)).astype(np.float32)
+    dense = net.add_layer("MatrixMultiply", [h, net.add_constant(w, name="w")], {}, name="dense")
+    net.mark_output(h, name="h")
+    net.mark_output(dense.outputs[0], name="y")
+    x.dynamic_range = h.dynamic_range = 4.0
+    engine = Builder(BuilderConfig(precision=precision, backend="cupy", strict_types=True)).build_engine(net)
+    prog = engine.cupy_program
+    assert prog.slots[f"h@{precision.lower()}"].dtype == storage, prog.slots  # (h: the output's name)
+    assert [s.layer for s in prog.steps if "quantize" in s.layer] == [], [s.layer for s in prog.steps]
+    dense = {layer.name: layer for layer in engine.network.layers}["dense"]
+    assert dense.precision == precision
+    feed = {"x": rng.uniform(-3, 3, (5, width)).astype(np.float32),
+            "r": rng.uniform(-1, 1, (5, width)).astype(np.float32)}
+    got = engine.create_execution_context().execute(feed)
+    if precision == "INT8":
+        want = emulate_matmul(dense, got["h"].astype(np.float32), w)
+        tol = 1e-3
+    else:
+        want = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute(feed)["y"]
+        tol = 5e-2
+    err = rel_l2(got["y"], want.astype(np.float64))
+    print(f"{precision} LayerNorm -> dense (width {width}): relative L2 error {err:.2e}")
+    assert err < tol

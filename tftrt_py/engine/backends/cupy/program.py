@@ -301,7 +301,8 @@ def _measure(layer, fmt: str, quantized_out: bool, sole_reader: set, tuner: Tune
 
 
 def settle_quantized(costs: Dict[str, "_Costs"], fixed: set, writers: Dict[str, Dict[int, Optional[str]]]) -> set:
-    """The measured layers (`costs`) to run quantized, beside `fixed` (layers recorded quantized): the choice of
+    """The measured layers (`costs`) to run quantized, beside `fixed` (layers that write their outputs quantized
+    whatever is chosen here: recorded quantized layers, max pools, LayerNorms read quantized): the choice of
     least total time, where a quantized layer also pays the quantize step of each operand no quantized layer
     writes (`writers`: operand index -> the layer that could write it quantized, None where a step is always
     needed). Exact: the total is a submodular function of the binary choices (a step costs only when the
@@ -356,7 +357,8 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     quantized (quantized operands in, quantized out where only layers of its format would read it) and in fp16,
     and so is each quantize step its operands would need; :func:`settle_quantized` then picks the precisions of
     least total time. An operand costs no step where its producer runs quantized and writes it so
-    (quantized_tensors). So a chain of int8 (FP8) layers pays the reformat once, at its start, where a
+    (quantized_tensors), or is a LayerNorm, which writes it quantized beside its output (normalization_duals: the
+    extra bytes, not a pass of their own, are not counted). So a chain of int8 (FP8) layers pays the reformat once, at its start, where a
     layer-by-layer choice would charge each layer for it (and keep none). A layer left in fp16 becomes an FP16
     layer (``layer.precision``, so the plan and the numpy backend say what runs). A tactic recorded on this GPU
     (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key, quantized or not).
@@ -380,13 +382,15 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
             sole = {t.name for t in layer.inputs if t.producer is None and t.dtype == "float32"
                     and len(readers.get(t.name, [])) == 1}
             costs[layer.name] = _measure(layer, fmt, layer.outputs[0].name in direct, sole, tuner, options)
+    normalized = normalization_duals(net, layers, precision)
     writers = {}
     for name in costs:
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
-        writers[name] = {i: inputs[i].producer.name if (
-            not transposed and inputs[i].name in direct | dual
-            and _member_format(inputs[i].producer, precision) == fmt) else None for i, transposed in layers[name]}
-    keep = settle_quantized(costs, {name for name, low in recorded.items() if low} | set(pools), writers)
+        writers[name] = {i: inputs[i].producer.name if not transposed and (
+            (inputs[i].name in direct | dual and _member_format(inputs[i].producer, precision) == fmt)
+            or inputs[i].name in normalized) else None for i, transposed in layers[name]}
+    fixed = {name for name, low in recorded.items() if low} | set(pools) | set(normalized.values())
+    keep = settle_quantized(costs, fixed, writers)
     chosen = {}
     for name in layers:
         chosen[name] = (_quant_format(by_name[name], precision).lower(), name in keep)
@@ -422,24 +426,52 @@ def _quantized_if_all_kept(net, layers: Dict[str, List[Tuple[int, bool]]], preci
 
 def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str,
                              prefer: Dict[str, dict]) -> None:
-    """Start compiling the Triton kernels quantized convolutions are timed with (ops/triton_conv.py), all at once
-    (not for layers whose tactic was recorded: those build the one kernel they need)."""
+    """Start compiling the Triton kernels quantized convolutions and matrix multiplies are timed with
+    (ops/triton_conv.py), all at once (not for layers whose tactic was recorded: those build the one kernel they
+    need)."""
     direct, _ = _quantized_if_all_kept(net, layers, precision)
-    convolutions = []
+    convolutions, gemms = [], []
     for layer in net.layers:
-        if (layer.name not in layers or layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4
-                or prefer.get(layer.name)):
+        if layer.name not in layers or prefer.get(layer.name):
             continue
         fmt = _quant_format(layer, precision)
         f = FORMATS[fmt]
         x, y = layer.inputs[0], layer.outputs[0]
+        out = f.storage if y.name in direct else "float16"
+        if layer.kind == "MatrixMultiply":
+            found = triton_conv.gemm_operands(quant_plan(layer, fmt)[1], layer.params, y.shape)
+            if found is not None:
+                gemms.append((fmt, triton_conv.gemm_geom(*found[:3]), "bias" in layer.weights,
+                              layer.params.get("activation"), None, False, out))
+            continue
+        if layer.weights["kernel"].ndim != 4:
+            continue
         geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (f.channels(x.shape[-1]),), y.shape)
         residual = None
         if len(layer.inputs) > 1:
             residual = (layer.inputs[1].shape[0], f.storage if _stored_residual(layer, fmt) else "float16")
         convolutions.append((fmt, geom, "bias" in layer.weights, layer.params.get("activation"), residual,
-                             quantized_residual(layer, fmt), f.storage if y.name in direct else "float16"))
+                             quantized_residual(layer, fmt), out))
     triton_conv.prefetch(convolutions)
+    triton_conv.prefetch(gemms, triton_conv.GEMM_TILES)
+
+
+def normalization_duals(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Dict[str, str]:
+    """LayerNorm outputs that quantized layers of `layers` read as untransposed, unpadded operands of the engine's
+    format: tensor name -> its Normalization layer, which writes it quantized too (a second output of its kernel,
+    ops/reduce.py), so those readers need no quantize step of their own."""
+    if precision not in FORMATS:
+        return {}
+    consumers = net.consumers()
+    found = {}
+    for layer in net.layers:
+        t = layer.outputs[0] if layer.kind == "Normalization" else None
+        if t is None or t.dynamic_range is None or t.dtype not in FLOATS or t.rank < 2 or t.shape[-1] % PAD:
+            continue
+        if any(u.inputs[i] is t and not transposed for u in consumers.get(t.name, [])
+               if _member_format(u, precision) == precision for i, transposed in layers.get(u.name, [])):
+            found[t.name] = layer.name
+    return found
 
 
 def _member_format(layer, precision: str) -> Optional[str]:
@@ -574,6 +606,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     pooled = {l.name: l.outputs[0].name for l in net.layers if l.name in pools}
     pools = {name: ops for name, ops in pools.items() if pooled[name] in direct}  # quantized layers alone read it
     direct, dual = quantized_tensors(net, {**quantized_ops, **pools}, precision)
+    normalized = normalization_duals(net, quantized_ops, precision)
     quantized: Dict[Tuple[str, str, int, bool], str] = {}
 
     def need_q(tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
@@ -662,6 +695,10 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
             for t in layer.inputs:
                 want = sd[t.name] if host else (cdt if t.dtype in FLOATS else t.dtype)
                 inputs.append(need(t.name, want, layer.name))
+            t = layer.outputs[0] if layer.outputs else None
+            if t is not None and t.name in normalized:
+                quant = {"format": precision, "dual_scale": float(quant_scale(precision, t.dynamic_range))}
+                extra = [(f"{t.name}@{precision.lower()}", tuple(t.shape), precision)]
         spec = Spec(layer, [prog.slots[n].shape for n in inputs], [sd[n] for n in inputs],
                     [t.shape for t in layer.outputs] + [shape for _, shape, _ in extra],
                     out_dtypes + [FORMATS[fmt].storage for _, _, fmt in extra], cdt, options, prefer.get(layer.name),

@@ -3,7 +3,8 @@
 Layer i of an MLP computes ``x = activation_i(x @ w_i + b_i)``; weights are w0, b0, w1, b1, ...
 and ``params["activations"]`` lists each layer's activation (or None). Biases and activations
 after the last matrix multiply fuse through the affine and activation passes; a residual the last
-matrix multiply holds (fusions/gemm.py) stays the MLP's second input.
+matrix multiply holds (fusions/gemm.py) stays the MLP's second input. Products joined by a tensor with a dynamic
+range stay apart (chained_matmuls).
 """
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def _units(layer) -> Optional[List[Tuple[np.ndarray, np.ndarray, Optional[dict]]
 def chained_matmuls(network, users, layer):
     """x -> MatrixMultiply | MLP -> MatrixMultiply | MLP (constant 2-d B) -> y   =>   x -> MLP -> y
 
-    The second may hold a residual (it stays the MLP's); the first may not (it would be added mid-chain)."""
+    The second may hold a residual (it stays the MLP's); the first may not (it would be added mid-chain). A
+    tensor between them with a dynamic range (calibrated, or given by quantization ops) stays a tensor, so INT8 and
+    FP8 engines may run both products quantized, the first writing it quantized for the second."""
+    if layer.inputs[0].dynamic_range is not None:
+        return None
     first = sole_producer(network, users, layer.inputs[0], ("MatrixMultiply", "MLP"))
     units = first and not gemm_residual(first) and _units(first)
     second = units and _units(layer)

@@ -11,8 +11,9 @@ products summed in fp32, then ``act(sum * s_x * s_w[c] + bias + residual)`` in f
   accumulation) with the per-channel dequantize, bias, residual and activation fused on its output (int8's graph
   with FP8 operands); where neither serves (a quantized output or residual without Triton), cuDNN's graph
   writing fp32 sums and int8's epilogue kernel.
-* MatrixMultiply: cuBLASLt's E4M3 GEMM writing fp32 sums (it takes one scale per operand), then int8's
-  epilogue kernel applies the per-channel scales, bias and activation.
+* MatrixMultiply: our Triton kernel as a GEMM (activations times constant weights: the whole epilogue inside, E4M3
+  in and out between FP8 layers), or cuBLASLt's E4M3 GEMM writing fp32 sums (it takes one scale per operand),
+  then int8's epilogue kernel applies the per-channel scales, bias and activation.
 
 E4M3 bytes are stored as uint8 (cupy has no float8 type). FP8 needs compute capability 8.9 or later (Ada,
 Hopper): building an FP8 engine on an older GPU is a BuildError saying what to use instead.
@@ -29,8 +30,9 @@ from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import (CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, QuantFormat,
-                                                    QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, conv_channels, out_scale)
-from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates
+                                                    QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, conv_channels,
+                                                    matmul_dequant, out_scale)
+from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
 from tftrt_py.engine.backends.numpy_precision import E4M3_MAX, FORMATS, quantize_per_channel
 from tftrt_py.engine.errors import BuildError
 
@@ -163,12 +165,16 @@ class LtFp8MatMulOp(LtInt8MatMulOp):
 
 
 def fp8_matmul_candidates(spec: Spec) -> List[Op]:
-    """cuBLASLt's first E4M3 GEMM algorithms for this product; none where cuBLASLt has no FP8 kernel for it."""
-    want = (spec.prefer or {}).get("plan")
+    """Our Triton kernel's E4M3 GEMMs (triton_conv.triton_matmul_candidates) and cuBLASLt's first E4M3 GEMM
+    algorithms for this product; none (the layer then runs in FP16) where neither has a kernel for it."""
+    own = triton_matmul_candidates("FP8", spec, matmul_dequant(spec, FP8, "float32"))
+    prefer = spec.prefer or {}
+    if prefer.get("op") not in (None, "cublaslt_gemm_fp8") or os.environ.get("TFTRT_PY_GEMM") == "triton":
+        return own
     try:
         first = LtFp8MatMulOp(spec, 0)
         ops = [first] + [LtFp8MatMulOp(spec, i, first.plan) for i in range(1, len(first.plan.algos))]
     except Exception as exc:
         logger.debug("no cuBLASLt FP8 GEMM for %s: %s", spec.layer.name, exc)
-        return []
-    return [op for op in ops if want in (None, op.algo)]
+        return own
+    return own + [op for op in ops if prefer.get("plan") in (None, op.algo)]

@@ -29,7 +29,7 @@ from tftrt_py.engine.backends.cupy.ops.conv import (CudnnConvGraph, ConvGeom, _c
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE, PREAMBLE, activation_expr
 
 __all__ = ["QMAX", "PAD", "INT8", "QuantFormat", "conv_channels", "tensor_scale", "quantize_weights", "QuantizeOp",
-           "int8_conv_candidates", "int8_matmul_candidates", "padded"]
+           "int8_conv_candidates", "int8_matmul_candidates", "matmul_dequant", "padded"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +97,20 @@ class QuantFormat:
 INT8 = QuantFormat("INT8", "int8", QMAX, INT8_Q, conv_channels)
 _QUANTIZE = r"""
 extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict__ q, float s, long long groups) {
-  // one thread per 4 output bytes: q is [OUTER, D1, D2P] (D2P % 4 == 0) read from x [OUTER, D2, D1]
+  // one thread per 4 output bytes (VEC8: 8): q is [OUTER, D1, D2P] (D2P % 4 == 0) read from x [OUTER, D2, D1]
   // (TRANSPOSE) or x [OUTER, D1, D2]; padding bytes are 0.
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < groups;
        i += (long long)gridDim.x * blockDim.x) {
+#if VEC8  // fp16, no padding, no transpose, 8 | D2: eight halves in one 16-byte load, two words stored
+    uint4 h = reinterpret_cast<const uint4*>(x)[i];
+    unsigned int hw[4] = {h.x, h.y, h.z, h.w}, words[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      unsigned short b = (unsigned short)((hw[j / 2] >> (16 * (j % 2))) & 0xffff);
+      words[j / 4] |= ((unsigned int)(tt_q(ld(b), s) & 0xff)) << (8 * (j % 4));
+    }
+    reinterpret_cast<uint2*>(q)[i] = make_uint2(words[0], words[1]);
+#else
     unsigned int word = 0;
 #if VEC4  // fp16, no padding, no transpose: four consecutive halves in one 8-byte load
     uint2 h = reinterpret_cast<const uint2*>(x)[i];
@@ -121,15 +131,23 @@ extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict_
     }
 #endif
     q[i] = (int)word;
+#endif
   }
 }
 """
 
 
+def _vector(dtype: str, d2: int, d2p: int, transpose: bool) -> int:
+    """Output bytes a thread of the quantize kernel writes: 8 or 4 where fp16 rows are read as they are, else 4."""
+    plain = dtype == "float16" and not transpose and d2 == d2p
+    return 8 if plain and d2 % 8 == 0 else 4
+
+
 def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q):
     vec4 = dtype == "float16" and not transpose and d2 == d2p
+    vec8 = _vector(dtype, d2, d2p, transpose) == 8
     head = (f"#define T {kernels.raw_type(dtype)}\n#define D1 {d1}\n#define D2 {d2}\n#define D2P {d2p}\n"
-            f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec4)}\n")
+            f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec4)}\n#define VEC8 {int(vec8)}\n")
     return kernels.raw_kernel(head + qfunc + _QUANTIZE, "tt_quantize")
 
 
@@ -148,7 +166,7 @@ class QuantizeOp(Op):
             d1, d2 = (shape[-2] if len(shape) > 1 else 1), shape[-1]
             outer = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 1 else 1
         self.scale = np.float32(scale)
-        self.groups = outer * d1 * last_padded // 4
+        self.groups = outer * d1 * last_padded // _vector(dtype, d2, last_padded, transpose)
         self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc)
         self.tactic = {"op": "quantize", "scale": float(self.scale), "transpose": bool(transpose)}
 
@@ -521,6 +539,17 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
 
 
 # -- cuBLAS int8 matrix multiply -------------------------------------------------------------------------
+def matmul_dequant(spec: Spec, fmt: QuantFormat = INT8, acc_dtype: str = "int32") -> Dequant:
+    """A quantized MatrixMultiply's epilogue: dq [N] (or [M, N] for a constant A), bias, activation, output scale."""
+    cupy = _device.require()
+    n = spec.out_shapes[0][-1]
+    bias = spec.weights.get("bias")
+    bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (n,)).copy()) if bias is not None else None
+    dq = cupy.asarray(np.ascontiguousarray(spec.quant["dq"], np.float32))
+    return Dequant(dq, bias32, spec.params.get("activation"), spec.out_dtypes[0], out_scale(spec, fmt), None,
+                   acc_dtype=acc_dtype, fmt=fmt)
+
+
 class Int8MatMulOp(Op):
     """Batched int8 GEMM C[b] = A[b] B[b] with A [.., M, Kp] and B as [.., N, Kp] (both K-contiguous),
     int32 accumulators in the workspace, then the epilogue. Constant operands are uploaded quantized;
@@ -531,7 +560,7 @@ class Int8MatMulOp(Op):
 
     def __init__(self, spec: Spec):
         cupy = _device.require()
-        q, p = spec.quant, spec.params
+        q = spec.quant
         out = spec.out_shapes[0]
         self.m, self.n = out[-2], out[-1]
         batch = tuple(out[:-2])
@@ -559,11 +588,7 @@ class Int8MatMulOp(Op):
                                  f"broadcast ({size} of {self.batch})")
         self.np = padded(self.n, 4)
         self.workspace = align(self.batch * self.m * self.np * 4)
-        bias = spec.weights.get("bias")
-        bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (self.n,)).copy()) if bias is not None else None
-        dq = cupy.asarray(np.ascontiguousarray(q["dq"], np.float32))  # [N], or [M, N] for a constant A
-        self.deq = Dequant(dq, bias32, p.get("activation"), spec.out_dtypes[0], out_scale(spec, self.FORMAT), None,
-                           acc_dtype=self.ACC, fmt=self.FORMAT)
+        self.deq = matmul_dequant(spec, self.FORMAT, self.ACC)
         self.device_bytes = self.deq.nbytes + sum(int(s[1].nbytes) for s in self.sources if s[0] == "const")
         self.tactic = {"op": "cublas_gemm_int8", "workspace": self.workspace}
 
@@ -607,8 +632,10 @@ class LtInt8MatMulOp(Int8MatMulOp):
 
 
 def int8_matmul_candidates(spec: Spec) -> List[Op]:
-    """The cuBLAS int8 GEMM and cuBLASLt's first algorithms (see matmul.gemm_paths); FP8 layers: fp8.py's."""
+    """Our Triton kernel's GEMMs (triton_conv.triton_matmul_candidates), the cuBLAS int8 GEMM and cuBLASLt's first
+    algorithms (see matmul.gemm_paths); FP8 layers: fp8.py's."""
     from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
+    from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_matmul_candidates
 
     if spec.quant.get("format") == "FP8":
         from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_matmul_candidates
@@ -624,7 +651,8 @@ def int8_matmul_candidates(spec: Spec) -> List[Op]:
             lt = [op for op in lt if want in (None, op.algo)]
         except Exception as exc:
             logger.debug("no cuBLASLt int8 candidate for %s: %s", spec.layer.name, exc)
-    return ([Int8MatMulOp(spec)] if want_cublas or not lt else []) + lt
+    own = triton_matmul_candidates("INT8", spec, matmul_dequant(spec))
+    return ([Int8MatMulOp(spec)] if want_cublas or not (lt or own) else []) + lt + own
 
 
 def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):

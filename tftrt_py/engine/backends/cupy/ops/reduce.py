@@ -9,6 +9,8 @@ import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
+from tftrt_py.engine.backends.cupy.ops.fp8 import FP8
+from tftrt_py.engine.backends.cupy.ops.int8 import INT8, QuantizeOp
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE
 
 __all__ = ["ReduceOp", "StridedReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel",
@@ -253,7 +255,11 @@ __device__ __forceinline__ float tt_row_sum(float v, float* shared) {
 #endif
 }
 extern "C" __global__ void tt_row_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
-                                       const float* __restrict__ b, T* __restrict__ y, float eps, long long rows) {
+                                       const float* __restrict__ b, T* __restrict__ y, float eps, long long rows
+#if QUANT  // the output also quantized (tt_q with scale qs: int8.QuantizeOp's bytes), VEC bytes a vector
+                                       , unsigned int* __restrict__ yq, float qs
+#endif
+                                       ) {
   __shared__ float shared[32];
 #if WARP_ROWS
   long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -300,6 +306,20 @@ extern "C" __global__ void tt_row_norm(const T* __restrict__ x, const T* __restr
 #pragma unroll
     for (int e = 0; e < VEC; ++e) out.e[e] = st<T>((v[it][e] - mean) * rstd * gc[e] + bc[e]);
     *(uint4*)(y + base + c) = out.u;
+#if QUANT
+    unsigned int words[VEC / 4];
+#pragma unroll
+    for (int w = 0; w < VEC / 4; ++w) {
+      words[w] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) words[w] |= ((unsigned int)(tt_q(ld(out.e[4 * w + j]), qs) & 0xff)) << (8 * j);
+    }
+#if VEC == 8
+    *(uint2*)(yq + (base + c) / 4) = make_uint2(words[0], words[1]);
+#else
+    yq[(base + c) / 4] = words[0];
+#endif
+#endif
   }
 }
 """
@@ -314,10 +334,14 @@ class NormalizationOp(Op):
     """Layer normalization over the last axis of x (+ residual): statistics in fp32, scale and bias fused. Rows
     of whole 16-byte vectors (and buffers aligned to them) take one pass: each element read once, kept in
     registers, written once (one warp per row up to WARP_ROW_VECTORS vectors, else one block); other rows three
-    passes over memory."""
+    passes over memory. With ``dual_scale`` in ``spec.quant`` (INT8 and FP8 engines: quantized layers read the
+    output) the output is also written quantized, as int8.QuantizeOp would quantize it: by the one-pass kernel as
+    it writes the output, else by a quantize step after it."""
 
     def __init__(self, spec: Spec):
         cupy = _device.require()
+        dual = (spec.quant or {}).get("dual_scale")
+        fmt = {"INT8": INT8, "FP8": FP8}[spec.quant["format"]] if dual is not None else None
         shape = spec.in_shapes[0]
         self.len = shape[-1]
         self.rows = int(np.prod(shape[:-1]))
@@ -335,13 +359,16 @@ class NormalizationOp(Op):
         if self.len % vec == 0 and items <= ROW_NORM_ITEMS:
             head = (f"#define T {kernels.raw_type(spec.cdt)}\n#define VEC {vec}\n#define LEN {self.len}\n"
                     f"#define ITEMS {items}\n#define RESIDUAL {int(self.residual)}\n"
-                    f"#define WARP_ROWS {int(warp_rows)}\n")
+                    f"#define WARP_ROWS {int(warp_rows)}\n#define QUANT {int(fmt is not None)}\n"
+                    + (fmt.qfunc if fmt is not None else ""))
             grid, threads = (-(-self.rows // 4), 128) if warp_rows else (self.rows, row_threads)
             self.one_pass = (kernels.raw_kernel(head + _ROW_NORM, "tt_row_norm"), grid, threads)
         # weights rounded to the compute dtype, as the numpy backend's FP16 rounds them; applied in fp32
         self.scale, self.bias = (cupy.asarray(spec.weights[k].astype(spec.cdt).astype(np.float32))
                                  for k in ("scale", "bias"))
         self.eps = np.float32(spec.params["epsilon"])
+        self.quant = None if fmt is None else (np.float32(dual), QuantizeOp(shape, spec.cdt, dual, self.len,
+                                                                             qfunc=fmt.qfunc))
         self.device_bytes = int(self.scale.nbytes + self.bias.nbytes)
         self.tactic = ({"op": "layer_norm_one_pass", "block": self.one_pass[2]} if self.one_pass
                        else {"op": "layer_norm_kernel", "block": self.block})
@@ -351,11 +378,14 @@ class NormalizationOp(Op):
             return
         r = ins[1] if self.residual else ins[0]
         args = (ins[0], r, self.scale, self.bias, outs[0])
-        if self.one_pass and not any(a.data.ptr % 16 for a in (ins[0], r, outs[0])):
+        if self.one_pass and not any(a.data.ptr % 16 for a in (ins[0], r, *outs)):
             kernel, grid, threads = self.one_pass
-            kernel((grid,), (threads,), (*args, self.eps, kernels.i64(self.rows)))
-        else:
-            self.kernel((self.rows,), (self.block,), (*args, kernels.i32(self.len), self.eps))
+            kernel((grid,), (threads,), (*args, self.eps, kernels.i64(self.rows), *outs[1:],
+                                         *([self.quant[0]] if self.quant else [])))
+            return
+        self.kernel((self.rows,), (self.block,), (*args, kernels.i32(self.len), self.eps))
+        if self.quant is not None:
+            self.quant[1].run(rc, outs[:1], outs[1:])
 
 
 @register("Normalization")

@@ -10,16 +10,19 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import os
 from typing import List, Optional, Tuple
 
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.cublaslt import REDUCED_GELU
 from tftrt_py.engine.backends.cupy.ops.base import Op
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import Dequant
 
-__all__ = ["TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "prefetch", "kernel_request"]
+__all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
+           "gemm_geom", "prefetch", "kernel_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,11 @@ logger = logging.getLogger(__name__)
 #: divide steps through 64 (or 32) of them.
 TILES = ((128, 128, 128, 4, 3), (64, 128, 128, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3), (128, 64, 64, 4, 4),
          (64, 64, 64, 4, 3), (128, 128, 64, 4, 3), (128, 64, 64, 4, 2))
+#: Kernels compiled per MatrixMultiply (a 1x1 convolution over its rows, see triton_matmul_candidates): larger tiles
+#: and deeper pipelines than a convolution's, for K of 768 to 3072.
+GEMM_TILES = ((128, 128, 128, 4, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 8, 4),
+              (128, 64, 128, 4, 4), (64, 128, 128, 4, 4), (128, 256, 64, 8, 4), (128, 128, 64, 4, 4),
+              (128, 128, 256, 4, 3), (128, 128, 128, 4, 4))
 #: Grids each kernel is timed with: programs per SM (a persistent kernel), or 0 for one program per tile.
 GRIDS = (0, 1, 2, 4)
 _SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_conv"
@@ -36,6 +44,14 @@ _I32 = 2 ** 31
 #: Triton's type of a quantized operand (E4M3 bytes are stored as uint8 here).
 _QUANTIZED = {"INT8": "*i8", "FP8": "*fp8e4nv"}
 _FLOATS = ("float16", "float32")
+#: The kernel's ACT code of each activation type it applies. GELU is computed in the tanh form (the erf GELU too), as
+#: cuBLASLt's epilogue computes it for FP16 engines (cublaslt.REDUCED_GELU).
+ACTIVATIONS = {None: 0, "relu": 1, "gelu_tanh": 2}
+
+
+def _act_code(activation) -> Optional[int]:
+    kind = (activation or {}).get("type")
+    return ACTIVATIONS.get(REDUCED_GELU.get(kind, kind))
 
 
 def _pointer(dtype: str, fmt: str) -> str:
@@ -45,12 +61,12 @@ def _pointer(dtype: str, fmt: str) -> str:
 def fits(geom: ConvGeom, activation, residual) -> bool:
     """The convolutions the kernel covers: 2-d, ungrouped, undilated, padding of zero or more (the kernel reads
     only the padding before: the output size bounds the rest, so TF's SAME stride-2 padding of 0 before and 1
-    after fits), channels a multiple of 32 (or of 4 below 32: a stem), int32 offsets, ReLU or no activation, a
-    residual of the output's batch."""
+    after fits), channels a multiple of 32 (or of 4 below 32: a stem), int32 offsets, an activation of
+    ACTIVATIONS or none, a residual of the output's batch."""
     return (len(geom.spatial) == 2 and geom.groups == 1 and geom.dilations == (1, 1)
             and min(geom.pre + geom.post) >= 0 and geom.c % (32 if geom.c >= 32 else 4) == 0
             and geom.n * int(np.prod(geom.spatial)) * geom.c < _I32 and geom.rows * geom.cout < _I32
-            and (activation or {}).get("type") in (None, "relu") and (residual is None or residual[0] == geom.n))
+            and _act_code(activation) is not None and (residual is None or residual[0] == geom.n))
 
 
 def pixel_pairs(fmt: str, geom: ConvGeom) -> ConvGeom:
@@ -89,7 +105,7 @@ def kernel_tile(geom: ConvGeom, tile) -> Tuple[int, ...]:
     return bm, bn, bk, warps, stages
 
 
-def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residual: Optional[Tuple[int, str]],
+def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residual: Optional[Tuple[int, str]],
                    residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int):
     """The Triton compile request of one tile for this `fmt` ("INT8" or "FP8") convolution and epilogue
     (triton.request)."""
@@ -104,8 +120,8 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residua
               "M": "i32", "H": "i32", "W": "i32", "OH": "i32", "OW": "i32", "C": "i32", "COUT": "i32",
               "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
-    constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res, RELU=bool(relu),
-                      OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8,
+    constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res,
+                      ACT=_act_code(activation), OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0,
                       SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22)
     multiples = tuple(name for name, v in (("C", geom.c), ("COUT", geom.cout)) if v % 16 == 0)
@@ -113,22 +129,22 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, relu: bool, residua
 
 
 def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability: int):
-    return kernel_request(fmt, geom, deq.bias is not None, bool(deq.activation), residual, deq.res_scale is not None,
+    return kernel_request(fmt, geom, deq.bias is not None, deq.activation, residual, deq.res_scale is not None,
                           deq.out_dtype, deq.dual_scale is not None, tile, capability)
 
 
-def prefetch(convolutions) -> None:
-    """Start compiling every tile of these convolutions: (format, geom, has bias, activation, residual (batch,
-    dtype) or None, residual scaled, output dtype) each, those the kernel fits."""
+def prefetch(convolutions, tiles=TILES) -> None:
+    """Start compiling every tile of `tiles` for these convolutions: (format, geom, has bias, activation, residual
+    (batch, dtype) or None, residual scaled, output dtype) each, those the kernel fits."""
     from tftrt_py.engine.backends.cupy import triton
 
     if not triton.available():
         return
     capability = int(_device.require().cuda.Device().compute_capability)
-    triton.prefetch([kernel_request(fmt, pixel_pairs(fmt, geom), bias, bool(act), residual, scaled, out, False, tile,
+    triton.prefetch([kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, False, tile,
                                     capability)
                      for fmt, geom, bias, act, residual, scaled, out in convolutions
-                     if fits(geom, act, residual) for tile in TILES])
+                     if fits(geom, act, residual) for tile in tiles])
 
 
 class TritonConvOp(Op):
@@ -152,8 +168,8 @@ class TritonConvOp(Op):
 
 
 def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
-                           prefer: dict) -> List[Op]:
-    """Each kernel of TILES (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
+                           prefer: dict, tiles=TILES) -> List[Op]:
+    """Each kernel of `tiles` (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
     tile when it is one of them (a plan's other values are not compiled); none where Triton is missing or the
     convolution does not fit."""
     from tftrt_py.engine.backends.cupy import triton
@@ -164,7 +180,7 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
     if paired is not geom:
         w = _device.require().asarray(pixel_pair_weights(w.get(), geom, paired))
         geom = paired
-    tiles = list(dict.fromkeys(kernel_tile(geom, t) + (g,) for t in TILES for g in GRIDS))
+    tiles = list(dict.fromkeys(kernel_tile(geom, t) + (g,) for t in tiles for g in GRIDS))
     recorded = prefer.get("tile")
     if isinstance(recorded, list) and tuple(recorded) in tiles:
         tiles = [tuple(recorded)]
@@ -183,3 +199,36 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
     with concurrent.futures.ThreadPoolExecutor(len(kernels)) as pool:
         kernels = dict(zip(kernels, pool.map(build, kernels)))
     return [TritonConvOp(fmt, geom, w, deq, kernels[t[:5]], t, sms) for t in tiles if kernels[t[:5]]]
+
+
+def gemm_geom(rows: int, k: int, n: int) -> ConvGeom:
+    """A GEMM [rows, k] x [k, n] as the 1x1 convolution the kernel runs it as (rows pixels of k channels)."""
+    return ConvGeom(rows, (1, 1), k, n, (1, 1), 1, (1, 1), (1, 1), (0, 0), (0, 0), (1, 1))
+
+
+def gemm_operands(quant: dict, params: dict, out_shape) -> Optional[Tuple[int, int, int, np.ndarray]]:
+    """(rows, padded K, N, quantized weights [N, Kp]) of a quantized MatrixMultiply the kernel serves (`quant`:
+    program.quant_plan's): an activation A [.., M, K] (not transposed) times a constant 2-d B with one scale per
+    column; None for other products."""
+    b = quant["b"]["const"]
+    if (quant["a"]["const"] is not None or b is None or params.get("transpose_a") or np.ndim(quant["dq"]) != 1
+            or b.size != b.shape[-2] * b.shape[-1]):
+        return None
+    n, kp = b.shape[-2:]
+    return int(np.prod(out_shape[:-1])), kp, n, b.reshape(n, kp)
+
+
+def triton_matmul_candidates(fmt: str, spec, deq: Dequant) -> List[Op]:
+    """The kernel's GEMM_TILES as a quantized MatrixMultiply (gemm_operands; its epilogue `deq`): dequantize, bias,
+    activation and the output's requantization in the GEMM, where cuBLAS(Lt) write int32 or fp32 sums for an
+    epilogue pass. None where the product does not fit."""
+    operands = gemm_operands(spec.quant, spec.params, spec.out_shapes[0])
+    if (operands is None or (spec.prefer or {}).get("op") not in (None, f"triton_gemm_{fmt.lower()}")
+            or os.environ.get("TFTRT_PY_GEMM") not in (None, "triton")):  # tests: only this path, or another
+        return []
+    rows, kp, n, w = operands
+    ops = triton_conv_candidates(fmt, gemm_geom(rows, kp, n), _device.require().asarray(w), deq, None,
+                                 spec.prefer or {}, GEMM_TILES)
+    for op in ops:
+        op.tactic["op"] = f"triton_gemm_{fmt.lower()}"
+    return ops
