@@ -6,7 +6,9 @@ of each tensor over two random batches run through our FP32 engine) against PyTo
 (cudnn.benchmark, channels_last, fp16) and torch.compile; the same weights are copied into an
 equivalent torch model (convolutions with bias, as our network has after folding). BERT layer (seq 128,
 hidden 768, 12 heads, FFN 3072, GELU, LayerNorm; fp16 bindings): our FP16 and INT8 engines against the
-same block in PyTorch (SDPA attention) eager fp16 and torch.compile. ``--autotune-limit`` retries
+same block in PyTorch (SDPA attention) eager fp16 and torch.compile; ``--bert-layers N``: a stack of N such
+layers (one set of weights), where each layer after the first reads its input from the previous LayerNorm (an
+INT8 or FP8 engine's LayerNorm then writes it quantized too). ``--autotune-limit`` retries
 torch.compile(mode="max-autotune") for ResNet-50 in a subprocess with that time limit.
 
 Timing: CUDA events, warm-up first, medians; inputs stay on the GPU for every framework. Prints the
@@ -298,17 +300,22 @@ def bench_resnet(args, table, torch, cupy):
         torch.compiler.reset()
 
 
+def bert_label(args) -> str:
+    return "bert_layer" if args.bert_layers == 1 else f"bert_{args.bert_layers}_layers"
+
+
 def bench_bert(args, table, torch, cupy):
     from tftrt_py.engine import Builder, BuilderConfig
 
-    model = bert.spec()
-    tblock = bert.torch_block(model, torch).cuda().eval()
+    model, layers, label = bert.spec(), args.bert_layers, bert_label(args)
+    tblock = bert.torch_block(model, torch, layers=layers).cuda().eval()
     ranges = None
     if {"INT8", "FP8"} & set(args.bert_precisions):
         rng = np.random.default_rng(1)
         calib = [{"x": cupy.asarray(rng.standard_normal((8, args.seq, model["hidden"])).astype(np.float32))}
                  for _ in range(2)]
-        ranges = max_abs_ranges(lambda: bert.network(8, args.seq, model, dtype="float32"), calib, backend="cupy")
+        ranges = max_abs_ranges(lambda: bert.network(8, args.seq, model, dtype="float32", layers=layers), calib,
+                                backend="cupy")
     for batch in args.bert_batches:
         rng = np.random.default_rng(batch)
         x_np = rng.standard_normal((batch, args.seq, model["hidden"])).astype(np.float32)
@@ -318,21 +325,21 @@ def bench_bert(args, table, torch, cupy):
         x16 = cupy.asarray(x_np.astype(np.float16))
         for precision in args.bert_precisions:
             def build(precision=precision):
-                net = bert.network(batch, args.seq, model)
+                net = bert.network(batch, args.seq, model, layers=layers)
                 if precision in ("INT8", "FP8"):
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 
-            ours(table, "bert_layer", batch, precision, build, x16, ref, args.iters,
+            ours(table, label, batch, precision, build, x16, ref, args.iters,
                  args.profile and batch == max(args.bert_batches))
         th = tblock.half()
         modes = [args.compile_mode] if "compile" in args.torch else []
-        torch_variants(table, "bert_layer", batch, th, torch.from_numpy(x_np).cuda().half(), args, torch, modes)
+        torch_variants(table, label, batch, th, torch.from_numpy(x_np).cuda().half(), args, torch, modes)
         tblock.float()
         torch.compiler.reset()
         # Our fp16 GEMM fuses the erf GELU as the tanh form (cublaslt.REDUCED_GELU): torch.compile on that form too.
-        tanh_block = bert.torch_block(model, torch, gelu="tanh").cuda().eval().half()
-        torch_variants(table, "bert_layer", batch, tanh_block, torch.from_numpy(x_np).cuda().half(), args, torch,
+        tanh_block = bert.torch_block(model, torch, gelu="tanh", layers=layers).cuda().eval().half()
+        torch_variants(table, label, batch, tanh_block, torch.from_numpy(x_np).cuda().half(), args, torch,
                        modes, eager=False, label=", tanh GELU")
         del tanh_block
         torch.compiler.reset()
@@ -377,6 +384,8 @@ def main(argv=None):
     p.add_argument("--bert-batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--bert-precisions", nargs="*", default=["FP16", "INT8"])
     p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--bert-layers", type=int, default=1,
+                   help="a stack of this many BERT layers (each a copy of the one layer's weights)")
     p.add_argument("--torch", nargs="*", default=["eager", "compile"], help="torch variants: eager compile")
     p.add_argument("--torch-only", action="store_true", help="only the torch rows (no engines, no ceilings)")
     p.add_argument("--compile-mode", default="reduce-overhead")
@@ -396,19 +405,20 @@ def main(argv=None):
     torch.backends.cudnn.benchmark = True
     gpu = torch.cuda.get_device_name()
     results = {"gpu": gpu}
-    floors = {"resnet50": 0.0, "bert_layer": 0.0}
+    floors = {"resnet50": 0.0, bert_label(args): 0.0}
     if not args.torch_only:
         tflops, tbs = ceilings(torch)
         results.update(gemm_tflops=tflops, copy_tbs=tbs)
         print(f"GPU: {gpu}; torch {torch.__version__}, cupy {cupy.__version__}")
         print(f"ceilings: fp16 GEMM {tflops:.0f} TFLOP/s, device copy {tbs:.2f} TB/s")
         flop = resnet50.flops(1, args.size)
-        bflop = bert.flops(1, args.seq)
-        floors = {"resnet50": flop / (tflops * 1e12), "bert_layer": bflop / (tflops * 1e12)}
+        bflop = bert.flops(1, args.seq, layers=args.bert_layers)
+        floors = {"resnet50": flop / (tflops * 1e12), bert_label(args): bflop / (tflops * 1e12)}
         print(f"ResNet-50 at {args.size}: {flop / 1e9:.2f} GFLOP/image; fp16 compute floor "
               f"{floors['resnet50'] * 1e6:.1f} us/image ({1 / floors['resnet50']:,.0f} img/s)")
-        print(f"BERT-base layer at seq {args.seq}: {bflop / 1e9:.2f} GFLOP/sequence; fp16 compute floor "
-              f"{floors['bert_layer'] * 1e6:.2f} us/sequence ({1 / floors['bert_layer']:,.0f} seq/s)", flush=True)
+        print(f"BERT-base, {args.bert_layers} layer(s) at seq {args.seq}: {bflop / 1e9:.2f} GFLOP/sequence; fp16 "
+              f"compute floor {floors[bert_label(args)] * 1e6:.2f} us/sequence "
+              f"({1 / floors[bert_label(args)]:,.0f} seq/s)", flush=True)
     table = Table(args.json, results)
     if "resnet50" in args.models:
         bench_resnet(args, table, torch, cupy)
