@@ -7,6 +7,11 @@ launcher (PyTorch tensors), timed with triton.testing.do_bench; outputs compared
 table last.
 
     python benchmarks/tma_gemm_probe.py
+
+H100, 2026-11-25 (do_bench, L2 flushed between runs), best of each, us, ours / TMA: INT8 QKV 25.3 / 25.4, output
+projection 13.3 / 13.8, FFN expansion 30.4 / 29.6, FFN contraction 25.2 / 30.3; FP8 23.8 / 24.4, 12.3 / 14.0, 27.4 /
+28.1, 24.1 / 24.8; outputs identical. Triton's descriptor loads (warp-specialised or not) were no faster than its
+cp.async pipeline here, so the engine's kernel keeps pointer loads.
 """
 from __future__ import annotations
 
