@@ -26,6 +26,10 @@ import triton.language as tl  # noqa: E402
 
 from tftrt_py.engine.backends.cupy.triton.quantized_conv import _epilogue, _mma, conv_quantized  # noqa: E402
 
+#: (BM, BN, BK, warps, stages, programs per SM, warp-specialised) of the TMA kernel
+TMA_TILES = ((128, 128, 128, 4, 3, 1, False), (128, 128, 128, 8, 3, 1, False), (128, 256, 128, 8, 3, 1, False),
+             (128, 128, 128, 4, 4, 1, False), (128, 128, 128, 8, 3, 1, True), (128, 256, 128, 8, 3, 1, True),
+             (128, 128, 128, 4, 3, 2, False))
 #: name -> (K, N, ACT, OUT)
 GEMMS = {"qkv": (768, 2304, 0, 0), "out": (768, 768, 0, 0), "ffn1": (768, 3072, 2, 1), "ffn2": (3072, 768, 0, 0)}
 
@@ -81,15 +85,12 @@ def main():
                 grid = min(per_sm * sms, triton.cdiv(rows, bm) * triton.cdiv(n, bn))
 
                 def run():
-                    conv_quantized[(grid,)](a, w, dq, bias, y, y, y, rows, 1, 1, 1, 1, k, n, 1.0, 10.0, KH=1, KW=1, SH=1,
-                                            SW=1, PH=0, PW=0, HAS_BIAS=True, RES=0, ACT=act, OUT=out,
+                    conv_quantized[(grid,)](a, w, dq, bias, y, y, y, rows, 1, 1, 1, 1, k, n, 1.0, 10.0, KH=1, KW=1,
+                                            SH=1, SW=1, PH=0, PW=0, HAS_BIAS=True, RES=0, ACT=act, OUT=out,
                                             FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8, SMALL_C=0,
                                             SMALL_SUMS=False, num_warps=warps, num_stages=stages)
                 results[f"ptr {bm}x{bn}x{bk}/{warps}w{stages}s/{per_sm}"] = (triton.testing.do_bench(run) * 1e3, y)
-            for bm, bn, bk, warps, stages, per_sm, ws in ((128, 128, 128, 4, 3, 1, False), (128, 128, 128, 8, 3, 1, False),
-                                                          (128, 256, 128, 8, 3, 1, False), (128, 128, 128, 4, 4, 1, False),
-                                                          (128, 128, 128, 8, 3, 1, True), (128, 256, 128, 8, 3, 1, True),
-                                                          (128, 128, 128, 4, 3, 2, False)):
+            for bm, bn, bk, warps, stages, per_sm, ws in TMA_TILES:
                 y = torch.empty(rows, n, dtype=ydt, device="cuda")
                 programs = min(per_sm * sms, triton.cdiv(rows, bm) * triton.cdiv(n, bn))
 
@@ -111,7 +112,8 @@ def main():
             table.append((fmt, name, ptr, best, same))
     print(f"\n{'fmt':<5} {'gemm':<5} {'ours us':>8} {'tma us':>8} {'ratio':>6}  best ours / best tma / outputs")
     for fmt, name, ptr, best, same in table:
-        print(f"{fmt:<5} {name:<5} {ptr[0]:8.1f} {best[0]:8.1f} {ptr[0] / best[0]:5.2f}x  {ptr[1]} / {best[1]} / {same}")
+        print(f"{fmt:<5} {name:<5} {ptr[0]:8.1f} {best[0]:8.1f} {ptr[0] / best[0]:5.2f}x  "
+              f"{ptr[1]} / {best[1]} / {same}")
 
 
 if __name__ == "__main__":

@@ -358,8 +358,8 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     and so is each quantize step its operands would need; :func:`settle_quantized` then picks the precisions of
     least total time. An operand costs no step where its producer runs quantized and writes it so
     (quantized_tensors), or is a LayerNorm, which writes it quantized beside its output (normalization_duals: the
-    extra bytes, not a pass of their own, are not counted). So a chain of int8 (FP8) layers pays the reformat once, at its start, where a
-    layer-by-layer choice would charge each layer for it (and keep none). A layer left in fp16 becomes an FP16
+    extra bytes, not a pass of their own, are not counted). So a chain of int8 (FP8) layers pays the reformat
+    once, at its start, where a layer-by-layer choice would charge each layer for it (and keep none). A layer left in fp16 becomes an FP16
     layer (``layer.precision``, so the plan and the numpy backend say what runs). A tactic recorded on this GPU
     (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key, quantized or not).
     """
