@@ -183,7 +183,8 @@ SMALL_GRAPHS = {
 
 
 #: what runs in int8 in each INT8 engine (chained matrix multiplies joined by a calibrated tensor: no MLP fusion)
-INT8_KINDS = {"mlp": {"MatrixMultiply"}, "conv": {"Convolution"}, "depthwise": {"Convolution"}, "residual": {"Convolution"},
+INT8_KINDS = {"mlp": {"MatrixMultiply"}, "conv": {"Convolution"}, "depthwise": {"Convolution"},
+              "residual": {"Convolution"},
               "batched_matmul": {"MatrixMultiply"}, "layer_norm": set()}
 
 
