@@ -184,8 +184,7 @@ SMALL_GRAPHS = {
 
 #: what runs in int8 in each INT8 engine (chained matrix multiplies joined by a calibrated tensor: no MLP fusion)
 INT8_KINDS = {"mlp": {"MatrixMultiply"}, "conv": {"Convolution"}, "depthwise": {"Convolution"},
-              "residual": {"Convolution"},
-              "batched_matmul": {"MatrixMultiply"}, "layer_norm": set()}
+              "residual": {"Convolution"}, "batched_matmul": {"MatrixMultiply"}, "layer_norm": set()}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL_GRAPHS))
