@@ -361,7 +361,8 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     extra bytes, not a pass of their own, are not counted). So a chain of int8 (FP8) layers pays the reformat
     once, at its start, where a layer-by-layer choice would charge each layer for it (and keep none). A layer left
     in fp16 becomes an FP16 layer (``layer.precision``, so the plan and the numpy backend say what runs). A tactic
-    recorded on this GPU (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key, quantized or not).
+    recorded on this GPU (``int8`` or ``fp8`` in it) decides without timing. Choice: layer name -> (key,
+    quantized or not).
     """
     if options.strict_types:  # quantized, or the build fails where no quantized kernel exists
         return dict(layers), {}
