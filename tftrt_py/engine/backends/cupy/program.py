@@ -27,7 +27,7 @@ from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildO
 from tftrt_py.engine.backends.cupy.ops import fp8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.base import align
-from tftrt_py.engine.backends.cupy.ops.int8 import INT8, PAD, QuantizeOp, matmul_constant, padded, quantized_shape
+from tftrt_py.engine.backends.cupy.ops.int8 import PAD, QuantizeOp, matmul_constant, padded, quantized_shape
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.errors import BackendError, MissingDynamicRangeError
 
@@ -154,7 +154,7 @@ def storage_dtype(tensor, layer, precision: str) -> str:
 QUANT_KINDS = ("Convolution", "MatrixMultiply")
 
 
-FORMATS = {"INT8": INT8, "FP8": fp8.FP8}  # how each quantized precision stores its operands (ops/int8.py)
+FORMATS = fp8.QUANT_FORMATS  # how each quantized precision stores its operands (ops/int8.py)
 
 
 def _constant(t) -> bool:

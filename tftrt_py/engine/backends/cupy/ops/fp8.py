@@ -29,15 +29,15 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.cupy.ops.int8 import (CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, QuantFormat,
+from tftrt_py.engine.backends.cupy.ops.int8 import (INT8, CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, QuantFormat,
                                                     QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, conv_channels,
                                                     matmul_dequant, out_scale)
 from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
 from tftrt_py.engine.backends.numpy_precision import E4M3_MAX, FORMATS, quantize_per_channel
 from tftrt_py.engine.errors import BuildError
 
-__all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "FP8", "check_device", "e4m3_bytes", "fp8_conv_candidates",
-           "fp8_matmul_candidates", "matmul_constant"]
+__all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "FP8", "QUANT_FORMATS", "check_device", "e4m3_bytes",
+           "fp8_conv_candidates", "fp8_matmul_candidates", "matmul_constant"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ __device__ __forceinline__ float tt_v(int q) {
 
 #: FP8's storage here: E4M3 bytes as uint8, input channels of convolutions padded as INT8's (int8.conv_channels).
 FP8 = QuantFormat("FP8", "uint8", E4M3_MAX, E4M3_Q, conv_channels)
+#: How each quantized precision stores its operands here (ops/int8.py's QuantFormat), by precision name.
+QUANT_FORMATS = {"INT8": INT8, "FP8": FP8}
 
 #: The 127 non-negative finite E4M3FN values in code order (0x00..0x7e; 0x7f is NaN).
 _E4M3_POSITIVE = np.array([(m / 8.0) * 2.0 ** -6 if (c >> 3) == 0 else (1 + m / 8.0) * 2.0 ** ((c >> 3) - 7)

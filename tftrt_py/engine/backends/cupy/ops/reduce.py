@@ -9,8 +9,8 @@ import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
-from tftrt_py.engine.backends.cupy.ops.fp8 import FP8
-from tftrt_py.engine.backends.cupy.ops.int8 import INT8, QuantizeOp
+from tftrt_py.engine.backends.cupy.ops.fp8 import QUANT_FORMATS
+from tftrt_py.engine.backends.cupy.ops.int8 import QuantizeOp
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE
 
 __all__ = ["ReduceOp", "StridedReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel",
@@ -341,7 +341,7 @@ class NormalizationOp(Op):
     def __init__(self, spec: Spec):
         cupy = _device.require()
         dual = (spec.quant or {}).get("dual_scale")
-        fmt = {"INT8": INT8, "FP8": FP8}[spec.quant["format"]] if dual is not None else None
+        fmt = QUANT_FORMATS[spec.quant["format"]] if dual is not None else None
         shape = spec.in_shapes[0]
         self.len = shape[-1]
         self.rows = int(np.prod(shape[:-1]))
