@@ -77,6 +77,7 @@ def main():
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--precisions", nargs="+", default=["INT8", "FP8"])
     parser.add_argument("--tiles", help="kernels instead of triton_conv.GEMM_TILES: BM,BN,BK,warps,stages;...")
+    parser.add_argument("--gemms", nargs="+", default=list(GEMMS), choices=list(GEMMS))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -99,7 +100,7 @@ def main():
     except ImportError:
         torch = None
     rows = []
-    for name in GEMMS:
+    for name in args.gemms:
         layer, quantized_out = layer_for(name, args.rows)
         x = layer.inputs[0]
         out = layer.outputs[0].shape

@@ -112,6 +112,15 @@ def test_the_epilogue_applies_relu_and_gelu_the_erf_form_as_fp16_engines_in_the_
     assert dict(request[3])["ACT"] == code
 
 
+@pytest.mark.parametrize("fmt, out, scale, clamp16", [("INT8", "int8", 0.05, True), ("INT8", "int8", 1e-7, False),
+                                                       ("INT8", "int8", 600.0, False), ("INT8", "float16", 0.05, False),
+                                                       ("FP8", "uint8", 0.05, False)])
+def test_int8_outputs_are_clamped_in_fp16_where_127_times_their_scale_is_a_normal_fp16_value(fmt, out, scale, clamp16):
+    request = triton_conv.kernel_request(fmt, geom(64), True, None, None, False, out, False, triton_conv.TILES[0], 90,
+                                         scale if out != "float16" else None)
+    assert dict(request[3])["CLAMP16"] == clamp16
+
+
 def gemm_operands(a_shape, b_shape, params=None, b_constant=True):
     """triton_conv.gemm_operands of an INT8 MatrixMultiply (program.quant_plan's quant)."""
     from tftrt_py.engine import Network

@@ -445,6 +445,44 @@ def test_int8_ffn_keeps_its_hidden_tensor_int8_between_our_gemms(monkeypatch):
         assert err < 1e-2  # a GELU value the tanh form moves across an int8 rounding boundary changes one step
 
 
+@pytest.mark.parametrize("y_range, clamp16", [(2.0, True), (1e-6, False)])  # 127 s_y: a normal fp16 value, or not
+def test_our_gemm_writes_int8_outputs_as_its_fp16_values_requantized(y_range, clamp16, monkeypatch):
+    """The Triton GEMM's int8 output is its fp16 output y requantized: clamp(rint(y / s_y), -127, 127), y / s_y taken
+    as y times fp32(1 / s_y), rounded once where the kernel clamps in fp16 (CLAMP16), else to fp32 first; values past
+    the range saturate."""
+    import cupy
+
+    from tftrt_py.engine.backends import get_backend
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, triton_conv
+    from tftrt_py.engine.backends.cupy.ops.matmul import matmul_candidates
+    from tftrt_py.engine.backends.cupy.program import quant_plan, quant_scale
+
+    monkeypatch.setenv("TFTRT_PY_GEMM", "triton")
+    rng = np.random.default_rng(41)
+    net = Network("requantize")
+    x = net.add_input("x", "float16", (256, 128))
+    w = (rng.standard_normal((128, 64)) * y_range / 400).astype(np.float32)  # |y| up to ~3x the range
+    layer = net.add_layer("MatrixMultiply", [x, net.add_constant(w, name="w")], {}, name="mm")
+    x.dynamic_range, layer.outputs[0].dynamic_range = 127.0, y_range
+    quant = quant_plan(layer, "INT8")[1]
+    assert triton_conv.clamps_in_fp16("INT8", quant_scale("INT8", y_range)) == clamp16
+    opts = BuildOptions()
+    opts.tuner = get_backend("cupy")._tuning_context()
+    xq = cupy.asarray(rng.integers(-127, 128, (256, 128), dtype=np.int8))
+    got = {}
+    for dtype in ("float16", "int8"):
+        op = matmul_candidates(Spec(layer, [(256, 128)], ["int8"], [(256, 64)], [dtype], "float16", opts,
+                                    quant=quant))[0]  # the first tile and grid, for both outputs
+        assert op.tactic["op"] == "triton_gemm_int8", op.tactic
+        got[dtype] = cupy.empty((256, 64), dtype)
+        op.run(opts.tuner, [xq], [got[dtype]])
+    y, inv = got["float16"].get().astype(np.float32), np.float32(1) / quant_scale("INT8", y_range)
+    product = y.astype(np.float64) * np.float64(inv) if clamp16 else (y * inv).astype(np.float64)
+    want = np.clip(np.rint(product), -127, 127)
+    assert 0.05 < float((np.abs(want) == 127).mean()) < 0.95, "some values saturate, not all"
+    np.testing.assert_array_equal(got["int8"].get().astype(np.float64), want)
+
+
 def test_missing_dynamic_range_names_the_tensor():
     net = Network("no_range")
     x = net.add_input("images", "float32", (1, 8, 8, 16))

@@ -438,12 +438,12 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
         fmt = _quant_format(layer, precision)
         f = FORMATS[fmt]
         x, y = layer.inputs[0], layer.outputs[0]
-        out = f.storage if y.name in direct else "float16"
+        out, scale = (f.storage, quant_scale(fmt, y.dynamic_range)) if y.name in direct else ("float16", None)
         if layer.kind == "MatrixMultiply":
             found = triton_conv.gemm_operands(quant_plan(layer, fmt)[1], layer.params, y.shape)
             if found is not None:
                 gemms.append((fmt, triton_conv.gemm_geom(*found[:3]), "bias" in layer.weights,
-                              layer.params.get("activation"), None, False, out))
+                              layer.params.get("activation"), None, False, out, scale))
             continue
         if layer.weights["kernel"].ndim != 4:
             continue
@@ -452,7 +452,7 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
         if len(layer.inputs) > 1:
             residual = (layer.inputs[1].shape[0], f.storage if _stored_residual(layer, fmt) else "float16")
         convolutions.append((fmt, geom, "bias" in layer.weights, layer.params.get("activation"), residual,
-                             quantized_residual(layer, fmt), out))
+                             quantized_residual(layer, fmt), out, scale))
     triton_conv.prefetch(convolutions)
     triton_conv.prefetch(gemms, triton_conv.GEMM_TILES)
 

@@ -22,7 +22,7 @@ from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import Dequant
 
 __all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
-           "gemm_geom", "prefetch", "kernel_request"]
+           "gemm_geom", "prefetch", "kernel_request", "clamps_in_fp16"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +105,17 @@ def kernel_tile(geom: ConvGeom, tile) -> Tuple[int, ...]:
     return bm, bn, bk, warps, stages
 
 
+def clamps_in_fp16(fmt: str, out_scale: Optional[float]) -> bool:
+    """Whether the kernel clamps int8 outputs of this scale in fp16 (its _requantize): 127 times the scale a normal
+    fp16 value."""
+    return fmt == "INT8" and out_scale is not None and 2.0 ** -14 <= 127 * float(out_scale) <= 65000.0
+
+
 def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residual: Optional[Tuple[int, str]],
-                   residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int):
+                   residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int,
+                   out_scale: Optional[float] = None):
     """The Triton compile request of one tile for this `fmt` ("INT8" or "FP8") convolution and epilogue
-    (triton.request)."""
+    (triton.request); `out_scale`: the scale of the quantized output it writes, if any."""
     from tftrt_py.engine.backends.cupy import triton
 
     bm, bn, bk, warps, stages = kernel_tile(geom, tile)
@@ -123,27 +130,28 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res,
                       ACT=_act_code(activation), OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0,
-                      SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22)
+                      SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22,
+                      CLAMP16=out != 0 and clamps_in_fp16(fmt, out_scale))
     multiples = tuple(name for name, v in (("C", geom.c), ("COUT", geom.cout)) if v % 16 == 0)
     return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, multiples, warps, stages)
 
 
 def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability: int):
     return kernel_request(fmt, geom, deq.bias is not None, deq.activation, residual, deq.res_scale is not None,
-                          deq.out_dtype, deq.dual_scale is not None, tile, capability)
+                          deq.out_dtype, deq.dual_scale is not None, tile, capability, deq.requant_scale)
 
 
 def prefetch(convolutions, tiles=TILES) -> None:
     """Start compiling every tile of `tiles` for these convolutions: (format, geom, has bias, activation, residual
-    (batch, dtype) or None, residual scaled, output dtype) each, those the kernel fits."""
+    (batch, dtype) or None, residual scaled, output dtype, its scale or None) each, those the kernel fits."""
     from tftrt_py.engine.backends.cupy import triton
 
     if not triton.available():
         return
     capability = int(_device.require().cuda.Device().compute_capability)
     triton.prefetch([kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, False, tile,
-                                    capability)
-                     for fmt, geom, bias, act, residual, scaled, out in convolutions
+                                    capability, out_scale)
+                     for fmt, geom, bias, act, residual, scaled, out, out_scale in convolutions
                      if fits(geom, act, residual) for tile in tiles])
 
 
