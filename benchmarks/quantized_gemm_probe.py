@@ -6,12 +6,20 @@ FFN contraction; the others fp16). PyTorch's fp16 ``linear`` (+ GELU) beside it.
 against the cuBLAS int8 GEMM (FP8: cuBLASLt's E4M3 GEMM) on the same operands. GPU machine only; a table last.
 
     python benchmarks/quantized_gemm_probe.py [--rows 4096] [--precisions INT8 FP8] [--tiles BM,BN,BK,W,S;...]
+                                              [--gemms qkv out ffn1 ffn2]
 
 H100, 2026-11-25, us (our fp16 tactic / Triton INT8 / Triton FP8; cuBLAS(Lt) int8 / E4M3 with their epilogue pass):
 QKV 26.0 / 21.3 / 20.0 (74.6 / 70.4), output projection 10.5 / 9.8 / 9.2 (27.8 / 25.9), FFN expansion with GELU,
 quantized out, 34.7 / 26.9 / 24.2 (100.4 / 93.2), FFN contraction 28.4 / 21.3 / 21.2 (38.9 / 36.1); the quantize
 step of a [4096, 768] fp16 tensor 4.1 (INT8) and 4.0 us (FP8). Most winners: 128x128x128 tiles, 4 warps, 3 stages,
-2 or 4 programs an SM.
+2 or 4 programs an SM. The FFN expansion's int8 output clamped in fp16 (the kernel's CLAMP16): 27.2 -> 25.6 us.
+
+Tiles against SMs (--rows): the FFN contraction runs 22.0 us at 4096 rows (192 tiles of 128x128 for 132 SMs) and
+22.6 at 5632 (264 tiles), QKV 21.8 and 25.5: a quarter of the GEMM is a last round on part of the SMs. Tried and
+dropped (2026-11-25): summing those tiles' K in parts across programs, partial int32 sums through a workspace and a
+counter a tile (split-K of the last round, and Stream-K over all steps): correct, but slower (FFN contraction
+22.6-35 us, QKV 29-36); quantizing the fp16 input inside the GEMM instead of a quantize step: QKV 42.3 us (the
+operand tile through registers and back to shared memory).
 """
 from __future__ import annotations
 
