@@ -107,7 +107,7 @@ def kernel_tile(geom: ConvGeom, tile) -> Tuple[int, ...]:
 
 def clamps_in_fp16(fmt: str, out_scale: Optional[float]) -> bool:
     """Whether the kernel clamps int8 outputs of this scale in fp16 (its _requantize): 127 times the scale a normal
-    fp16 value."""
+    fp16 value (up to 65000: its fp16 rounding stays finite)."""
     return fmt == "INT8" and out_scale is not None and 2.0 ** -14 <= 127 * float(out_scale) <= 65000.0
 
 
