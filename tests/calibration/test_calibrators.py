@@ -27,6 +27,29 @@ def test_histogram_grows_its_range_and_keeps_every_count():
     assert h.counts.sum() == pytest.approx(2002)
 
 
+def test_histogram_counts_each_value_in_the_bin_of_its_magnitude_and_only_finite_ones():
+    values = RNG.uniform(-3, 3, 10_000).astype(np.float32)
+    values[::97] = np.float16(12.5)  # the max: the last bin
+    h = Histogram()
+    h.add(values.astype(np.float16))
+    h.add(np.concatenate([values, [np.nan, -np.inf]]))
+    a = np.abs(values.astype(np.float16).astype(np.float32))
+    want = np.bincount(np.minimum((a * np.float32(NUM_BINS / 12.5)).astype(np.int64), NUM_BINS - 1),
+                       minlength=NUM_BINS)
+    want += np.bincount(np.minimum((np.abs(values) * np.float32(NUM_BINS / 12.5)).astype(np.int64), NUM_BINS - 1),
+                        minlength=NUM_BINS)
+    np.testing.assert_array_equal(h.counts, want)
+    assert h.amax == h.upper == 12.5
+
+
+def test_a_calibrator_that_reads_only_the_max_keeps_only_the_max():
+    h = Histogram(binned=get_calibrator("minmax").binned)
+    h.add([0.5, -2.0, np.inf])
+    h.add([1.0])
+    assert (h.amax, h.counts.sum()) == (2.0, 0.0) and get_calibrator("minmax").amax(h) == 2.0
+    assert get_calibrator("entropy").binned and get_calibrator("percentile").binned
+
+
 def test_entropy_keeps_the_whole_range_of_a_uniform_distribution():
     h = histogram(RNG.uniform(-1, 1, 200_000))
     assert entropy_amax(h) == pytest.approx(h.amax, rel=1e-6)

@@ -27,14 +27,16 @@ PERCENTILE = 99.99
 
 
 class Histogram:
-    """Counts of |x| in NUM_BINS equal bins over [0, upper], and the exact max of |x|.
+    """Counts of |x| in NUM_BINS equal bins over [0, upper], and the exact max of |x| (only the max where
+    `binned` is false: a calibrator that reads nothing else, minmax, skips the counting).
 
     The range grows to the largest value seen: counts already collected are spread over the wider bins
     by interpolating their cumulative distribution (so batches may arrive in any order).
     """
 
-    def __init__(self, num_bins: int = NUM_BINS):
+    def __init__(self, num_bins: int = NUM_BINS, binned: bool = True):
         self.counts = np.zeros(num_bins, np.float64)
+        self.binned = binned
         self.upper = 0.0
         self.amax = 0.0
 
@@ -43,20 +45,28 @@ class Histogram:
         return np.linspace(0.0, self.upper, len(self.counts) + 1)
 
     def add(self, values) -> None:
-        a = np.abs(np.asarray(values, np.float32)).ravel()
-        a = a[np.isfinite(a)]
+        """Count the finite values of `values`. A tensor of BERT's FFN at batch 32 (12.6M values) takes ~70 ms:
+        calibration runs it for every tensor of every batch, so the work is done in place, in as few passes as
+        it takes (the finite values are picked out only where the max says there is another)."""
+        a = np.abs(np.asarray(values, np.float32)).ravel()  # a new array: changed in place below
+        top = float(a.max()) if a.size else 0.0
+        if not np.isfinite(top):
+            a = a[np.isfinite(a)]
+            top = float(a.max()) if a.size else 0.0
         if not a.size:
             return
-        top = float(a.max())
         self.amax = max(self.amax, top)
+        if not self.binned:
+            return
         if top > self.upper:
             self._grow(top)
         n = len(self.counts)
         if self.upper == 0.0:  # only zeros so far: they belong to bin 0 whatever the range becomes
             self.counts[0] += a.size
             return
-        idx = np.minimum((a * (n / self.upper)).astype(np.int64), n - 1)
-        self.counts += np.bincount(idx, minlength=n)
+        np.multiply(a, np.float32(n / self.upper), out=a)
+        np.minimum(a, np.float32(n - 1), out=a)
+        self.counts += np.bincount(a.astype(np.intp), minlength=n)
 
     def _grow(self, upper: float) -> None:
         if self.upper > 0.0:
@@ -127,16 +137,18 @@ def percentile_amax(hist: Histogram, percentile: float = PERCENTILE) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Calibrator:
-    """A calibration algorithm: its name, its table header (TensorRT's names) and histogram -> range."""
+    """A calibration algorithm: its name, its table header (TensorRT's names), histogram -> range, and whether
+    that reads the histogram's counts (or only its max)."""
 
     name: str
     header: str
     amax: Callable[[Histogram], float]
+    binned: bool = True
 
 
 CALIBRATORS: Dict[str, Calibrator] = {c.name: c for c in (
     Calibrator("entropy", "EntropyCalibration2", entropy_amax),
-    Calibrator("minmax", "MinMaxCalibration", minmax_amax),
+    Calibrator("minmax", "MinMaxCalibration", minmax_amax, binned=False),
     Calibrator("percentile", "PercentileCalibration", percentile_amax),
 )}
 

@@ -39,7 +39,7 @@ class Collector:
     def observe(self, name: str, value: np.ndarray) -> None:
         if value.dtype.name in FLOATS:
             with self._lock:
-                self.histograms.setdefault(name, Histogram()).add(value)
+                self.histograms.setdefault(name, Histogram(binned=self.calibrator.binned)).add(value)
 
     def ranges(self) -> Dict[str, float]:
         """Dynamic range per tensor, by the calibrator."""

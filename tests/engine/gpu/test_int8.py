@@ -483,6 +483,50 @@ def test_our_gemm_writes_int8_outputs_as_its_fp16_values_requantized(y_range, cl
     np.testing.assert_array_equal(got["int8"].get().astype(np.float64), want)
 
 
+def test_every_tile_and_grid_of_our_gemm_computes_the_same_product(monkeypatch):
+    """Each kernel of GEMM_TILES with each grid on a product whose rows and channels no tile divides: int8 outputs
+    bit for bit those of the first kernel, fp16 outputs within fp16 rounding of the exact product."""
+    import cupy
+
+    from tftrt_py.engine.backends import get_backend
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, triton_conv
+    from tftrt_py.engine.backends.cupy.ops.matmul import matmul_candidates
+    from tftrt_py.engine.backends.cupy.program import quant_plan, quant_scale
+
+    monkeypatch.setenv("TFTRT_PY_GEMM", "triton")
+    rows, k, n = 300, 256, 352
+    rng = np.random.default_rng(43)
+    net = Network("tiles")
+    x = net.add_input("x", "float16", (rows, k))
+    w = (rng.standard_normal((k, n)) / 40).astype(np.float32)
+    bias = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    layer = net.add_layer("MatrixMultiply", [x, net.add_constant(w, name="w")], {}, {"bias": bias}, name="mm")
+    x.dynamic_range, layer.outputs[0].dynamic_range = 127.0, 20.0
+    quant = quant_plan(layer, "INT8")[1]
+    opts = BuildOptions()
+    opts.tuner = get_backend("cupy")._tuning_context()
+    xq = rng.integers(-127, 128, (rows, k), dtype=np.int8)
+    wq, sw = quantize_per_channel(w)
+    exact = fp16(xq.astype(np.float64) @ wq * sw + bias)
+    first = None
+    for dtype in ("int8", "float16"):
+        ops = matmul_candidates(Spec(layer, [(rows, k)], ["int8"], [(rows, n)], [dtype], "float16", opts,
+                                     quant=quant))
+        assert {tuple(op.tactic["tile"][:5]) for op in ops} == set(triton_conv.GEMM_TILES)
+        for op in ops:
+            got = cupy.full((rows, n), 99, dtype)
+            op.run(opts.tuner, [cupy.asarray(xq)], [got])
+            got = got.get()
+            if dtype == "int8":
+                first = got if first is None else first
+                np.testing.assert_array_equal(got, first, err_msg=str(op.tactic))
+            else:
+                np.testing.assert_allclose(got.astype(np.float32), exact, rtol=2e-3, atol=2e-3,
+                                           err_msg=str(op.tactic))
+    want = np.clip(np.rint(exact / quant_scale("INT8", 20.0)), -127, 127)
+    assert np.abs(first.astype(np.float64) - want).max() <= 1  # y rounded to fp16 before its requantization
+
+
 def test_missing_dynamic_range_names_the_tensor():
     net = Network("no_range")
     x = net.add_input("images", "float32", (1, 8, 8, 16))
