@@ -19,7 +19,9 @@ Tiles against SMs (--rows): the FFN contraction runs 22.0 us at 4096 rows (192 t
 dropped (2026-11-25): summing those tiles' K in parts across programs, partial int32 sums through a workspace and a
 counter a tile (split-K of the last round, and Stream-K over all steps): correct, but slower (FFN contraction
 22.6-35 us, QKV 29-36); quantizing the fp16 input inside the GEMM instead of a quantize step: QKV 42.3 us (the
-operand tile through registers and back to shared memory).
+operand tile through registers and back to shared memory). Tiles of 128x192 (a variant of the kernel with two dots
+on the same rows: the FFN contraction as 128 tiles, one round): exact, but never chosen for a BERT GEMM in INT8 or
+FP8 (2026-11-25; Triton's 8-warp kernels load part of their operands through registers), so the kernel has none.
 """
 from __future__ import annotations
 
