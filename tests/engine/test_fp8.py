@@ -237,5 +237,6 @@ def test_cupy_stores_e4m3_values_as_their_codes():
     values = np.where(codes & 0x80, -magnitude, magnitude)
     finite = (codes & 0x7f) != 0x7f
     np.testing.assert_array_equal(cupy_fp8.e4m3_bytes(values[finite]), codes[finite])
+    np.testing.assert_array_equal(cupy_fp8.e4m3_bytes(np.array([np.nan, -np.nan, -0.0])), [0x7F, 0xFF, 0x80])
     x = np.random.default_rng(0).uniform(-448, 448, 1000)
     np.testing.assert_array_equal(cupy_fp8.e4m3_bytes(round_e4m3(x)), x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8))

@@ -274,9 +274,9 @@ def test_fp8_layers_slower_than_fp16_run_in_fp16():
 
 def e4m3_values(codes):
     """The values of E4M3FN codes (NaN for 0x7f and 0xff)."""
-    from tftrt_py.engine.backends.cupy.ops import fp8
-
-    magnitude = np.append(fp8._E4M3_POSITIVE, np.nan)[codes & 0x7f]
+    exponent, mantissa = (codes & 0x7f) >> 3, (codes & 7).astype(np.float64)
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, (1 + mantissa / 8) * 2.0 ** (exponent - 7.0))
+    magnitude = np.where((codes & 0x7f) == 0x7f, np.nan, magnitude)
     return np.where(codes & 0x80, -magnitude, magnitude)
 
 
