@@ -25,7 +25,7 @@ import numpy as np
 from tftrt_py.engine.backends.numpy_backend import apply_activation, conv_sums
 from tftrt_py.engine.errors import BackendError
 
-__all__ = ["run", "round_fp16", "round_e4m3", "quantize", "quantize_per_channel", "QMAX", "E4M3_MAX"]
+__all__ = ["run", "round_fp16", "round_e4m3", "quantize", "quantize_per_channel", "cached", "QMAX", "E4M3_MAX"]
 
 #: The largest int8 magnitude used: ranges are symmetric, so -128 is never produced.
 QMAX = 127
@@ -35,7 +35,7 @@ E4M3_MAX = 448.0
 #: E4M3: 3 mantissa bits; normal exponents from -6, below that subnormal steps of 2**-9.
 _E4M3_MANTISSA_BITS, _E4M3_MIN_EXP = 3, -6
 
-_CACHE: Dict[int, Tuple[object, object]] = {}  # id(layer) -> (layer, prepared weights)
+_CACHE: Dict[tuple, Tuple[object, object]] = {}  # (id(owner), key..) -> (weakref to owner, what was made)
 
 
 def round_fp16(a: np.ndarray) -> np.ndarray:
@@ -93,13 +93,15 @@ def quantize_per_channel(w: np.ndarray, axis: int = -1,
     return fmt.round(w / scale), scale
 
 
-def _cached(layer, make: Callable):
-    """What `make(layer)` returns (arrays: nothing that refers back to the layer), computed once per layer."""
-    entry = _CACHE.get(id(layer))
-    if entry is None or entry[0]() is not layer:
-        entry = (weakref.ref(layer), make(layer))
-        _CACHE[id(layer)] = entry
-        weakref.finalize(layer, _CACHE.pop, id(layer), None)
+def cached(owner, make: Callable, key: tuple = ()):
+    """What `make(owner)` returns (arrays: nothing that refers back to `owner`), computed once per `owner` (a layer,
+    a weight array) and `key` while `owner` lives."""
+    k = (id(owner),) + tuple(key)
+    entry = _CACHE.get(k)
+    if entry is None or entry[0]() is not owner:
+        entry = (weakref.ref(owner), make(owner))
+        _CACHE[k] = entry
+        weakref.finalize(owner, _CACHE.pop, k, None)
     return entry[1]
 
 
@@ -109,7 +111,7 @@ def _fp16_weights(layer) -> Dict[str, np.ndarray]:
 
 
 def _run_fp16(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
-    rounded = dataclasses.replace(layer, weights=_cached(layer, _fp16_weights))
+    rounded = dataclasses.replace(layer, weights=cached(layer, _fp16_weights))
     outs = fn(rounded, [round_fp16(np.asarray(a)) for a in inputs])
     return [round_fp16(np.asarray(o)) for o in outs]
 
@@ -154,7 +156,8 @@ def _residual(layer, inputs):
 
 def _quantized_convolution(layer, inputs):
     qx, sx = _activation_operand(layer, 0, inputs[0])
-    qk, sk = _cached(layer, lambda l: quantize_per_channel(l.weights["kernel"], -1, FORMATS[l.precision]))
+    qk, sk = cached(layer, lambda l: quantize_per_channel(l.weights["kernel"], -1, FORMATS[l.precision]),
+                    (layer.precision,))
     sums = _sums(layer, qx, qk, lambda x, k: conv_sums(x, k, layer.params))
     return _epilogue(layer, sums * (sx * sk.reshape(-1)), _residual(layer, inputs))
 
@@ -173,7 +176,7 @@ def _matmul_weights(layer):
 
 def _quantized_matmul(layer, inputs):
     p = layer.params
-    weights = _cached(layer, _matmul_weights)
+    weights = cached(layer, _matmul_weights)
     operands = []
     for i, flag in enumerate(("transpose_a", "transpose_b")):
         if i in weights:

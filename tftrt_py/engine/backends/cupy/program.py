@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import os
 import time
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -30,6 +29,7 @@ from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.int8 import PAD, QuantizeOp, matmul_constant, padded, quantized_shape
 from tftrt_py.engine.backends.cupy.tactics import Tuner
+from tftrt_py.engine.backends.numpy_precision import cached
 from tftrt_py.engine.errors import BackendError, MissingDynamicRangeError
 
 __all__ = ["Program", "Slot", "Step", "compile_program"]
@@ -228,24 +228,18 @@ def quant_scale(fmt: str, dynamic_range: float) -> np.float32:
     return FORMATS[fmt].scale(dynamic_range)
 
 
-#: Quantized constant operands by (id of the weights, format, role, transposed, padded K), while the weights live:
-#: a build asks quant_plan for a layer's plan several times (prefetch, timing, the program), and quantizing
-#: BERT-base's 48 weight matrices to E4M3 on the host each time took an FP8 build seconds.
-_CONSTANTS: Dict[tuple, tuple] = {}
-
-
 def _quantized_constant(value: np.ndarray, fmt: str, role: str, transposed: bool, kp: int):
+    """A constant operand quantized (int8.matmul_constant, fp8.matmul_constant) once per format and layout while
+    the weights live, read-only: a build asks quant_plan for a layer's plan several times (prefetch, timing, the
+    program), and quantizing BERT-base's 48 weight matrices to E4M3 each time took an FP8 build seconds."""
     quantize = fp8.matmul_constant if fmt == "FP8" else matmul_constant
-    if not isinstance(value, np.ndarray):
-        return quantize(value, role, transposed, kp)
-    key = (id(value), fmt, role, transposed, kp)
-    entry = _CONSTANTS.get(key)
-    if entry is None or entry[0]() is not value:
-        q, s = quantize(value, role, transposed, kp)
+
+    def make(v):
+        q, s = quantize(v, role, transposed, kp)
         q.flags.writeable = s.flags.writeable = False  # shared by every plan of these weights
-        entry = _CONSTANTS[key] = (weakref.ref(value), (q, s))
-        weakref.finalize(value, _CONSTANTS.pop, key, None)
-    return entry[1]
+        return q, s
+
+    return cached(value, make, (fmt, role, transposed, kp)) if isinstance(value, np.ndarray) else make(value)
 
 
 def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, bool]], dict]:
