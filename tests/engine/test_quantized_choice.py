@@ -131,3 +131,43 @@ def test_a_tensor_between_different_formats_stays_float():
 
 def test_fp8_max_pools_pass_e4m3_values_along():
     assert stored_between(conv_net("pool", pool=True), "FP8")[0] >= {"c1:0", "pool:0"}
+
+
+# -- LayerNorms that write their output quantized too (program.normalization_duals) -----------------------------
+def norm_dense_net(view_range=4.0, width=64):
+    """x -> LayerNorm [2, 8, width] -> reshape to rows [16, width] (as a converted Dense layer reads a sequence)
+    -> dense; the LayerNorm's output has range 4, the rows `view_range`."""
+    from tftrt_py.engine import Network
+
+    rng = np.random.default_rng(3)
+    net = Network("ln_rows")
+    x = net.add_input("x", "float32", (2, 8, width))
+    ln = net.add_layer("Normalization", [x], {"epsilon": 1e-6},
+                       {"scale": np.ones(width, np.float32), "bias": np.zeros(width, np.float32)}, name="ln")
+    rows = net.add_layer("Shuffle", [ln.outputs[0]], {"reshape": [16, width]}, name="rows").outputs[0]
+    w = net.add_constant(rng.standard_normal((width, 32)).astype(np.float32), name="w")
+    dense = net.add_layer("MatrixMultiply", [rows, w], {}, name="dense")
+    net.mark_output(dense.outputs[0], name="y")
+    x.dynamic_range, ln.outputs[0].dynamic_range, rows.dynamic_range = 3.0, 4.0, view_range
+    return net
+
+
+def duals(net, precision):
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import program
+
+    built = Builder(BuilderConfig(precision=precision)).build_engine(net).network
+    return program.normalization_duals(built, program.quantized_layers(built, precision), precision)
+
+
+def test_a_layernorm_read_as_rows_by_a_quantized_dense_layer_writes_its_output_quantized_too():
+    for precision in ("INT8", "FP8"):
+        assert duals(norm_dense_net(), precision) == {"rows:0": "ln"}
+
+
+def test_rows_at_another_range_than_the_layernorms_output_get_a_quantize_step_of_their_own():
+    assert duals(norm_dense_net(view_range=2.0), "INT8") == {}
+
+
+def test_a_layernorm_whose_rows_quantized_kernels_would_pad_writes_no_quantized_copy():
+    assert duals(norm_dense_net(width=60), "INT8") == {}

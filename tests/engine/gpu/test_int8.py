@@ -641,10 +641,13 @@ def test_bert_layer_int8():
 
 @pytest.mark.parametrize("precision, storage", [("INT8", "int8"), ("FP8", "uint8")])
 @pytest.mark.parametrize("width", [96, 33024])  # one pass; rows too long for it: three passes, then a quantize step
-def test_a_layernorm_read_by_a_quantized_gemm_writes_its_output_quantized_too(precision, storage, width):
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_layernorm_read_by_a_quantized_gemm_writes_its_output_quantized_too(precision, storage, width, rows):
     """x + r -> LayerNorm -> (output, dense): the LayerNorm writes its output in fp16 and quantized (no quantize
     step between it and the dense layer), and the dense layer computes from those bytes what the contract gives
-    for the engine's own LayerNorm output (INT8: emulated here; FP8: the numpy backend's)."""
+    for the engine's own LayerNorm output (INT8: emulated here; FP8: the numpy backend's). With `rows`, the
+    LayerNorm's output is [1, 5, width] and the dense layer reads it reshaped to [5, width] (as a converted Dense
+    layer reads a sequence): through a view of the quantized bytes."""
     import cupy
 
     from tftrt_py.engine.plan import deserialize
@@ -653,27 +656,31 @@ def test_a_layernorm_read_by_a_quantized_gemm_writes_its_output_quantized_too(pr
         pytest.skip("FP8 needs compute capability 8.9")
     rng = np.random.default_rng(31)
     net = Network(f"ln_{precision}")
-    x, r = (net.add_input(n, "float32", (5, width)) for n in ("x", "r"))
+    shape = (1, 5, width) if rows else (5, width)
+    x, r = (net.add_input(n, "float32", shape) for n in ("x", "r"))
     ln = net.add_layer("Normalization", [x, r], {"epsilon": 1e-6},
                        {"scale": rng.uniform(0.5, 1.5, width).astype(np.float32),
                         "bias": rng.uniform(-0.2, 0.2, width).astype(np.float32)}, name="ln")
     h = ln.outputs[0]
+    read = net.add_layer("Shuffle", [h], {"reshape": [5, width]}, name="rows").outputs[0] if rows else h
     w = (rng.standard_normal((width, 16)) / np.sqrt(width)).astype(np.float32)
-    dense = net.add_layer("MatrixMultiply", [h, net.add_constant(w, name="w")], {}, name="dense")
+    dense = net.add_layer("MatrixMultiply", [read, net.add_constant(w, name="w")], {}, name="dense")
     net.mark_output(h, name="h")
     net.mark_output(dense.outputs[0], name="y")
-    x.dynamic_range = h.dynamic_range = 4.0
+    x.dynamic_range = h.dynamic_range = read.dynamic_range = 4.0
     engine = Builder(BuilderConfig(precision=precision, backend="cupy", strict_types=True)).build_engine(net)
     prog = engine.cupy_program
     assert prog.slots[f"h@{precision.lower()}"].dtype == storage, prog.slots  # (h: the output's name)
     assert [s.layer for s in prog.steps if "quantize" in s.layer] == [], [s.layer for s in prog.steps]
+    if rows:
+        assert prog.root(f"{read.name}@{precision.lower()}").name == f"h@{precision.lower()}", prog.slots
     dense = {layer.name: layer for layer in engine.network.layers}["dense"]
     assert dense.precision == precision
-    feed = {"x": rng.uniform(-3, 3, (5, width)).astype(np.float32),
-            "r": rng.uniform(-1, 1, (5, width)).astype(np.float32)}
+    feed = {"x": rng.uniform(-3, 3, shape).astype(np.float32),
+            "r": rng.uniform(-1, 1, shape).astype(np.float32)}
     got = engine.create_execution_context().execute(feed)
     if precision == "INT8":
-        want = emulate_matmul(dense, got["h"].astype(np.float32), w)
+        want = emulate_matmul(dense, got["h"].astype(np.float32).reshape(5, width), w)
         tol = 1e-3
     else:
         want = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute(feed)["y"]

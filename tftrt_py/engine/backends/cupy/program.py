@@ -401,9 +401,9 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     writers = {}
     for name in costs:
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
-        writers[name] = {i: inputs[i].producer.name if not transposed and (
-            (inputs[i].name in direct | dual and _member_format(inputs[i].producer, precision) == fmt)
-            or inputs[i].name in normalized) else None for i, transposed in layers[name]}
+        writers[name] = {i: None if transposed else normalized.get(inputs[i].name, inputs[i].producer.name if (
+            inputs[i].name in direct | dual and _member_format(inputs[i].producer, precision) == fmt) else None)
+            for i, transposed in layers[name]}
     fixed = {name for name, low in recorded.items() if low} | set(pools) | set(normalized.values())
     keep = settle_quantized(costs, fixed, writers)
     chosen = {}
@@ -472,9 +472,11 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
 
 
 def normalization_duals(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Dict[str, str]:
-    """LayerNorm outputs that quantized layers of `layers` read as untransposed, unpadded operands of the engine's
-    format: tensor name -> its Normalization layer, which writes it quantized too (a second output of its kernel,
-    ops/reduce.py), so those readers need no quantize step of their own."""
+    """Tensors that quantized layers of `layers` read as untransposed, unpadded operands of the engine's format and
+    that are a LayerNorm's output or a view of it at its range (a reshape: a Dense layer of a converted model
+    reads its [batch, tokens, width] input as rows): tensor name -> the Normalization layer, which writes its
+    output quantized too (a second output of its kernel, ops/reduce.py), so those readers need no quantize step of
+    their own (a view reads those bytes through an alias)."""
     if precision not in FORMATS:
         return {}
     consumers = net.consumers()
@@ -483,10 +485,24 @@ def normalization_duals(net, layers: Dict[str, List[Tuple[int, bool]]], precisio
         t = layer.outputs[0] if layer.kind == "Normalization" else None
         if t is None or t.dynamic_range is None or t.dtype not in FLOATS or t.rank < 2 or t.shape[-1] % PAD:
             continue
-        if any(u.inputs[i] is t and not transposed for u in consumers.get(t.name, [])
-               if _member_format(u, precision) == precision for i, transposed in layers.get(u.name, [])):
-            found[t.name] = layer.name
+        for read in _range_keeping_views(t, consumers):
+            if any(u.inputs[i] is read and not transposed for u in consumers.get(read.name, [])
+                   if _member_format(u, precision) == precision for i, transposed in layers.get(u.name, [])):
+                found[read.name] = layer.name
     return found
+
+
+def _range_keeping_views(t, consumers) -> List:
+    """t and the tensors that view its memory (Identity layers, order-keeping reshapes; chained) at its range and
+    with rows as wide or a multiple of PAD."""
+    views, todo = [], [t]
+    while todo:
+        u = todo.pop()
+        views.append(u)
+        todo += [c.outputs[0] for c in consumers.get(u.name, []) if c.kind in ("Identity", "Shuffle")
+                 and c.inputs[0] is u and is_view(c, u.dtype, c.outputs[0].dtype) and c.outputs[0].rank >= 2
+                 and c.outputs[0].dynamic_range == t.dynamic_range and c.outputs[0].shape[-1] % PAD == 0]
+    return views
 
 
 def _member_format(layer, precision: str) -> Optional[str]:
@@ -621,7 +637,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     pooled = {l.name: l.outputs[0].name for l in net.layers if l.name in pools}
     pools = {name: ops for name, ops in pools.items() if pooled[name] in direct}  # quantized layers alone read it
     direct, dual = quantized_tensors(net, {**quantized_ops, **pools}, precision)
-    normalized = normalization_duals(net, quantized_ops, precision)
+    dual_writers = set(normalization_duals(net, quantized_ops, precision).values())
     quantized: Dict[Tuple[str, str, int, bool], str] = {}
 
     def need_q(tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
@@ -634,6 +650,13 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
                 raise BackendError(f"{fmt} tensor {tensor_name!r} cannot be read transposed or padded")
             return tensor_name
         key = (tensor_name, fmt, last, transpose)
+        base = prog.root(tensor_name)
+        if key not in quantized and base.name != tensor_name and not transpose and last == slot.shape[-1]:
+            found = quantized.get((base.name, fmt, base.shape[-1], False))
+            scale = quant_scale(fmt, tensors[tensor_name].dynamic_range)
+            if found is not None and scale == quant_scale(fmt, tensors[base.name].dynamic_range):
+                quantized[key] = f"{tensor_name}@{fmt.lower()}"  # a view of those bytes
+                add_slot(quantized[key], slot.shape, f.storage, "alias", base=found)
         if key not in quantized:
             name = f"{tensor_name}@{fmt.lower()}{'T' if transpose else ''}"
             add_slot(name, quantized_shape(slot.shape, last, transpose), f.storage, "arena")
@@ -711,7 +734,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
                 want = sd[t.name] if host else (cdt if t.dtype in FLOATS else t.dtype)
                 inputs.append(need(t.name, want, layer.name))
             t = layer.outputs[0] if layer.outputs else None
-            if t is not None and t.name in normalized:
+            if t is not None and layer.name in dual_writers:
                 quant = {"format": precision, "dual_scale": float(quant_scale(precision, t.dynamic_range))}
                 extra = [(f"{t.name}@{precision.lower()}", tuple(t.shape), precision)]
         spec = Spec(layer, [prog.slots[n].shape for n in inputs], [sd[n] for n in inputs],
