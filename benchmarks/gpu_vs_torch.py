@@ -11,8 +11,10 @@ layers (one set of weights), where each layer after the first reads its input fr
 INT8 or FP8 engine's LayerNorm then writes it quantized too). ``--autotune-limit`` retries
 torch.compile(mode="max-autotune") for ResNet-50 in a subprocess with that time limit.
 
-Timing: CUDA events, warm-up first, medians; inputs stay on the GPU for every framework. Prints the
-GPU, the ceilings (fp16 GEMM rate, copy bandwidth), each model's compute floor, and tables last.
+Timing: CUDA events, warm-up first, medians; inputs stay on the GPU for every framework. Our engines of one
+model and batch are then timed again in ``--rounds`` interleaved rounds (benchmarks/interleaved.py): their
+speed-ups over FP16 are the median of the per-round ratios. Prints the GPU, the ceilings (fp16 GEMM rate, copy
+bandwidth), each model's compute floor, and tables last.
 
     python benchmarks/gpu_vs_torch.py --batches 1 8 32 128 --bert-batches 1 32 --autotune-limit 180
 """
@@ -36,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "engine", "gpu"))
 
 import gpu_bert as bert  # noqa: E402
 from engine_profile import profile  # noqa: E402
+import interleaved  # noqa: E402
 import gpu_resnet50 as resnet50  # noqa: E402
 from gpu_calibrate import apply_ranges, max_abs_ranges  # noqa: E402
 
@@ -180,7 +183,8 @@ class Table:
 
 
 def ours(table, model, batch, precision, build, x, ref, iters, profile_it=False):
-    """Build our engine with `build()`, check it against `ref`, time it; a failure is printed, not raised."""
+    """Build our engine with `build()`, check it against `ref`, time it; a failure is printed, not raised.
+    Returns the timed call (None on failure)."""
     import cupy
 
     from tftrt_py.engine.backends import get_backend
@@ -205,9 +209,22 @@ def ours(table, model, batch, precision, build, x, ref, iters, profile_it=False)
         print(f"{model} batch {batch} ours {precision}: {lat:.3f} ms, {tput * batch:,.0f}/s, build {build_s:.1f} s, "
               f"rel err vs torch fp32 {err:.1e}, ops {ops}, memory "
               f"{json.dumps({k: round(v / 2**20) for k, v in mem.items()})} MiB", flush=True)
+        return lambda: ctx.execute({name: x})
     except Exception as exc:
         print(f"{model} batch {batch} ours {precision} FAILED: {type(exc).__name__}: {exc}", flush=True)
         traceback.print_exc()
+        return None
+
+
+def interleaved_rounds(table, args, model, batch, calls) -> None:
+    """Our engines of one model and batch (precision -> call) timed again in `args.rounds` interleaved rounds."""
+    calls = {p: c for p, c in calls.items() if c is not None}
+    if args.rounds < 1 or len(calls) < 2:
+        return
+    found = interleaved.rounds(calls, args.rounds, "FP16")
+    table.results[f"{model} interleaved {batch}"] = found
+    table.save()
+    print(interleaved.report(f"{model} batch {batch}", found, "FP16"), flush=True)
 
 
 def torch_variants(table, model, batch, fn_eager, x, args, torch, modes, eager=True, label=""):
@@ -282,6 +299,7 @@ def bench_resnet(args, table, torch, cupy):
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
             ref = tmodel.float().to(memory_format=torch.channels_last)(xt32).double().cpu().numpy()
+        calls = {}
         for precision in ([] if args.torch_only else args.precisions):
             def build(precision=precision):
                 net = network(batch)
@@ -289,8 +307,10 @@ def bench_resnet(args, table, torch, cupy):
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 
-            ours(table, "resnet50", batch, precision, build, x_cp, ref, args.iters,
-                 args.profile and batch == max(args.batches))
+            calls[precision] = ours(table, "resnet50", batch, precision, build, x_cp, ref, args.iters,
+                                    args.profile and batch == max(args.batches))
+        interleaved_rounds(table, args, "resnet50", batch, calls)
+        del calls
         th = tmodel.half().to(memory_format=torch.channels_last)
         xt = torch.from_numpy(x_np).cuda().half().permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
         modes = [args.compile_mode] if ("compile" in args.torch and (args.compile_batches is None
@@ -323,6 +343,7 @@ def bench_bert(args, table, torch, cupy):
             torch.backends.cuda.matmul.allow_tf32 = False
             ref = tblock.float()(torch.from_numpy(x_np).cuda()).double().cpu().numpy()
         x16 = cupy.asarray(x_np.astype(np.float16))
+        calls = {}
         for precision in args.bert_precisions:
             def build(precision=precision):
                 net = bert.network(batch, args.seq, model, layers=layers)
@@ -330,8 +351,10 @@ def bench_bert(args, table, torch, cupy):
                     apply_ranges(net, ranges)
                 return Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
 
-            ours(table, label, batch, precision, build, x16, ref, args.iters,
-                 args.profile and batch == max(args.bert_batches))
+            calls[precision] = ours(table, label, batch, precision, build, x16, ref, args.iters,
+                                    args.profile and batch == max(args.bert_batches))
+        interleaved_rounds(table, args, label, batch, calls)
+        del calls
         th = tblock.half()
         modes = [args.compile_mode] if "compile" in args.torch else []
         torch_variants(table, label, batch, th, torch.from_numpy(x_np).cuda().half(), args, torch, modes)
@@ -396,6 +419,8 @@ def main(argv=None):
                    help="batches of the max-autotune retry (default: 1 and the largest)")
     p.add_argument("--profile", action="store_true", help="per-layer times of our engines at the largest batch (ResNet-50 and BERT)")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds timing our engines of one model and "
+                   "batch against each other (0: none)")
     p.add_argument("--json", default=None, help="write all numbers here")
     args = p.parse_args(argv)
 

@@ -13,6 +13,9 @@ times, in milliseconds (median of single calls, wall clock):
 - ``signature``: the converted model's serving signature, host inputs in, host outputs out (what users call);
 - ``engine_host``: the engine op's engine on the same host arrays (its context pool, no TensorFlow);
 - ``engine_device``: the engine on arrays already on the GPU;
+- then each batch's engines of all precisions timed against each other in ``--rounds`` interleaved rounds
+  (benchmarks/interleaved.py: back-to-back GPU microseconds a call; speed-up over FP16, the median of the
+  per-round ratios);
 - ``torch_host`` / ``torch_device``, ``compile_host`` / ``compile_device``: the same architecture in PyTorch
   (fp16, eager and torch.compile reduce-overhead), its input on the host (copied in, output copied out) or on
   the GPU; ``cmp/dev`` = compile_device / engine_device and ``cmp/sig`` = compile_host / signature (> 1: ours is
@@ -39,7 +42,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "models")]
 
-from tftrt_py.engine.replay import mean_times  # noqa: E402 - after the path is set
+import interleaved  # noqa: E402 - after the path is set
+from tftrt_py.engine.replay import mean_times  # noqa: E402
 
 SEQ = 128
 
@@ -451,7 +455,8 @@ def served_ops(created: set):
 
 
 def engine_callables(ops, feed_arrays: list, cupy):
-    """(host call, device call, dispatcher call, per-layer profile) of the engine serving these inputs in the one
+    """{"host": host arrays in and out, "device": device arrays, then a sync, "enqueue": device arrays, no sync,
+    "dispatch": the dispatcher's call, "profile": per-layer profile} of the engine serving these inputs in the one
     engine op of a whole-model conversion, or None when the model has several engine ops."""
     whole = [op for op in ops if op.stats.engine_runs]
     if len(whole) != 1:
@@ -468,8 +473,11 @@ def engine_callables(ops, feed_arrays: list, cupy):
     def host():
         context.execute_v2(order)
 
-    def dev():
+    def enqueue():
         context.execute_v2(device)
+
+    def dev():
+        enqueue()
         cupy.cuda.get_current_stream().synchronize()
 
     def dispatch():  # what the kernel calls, less TensorFlow
@@ -481,7 +489,7 @@ def engine_callables(ops, feed_arrays: list, cupy):
         engine = context.engine
         profile(engine, engine.create_execution_context(), {t.name: a for t, a in zip(engine.inputs, device)},
                 precision, top=20)
-    return host, dev, dispatch, profile_engine
+    return {"host": host, "device": dev, "enqueue": enqueue, "dispatch": dispatch, "profile": profile_engine}
 
 
 def _op_inputs(op, arrays):
@@ -542,6 +550,7 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                 row[f"{label}_device"] = timed(lambda: (m(*dev_args), torch.cuda.synchronize()))
                 row[f"{label}_host"] = timed(lambda: call_host(*host_args))
             torch_ms[b] = row
+    enqueued: dict = {}  # batch -> precision -> the engine on device arrays, no sync
     for precision, (created, conv) in convs.items():
         sig = conv["signature"]
         ops = None
@@ -560,11 +569,12 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                    "engine_ops": len(ops), "fallbacks": sum(sum(op.stats.fallbacks.values()) for op in ops)}
             calls = engine_callables(ops, list(feeds[b].values()), cupy)
             if calls is not None:
-                row["engine_host"] = timed(calls[0])
-                row["engine_device"] = timed(calls[1])
-                row["dispatch"] = timed(calls[2])
+                row["engine_host"] = timed(calls["host"])
+                row["engine_device"] = timed(calls["device"])
+                row["dispatch"] = timed(calls["dispatch"])
+                enqueued.setdefault(b, {})[precision] = calls["enqueue"]
                 if args.profile_engine:
-                    calls[3](f"{name} {precision} batch {b}")
+                    calls["profile"](f"{name} {precision} batch {b}")
             fresh = {k: tf.constant(v) for k, v in feed(b, np.random.default_rng(1000 + b)).items()}
             row["max_rel_err_fresh"] = rel_err({k: v.numpy() for k, v in sig(**fresh).items()},
                                                {k: v.numpy() for k, v in native(**fresh).items()})
@@ -585,6 +595,15 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
             threads_rows.append(r)
             print(json.dumps(r), flush=True)
         del conv, sig
+    for b, calls in enqueued.items():  # the precisions' engines timed against each other, taking turns
+        if args.rounds > 0 and len(calls) > 1:
+            found = interleaved.rounds(calls, args.rounds, "FP16")
+            print(interleaved.report(f"{name} batch {b}", found, "FP16"), flush=True)
+            for row in results:
+                if row["model"] == name and row["batch"] == b and row["precision"] in found:
+                    r = found[row["precision"]]
+                    row.update(engine_gpu_us=r["gpu_us"], engine_gpu_rounds=r["rounds"],
+                               engine_gpu_vs_fp16=r.get("vs_base"))
 
 
 def table(results, threads_rows) -> str:
@@ -606,6 +625,12 @@ def table(results, threads_rows) -> str:
     lines.append("native replays, mean us per run (copy in / device / copy out / whole kernel): " + ", ".join(
         f"{r['model']} {r['precision']} b{r['batch']} " + "/".join(f"{v:.0f}" for v in r["native_us"].values())
         for r in results if r.get("native_runs")))
+    gpu = [r for r in results if r.get("engine_gpu_us")]
+    if gpu:
+        lines.append("engine on device arrays, back-to-back GPU us a call (interleaved rounds; speed-up over FP16): "
+                     + ", ".join(f"{r['model']} {r['precision']} b{r['batch']} {r['engine_gpu_us']:.0f}"
+                                 + (f" ({r['engine_gpu_vs_fp16']:.3f}x)" if r.get("engine_gpu_vs_fp16") else "")
+                                 for r in gpu))
     builds = {(r["model"], r["precision"]): (r["build3_s"], r["build_rest_s"]) for r in results}
     lines.append("builds (first three batches / the rest), s: " +
                  ", ".join(f"{m} {p} {a:.1f}/{b:.1f}" for (m, p), (a, b) in builds.items()))
@@ -630,6 +655,8 @@ def main() -> int:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 4, 8])
     parser.add_argument("--thread-batch", type=int, default=8)
     parser.add_argument("--thread-calls", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds timing each batch's engines of "
+                        "all precisions against each other, back to back on device arrays (0: none)")
     parser.add_argument("--profile-build", action="store_true", help="cProfile the first precision's build")
     parser.add_argument("--profile-engine", action="store_true",
                         help="per-layer GPU times of each whole-model engine at each batch")
