@@ -584,19 +584,8 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
             row.update(convert_s=conv["convert_s"], build3_s=conv["build3_s"], build_rest_s=conv["build_rest_s"])
             results.append(row)
             print(json.dumps(row), flush=True)
-        b = args.thread_batch if args.thread_batch in batches else batches[0]
-        thread_feeds = [{k: tf.constant(v) for k, v in feed(b, np.random.default_rng(500 + i)).items()}
-                        for i in range(max(args.threads))]
-        answers = [[v.numpy() for v in sig(**f).values()] for f in thread_feeds]
-        for n in args.threads:
-            r = concurrent(lambda i: [v.numpy() for v in sig(**thread_feeds[i]).values()], n, args.thread_calls,
-                           answers)
-            r.update(model=name, precision=precision, batch=b)
-            threads_rows.append(r)
-            print(json.dumps(r), flush=True)
-        del conv, sig
-    for b, calls in enqueued.items():  # the precisions' engines timed against each other, taking turns
-        if args.rounds > 0 and len(calls) > 1:
+    for b, calls in enqueued.items():  # the precisions' engines timed against each other, taking turns (before
+        if args.rounds > 0 and len(calls) > 1:  # the threaded runs: a run cut short by its time limit keeps them)
             found = interleaved.rounds(calls, args.rounds, "FP16")
             print(interleaved.report(f"{name} batch {b}", found, "FP16"), flush=True)
             for row in results:
@@ -604,6 +593,18 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                     r = found[row["precision"]]
                     row.update(engine_gpu_us=r["gpu_us"], engine_gpu_rounds=r["rounds"],
                                engine_gpu_vs_fp16=r.get("vs_base"))
+    b = args.thread_batch if args.thread_batch in batches else batches[0]
+    thread_feeds = [{k: tf.constant(v) for k, v in feed(b, np.random.default_rng(500 + i)).items()}
+                    for i in range(max(args.threads))]
+    for precision, (_, conv) in convs.items():
+        sig = conv["signature"]
+        answers = [[v.numpy() for v in sig(**f).values()] for f in thread_feeds]
+        for n in args.threads:
+            r = concurrent(lambda i: [v.numpy() for v in sig(**thread_feeds[i]).values()], n, args.thread_calls,
+                           answers)
+            r.update(model=name, precision=precision, batch=b)
+            threads_rows.append(r)
+            print(json.dumps(r), flush=True)
 
 
 def table(results, threads_rows) -> str:
