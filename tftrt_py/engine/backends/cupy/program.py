@@ -401,9 +401,11 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     writers = {}
     for name in costs:
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
-        writers[name] = {i: None if transposed else normalized.get(inputs[i].name, inputs[i].producer.name if (
-            inputs[i].name in direct | dual and _member_format(inputs[i].producer, precision) == fmt) else None)
-            for i, transposed in layers[name]}
+        writers[name] = {}
+        for i, transposed in layers[name]:
+            t = inputs[i]
+            kept = t.name in direct | dual and _member_format(t.producer, precision) == fmt
+            writers[name][i] = None if transposed else normalized.get(t.name, t.producer.name if kept else None)
     fixed = {name for name, low in recorded.items() if low} | set(pools) | set(normalized.values())
     keep = settle_quantized(costs, fixed, writers)
     chosen = {}
@@ -493,8 +495,8 @@ def normalization_duals(net, layers: Dict[str, List[Tuple[int, bool]]], precisio
 
 
 def _range_keeping_views(t, consumers) -> List:
-    """t and the tensors that view its memory (Identity layers, order-keeping reshapes; chained) at its range and
-    with rows as wide or a multiple of PAD."""
+    """t and the tensors that view its memory (Identity layers, order-keeping reshapes; chained) at its range, their
+    last dimension a multiple of PAD."""
     views, todo = [], [t]
     while todo:
         u = todo.pop()
@@ -642,7 +644,8 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
 
     def need_q(tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
         """A slot holding `tensor_name` quantized (int8 or E4M3 bytes), its last dim padded to `last` (after
-        the optional transpose of the last two dims); one quantize step per tensor, format and layout."""
+        the optional transpose of the last two dims); one quantize step per tensor, format and layout, none for a
+        view of a tensor quantized already at its scale (an alias of those bytes)."""
         slot = prog.slots[tensor_name]
         f = FORMATS[fmt]
         if sd[tensor_name] == f.storage:
@@ -652,9 +655,9 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
         key = (tensor_name, fmt, last, transpose)
         base = prog.root(tensor_name)
         if key not in quantized and base.name != tensor_name and not transpose and last == slot.shape[-1]:
-            found = quantized.get((base.name, fmt, base.shape[-1], False))
-            scale = quant_scale(fmt, tensors[tensor_name].dynamic_range)
-            if found is not None and scale == quant_scale(fmt, tensors[base.name].dynamic_range):
+            found = quantized.get((base.name, fmt, base.shape[-1], False))  # what it views, quantized unpadded
+            if found is not None and (quant_scale(fmt, tensors[tensor_name].dynamic_range)
+                                      == quant_scale(fmt, tensors[base.name].dynamic_range)):
                 quantized[key] = f"{tensor_name}@{fmt.lower()}"  # a view of those bytes
                 add_slot(quantized[key], slot.shape, f.storage, "alias", base=found)
         if key not in quantized:
