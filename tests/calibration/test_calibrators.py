@@ -72,6 +72,28 @@ def test_entropy_keeps_a_tensor_far_from_zero_whole():
     assert entropy_amax(h) == pytest.approx(h.amax, rel=1e-6)
 
 
+@pytest.mark.parametrize("data", [RNG.standard_normal(50_000), RNG.standard_t(2, 20_000), RNG.uniform(5, 6, 5_000),
+                                  RNG.integers(-3, 4, 3_000), RNG.uniform(-1, 1, 200),
+                                  np.concatenate([RNG.standard_normal(50_000), [-60.0, 45.0]])],
+                         ids=["normal", "heavy tails", "far from zero", "few values", "sparse", "two outliers"])
+def test_entropy_judges_every_threshold_as_its_definition_does(data):
+    """The divergences of all thresholds at once (prefix sums) are KL(P || Q) of each threshold by itself, to
+    rounding, and the threshold picked is the definition's: the least divergence, the largest among equals."""
+    from tftrt_py.calibration.calibrators import START_BIN, _comparable, _divergences, _kl_divergence
+
+    h = histogram(data)
+    counts = h.counts
+    outliers = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])
+    below = np.concatenate([[0.0], np.cumsum(counts)])
+    thresholds = np.arange(START_BIN, NUM_BINS + 1)
+    thresholds = thresholds[_comparable(thresholds, counts, below, outliers)]
+    one_by_one = np.array([_kl_divergence(counts[:i], outliers[i], 128) for i in thresholds])
+    np.testing.assert_allclose(_divergences(counts, below, outliers, thresholds, 128), one_by_one, rtol=1e-9,
+                               atol=1e-12)
+    least = one_by_one.min()
+    assert entropy_amax(h) == h.edges[thresholds[one_by_one == least].max()]
+
+
 def test_minmax_and_percentile():
     data = np.concatenate([RNG.uniform(-1, 1, 100_000), [-7.0]])
     h = histogram(data)

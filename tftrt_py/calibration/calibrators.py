@@ -95,7 +95,9 @@ def _kl_divergence(counts: np.ndarray, outliers: float, levels: int) -> float:
 
 
 def entropy_amax(hist: Histogram, levels: int = NUM_QUANTIZED_BINS, start: int = START_BIN) -> float:
-    """The threshold of least KL divergence (the upper edge of the last bin kept)."""
+    """The threshold of least KL divergence (the upper edge of the last bin kept). All thresholds are judged at
+    once from prefix sums (_divergences); those within rounding of the least are judged again one by one
+    (_kl_divergence), so ties break as the definition says."""
     counts = hist.counts
     if hist.upper == 0.0 or not counts.any():
         return 0.0
@@ -103,22 +105,54 @@ def entropy_amax(hist: Histogram, levels: int = NUM_QUANTIZED_BINS, start: int =
     start = min(start, n)
     outliers = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # outliers[i] = counts[i:].sum()
     below = np.concatenate([[0.0], np.cumsum(counts)])  # below[i] = counts[:i].sum()
-    divergences = [_kl_divergence(counts[:i], outliers[i], levels) if _comparable(i, counts, below, outliers)
-                   else float("inf") for i in range(start, n + 1)]
+    thresholds = np.arange(start, n + 1)
+    divergences = np.full(len(thresholds), np.inf)
+    comparable = _comparable(thresholds, counts, below, outliers)
+    divergences[comparable] = _divergences(counts, below, outliers, thresholds[comparable], levels)
+    least = divergences.min()
+    if np.isfinite(least):
+        near = np.flatnonzero(divergences <= least + 1e-9 * abs(least) + 1e-10)
+        divergences[near] = [_kl_divergence(counts[:i], outliers[i], levels) for i in thresholds[near]]
     best = start + len(divergences) - 1 - int(np.argmin(divergences[::-1]))  # ties: the largest threshold
     return float(hist.edges[best])
 
 
-def _comparable(i: int, counts: np.ndarray, below: np.ndarray, outliers: np.ndarray) -> bool:
-    """Whether clipping at bin i gives a distribution KL can judge.
+def _divergences(counts: np.ndarray, below: np.ndarray, outliers: np.ndarray, thresholds: np.ndarray,
+                 levels: int) -> np.ndarray:
+    """_kl_divergence(counts[:i], outliers[i], levels) for each threshold i (all at least `levels`), from prefix
+    sums: level l of threshold i holds bins [ceil(l i / levels), ceil((l + 1) i / levels)), where Q is the level's
+    count spread over its non-empty bins, so each level adds sum c log c - C log(C / nonzero) over its bins; the
+    last bin adds the outliers. P sums to the total T and Q to the counts kept, B; KL = sum p log(p / q) / T +
+    log(B / T). Agrees with _kl_divergence to rounding (entropy_amax rechecks the least)."""
+    total = below[-1]
+    nonzero = counts != 0
+    clogc = np.where(nonzero, counts * np.log(np.where(nonzero, counts, 1.0)), 0.0)
+    prefix = [np.concatenate([[0.0], np.cumsum(v)]) for v in (counts, clogc, nonzero.astype(np.float64))]
+    t = thresholds[:, None]
+    edges = -((-np.arange(levels + 1)[None, :] * t) // levels)  # ceil(l * i / levels), shape [thresholds, levels + 1]
+    c, cl, nz = (np.diff(p[edges], axis=1) for p in prefix)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_level = np.where(c > 0, cl - c * np.log(c / np.maximum(nz, 1.0)), 0.0)
+        i = thresholds
+        last, out = counts[i - 1], outliers[i]
+        q_last = np.where(last > 0, c[:, -1] / np.maximum(nz[:, -1], 1.0), 0.0)  # the last bin's level is the last
+        p_last = last + out
+        fix = np.where(last > 0, last * np.log(np.where(last > 0, last, 1.0) / q_last), 0.0)
+        with_out = np.where(p_last > 0, p_last * np.log(p_last / q_last), 0.0)
+        sums = per_level.sum(axis=1) - fix + with_out
+        kl = sums / total + np.log(below[i] / total)
+    kl[(p_last > 0) & (q_last == 0)] = np.inf
+    return kl
+
+
+def _comparable(i: np.ndarray, counts: np.ndarray, below: np.ndarray, outliers: np.ndarray) -> np.ndarray:
+    """Whether clipping at bin i (each of an array of them) gives a distribution KL can judge.
 
     Not when outliers are folded into an empty last bin (Q has no mass there: infinitely far), nor when
     every kept value sits in the last bin with the outliers (P and Q are one spike, KL = 0: a tensor far
     from 0 would be clipped at its minimum).
     """
-    if not outliers[i]:
-        return True
-    return bool(counts[i - 1]) and below[i - 1] > 0
+    return (outliers[i] == 0) | ((counts[i - 1] != 0) & (below[i - 1] > 0))
 
 
 def minmax_amax(hist: Histogram) -> float:
