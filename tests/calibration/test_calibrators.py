@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tftrt_py.calibration import CALIBRATORS, Histogram, get_calibrator
-from tftrt_py.calibration.calibrators import NUM_BINS, entropy_amax, minmax_amax, percentile_amax
+from tftrt_py.calibration.calibrators import CHUNK, NUM_BINS, entropy_amax, minmax_amax, percentile_amax
 
 RNG = np.random.default_rng(11)
 
@@ -27,12 +27,15 @@ def test_histogram_grows_its_range_and_keeps_every_count():
     assert h.counts.sum() == pytest.approx(2002)
 
 
-def test_histogram_counts_each_value_in_the_bin_of_its_magnitude_and_only_finite_ones():
-    values = RNG.uniform(-3, 3, 10_000).astype(np.float32)
+@pytest.mark.parametrize("size", [10_000, 3 * CHUNK + 17])  # one chunk, and several with a part of one
+def test_histogram_counts_each_value_in_the_bin_of_its_magnitude_and_only_finite_ones(size):
+    values = RNG.uniform(-3, 3, size).astype(np.float32)
     values[::97] = np.float16(12.5)  # the max: the last bin
     h = Histogram()
     h.add(values.astype(np.float16))
-    h.add(np.concatenate([values, [np.nan, -np.inf]]))
+    given = np.concatenate([values, [np.nan, -np.inf]])
+    h.add(given)
+    np.testing.assert_array_equal(given[:-2], values)  # read, not written
     a = np.abs(values.astype(np.float16).astype(np.float32))
     want = np.bincount(np.minimum((a * np.float32(NUM_BINS / 12.5)).astype(np.int64), NUM_BINS - 1),
                        minlength=NUM_BINS)

@@ -45,16 +45,17 @@ class Histogram:
         return np.linspace(0.0, self.upper, len(self.counts) + 1)
 
     def add(self, values) -> None:
-        """Count the finite values of `values`. A tensor of BERT's FFN at batch 32 (12.6M values) takes ~65 ms:
-        calibration runs it for every tensor of every batch, so the work is done in place, in as few passes as
-        it takes (the finite values are picked out only where the max says there is another)."""
-        a = np.abs(np.asarray(values, np.float32)).ravel()  # a new array: changed in place below
-        top = float(a.max()) if a.size else 0.0
-        if not np.isfinite(top):
-            a = a[np.isfinite(a)]
-            top = float(a.max()) if a.size else 0.0
+        """Count the finite values of `values` (calibration runs this for every tensor of every batch)."""
+        a = np.asarray(values, np.float32).ravel()
         if not a.size:
             return
+        low, high = a.min(), a.max()
+        if not (np.isfinite(low) and np.isfinite(high)):  # NaN or inf: only the finite values count
+            a = a[np.isfinite(a)]
+            if not a.size:
+                return
+            low, high = a.min(), a.max()
+        top = float(max(high, -low))
         self.amax = max(self.amax, top)
         if not self.binned:
             return
@@ -64,9 +65,7 @@ class Histogram:
         if self.upper == 0.0:  # only zeros so far: they belong to bin 0 whatever the range becomes
             self.counts[0] += a.size
             return
-        np.multiply(a, np.float32(n / self.upper), out=a)
-        np.minimum(a, np.float32(n - 1), out=a)
-        self.counts += np.bincount(a.astype(np.intp), minlength=n)
+        self.counts += _bin_counts(a, np.float32(n / self.upper), n)
 
     def _grow(self, upper: float) -> None:
         if self.upper > 0.0:
@@ -74,6 +73,27 @@ class Histogram:
             new_edges = np.linspace(0.0, upper, len(self.counts) + 1)
             self.counts = np.diff(np.interp(new_edges, self.edges, cdf))
         self.upper = upper
+
+
+CHUNK = 1 << 16  # values binned at a time: the chunk's scratch stays in cache
+
+
+def _bin_counts(a: np.ndarray, scale: np.float32, n: int) -> np.ndarray:
+    """np.bincount(min(|a| * scale, n - 1) as integers, minlength=n), a chunk at a time. Done whole, its three
+    temporaries of a tensor's size (|a|, the float bins, the integer bins) cost page faults and memory traffic:
+    12.6M values (an FFN tensor of BERT at batch 32) take 73 ms that way, 20 ms in chunks, with the same counts."""
+    counts = np.zeros(n, np.int64)
+    size = min(a.size, CHUNK)
+    scaled, index = np.empty(size, np.float32), np.empty(size, np.intp)
+    for start in range(0, a.size, CHUNK):
+        chunk = a[start:start + CHUNK]
+        s, i = scaled[:chunk.size], index[:chunk.size]
+        np.abs(chunk, out=s)
+        np.multiply(s, scale, out=s)
+        np.minimum(s, np.float32(n - 1), out=s)
+        np.copyto(i, s, casting="unsafe")  # truncates: the floor of values >= 0
+        counts += np.bincount(i, minlength=n)
+    return counts
 
 
 def _kl_divergence(counts: np.ndarray, outliers: float, levels: int) -> float:

@@ -106,9 +106,18 @@ def _floor_div(a, b):
     return np.floor(a / b)
 
 
+def _power(a, b):
+    """np.power, but a float tensor cubed by multiplying: numpy's float32 pow runs ~50x slower than a * a * a,
+    within an ulp of it (GELU's tanh form cubes BERT's FFN tensor: 12.6M values at batch 32, 558 vs 11 ms)."""
+    cube = np.ndim(b) <= np.ndim(a) and np.size(b) == 1 and np.asarray(b).item() == 3
+    if cube and np.issubdtype(a.dtype, np.floating):
+        return a * a * a
+    return np.power(a, b)
+
+
 ELEMENTWISE_FNS = {
     "sum": np.add, "sub": np.subtract, "prod": np.multiply, "div": np.divide, "max": np.maximum,
-    "min": np.minimum, "pow": np.power, "floor_div": _floor_div, "floor_mod": np.mod,
+    "min": np.minimum, "pow": _power, "floor_div": _floor_div, "floor_mod": np.mod,
     "squared_difference": lambda a, b: np.square(a - b), "equal": np.equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "less": np.less, "less_equal": np.less_equal,
     "not_equal": np.not_equal, "and": np.logical_and, "or": np.logical_or,
