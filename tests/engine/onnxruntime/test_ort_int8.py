@@ -1,11 +1,14 @@
 """INT8 convolutions on ONNX Runtime's fast uint8 x int8 kernels (QLinearConv; MatMulIntegerToFloat for 1x1
-convolutions with float outputs) where they are exact, fp32 on dequantized values elsewhere; which tensors are
+convolutions with float outputs) where they are exact, fp32 on dequantized values elsewhere; INT8 matrix
+multiplies on uint8 x int8 sums where the CPU sums them exactly, uint8 x uint8 elsewhere; which tensors are
 non-negative; unread nodes pruned from lowered models."""
 import numpy as np
 import onnx
+import pytest
 
-from ort_helpers import ORT, TOL, with_precision
+from ort_helpers import ORT, TOL, compare, with_precision
 from tftrt_py.engine import Engine, Network
+from tftrt_py.engine.backends.onnxruntime import int8
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.int8 import nonnegative
 from tftrt_py.engine.backends.onnxruntime.lowering import lower
@@ -110,6 +113,82 @@ def test_float_consumer_keeps_the_float_output():
 
     engine = assert_within_a_step(build, 1)
     assert [n.op_type for n in prune(lower(engine.network)).graph.node].count("QLinearConv") == 1  # c3's input
+
+
+@pytest.fixture(params=[False, True], ids=["u8_x_u8", "u8_x_s8"])
+def signed(request, monkeypatch):
+    """Either kernel of INT8 matrix multiplies (uint8 x int8 only where this CPU sums it exactly)."""
+    if request.param and not int8.signed_sums_exact():
+        pytest.skip("this CPU's ONNX Runtime adds uint8 x int8 product pairs in int16 with saturation (no VNNI, AMX)")
+    monkeypatch.setattr(int8, "signed_sums_exact", lambda: request.param)
+    return request.param
+
+
+def _matmul_network(a_shape, b_shape, constant: str = "", params=None) -> Network:
+    """A MatrixMultiply of inputs (ranges 2) or, where `constant` names "a" or "b", that operand a constant; a bias
+    where B is the constant (a Dense layer)."""
+    rng = np.random.default_rng(5)
+    net = Network("matmul")
+    operands = []
+    for name, shape in (("a", a_shape), ("b", b_shape)):
+        if name == constant:
+            operands.append(net.add_constant((rng.standard_normal(shape) / 4).astype(np.float32)))
+        else:
+            operands.append(net.add_input(name, "float32", shape))
+            operands[-1].dynamic_range = 2.0
+    width = b_shape[-2 if (params or {}).get("transpose_b") else -1]
+    weights = {"bias": rng.standard_normal(width).astype(np.float32)} if constant == "b" else {}
+    y = net.add_layer("MatrixMultiply", operands, params, weights).outputs[0]
+    net.mark_output(y, name="y")
+    return net
+
+
+MATMULS = {  # (A's shape, B's shape, the constant operand, params)
+    "dense_gelu": ((4, 16, 64), (64, 48), "b", {"activation": {"type": "gelu_tanh"}}),  # FastGelu adds the bias
+    "dense": ((16, 64), (48, 64), "b", {"transpose_b": True}),  # the integer kernel adds it
+    "activations": ((3, 16, 32), (3, 32, 8), "", {}),
+    "constant_a": ((24, 32), (32, 8), "a", {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MATMULS))
+def test_int8_matrix_multiplies_match_numpy_on_either_kernel(signed, case):
+    a_shape, b_shape, constant, params = MATMULS[case]
+    inputs = {name: shape for name, shape in (("a", a_shape), ("b", b_shape)) if name != constant}
+    engine = compare(lambda: _matmul_network(a_shape, b_shape, constant, params),
+                     lambda rng: {n: rng.uniform(-2.0, 2.0, s).astype(np.float32) for n, s in inputs.items()}, "INT8")
+    model = prune(lower(engine.network))
+    ops = [n.op_type for n in model.graph.node]
+    # scales per column (or per tensor) and a bias no fused activation takes go into the integer kernel; a constant
+    # A's per row scales stay a Mul
+    assert ops.count("MatMulIntegerToFloat" if constant != "a" else "MatMulInteger") == 1
+    assert "Add" not in ops
+    integer = next(n for n in model.graph.node if n.op_type.startswith("MatMulInteger"))
+    weights = {w.name: w.data_type for w in model.graph.initializer}
+    b_is_int8 = (weights[integer.input[1]] == onnx.TensorProto.INT8 if integer.input[1] in weights
+                 else _quantized_to(model, integer.input[1]) == onnx.TensorProto.INT8)
+    assert b_is_int8 == signed
+
+
+def _quantized_to(model, value: str) -> int:
+    """The element type a QuantizeLinear making `value` quantizes to (that of its zero point)."""
+    node = next(n for n in model.graph.node if value in n.output)
+    return next(w.data_type for w in model.graph.initializer if w.name == node.input[2])
+
+
+def test_the_signed_kernel_is_taken_only_where_it_sums_exactly():
+    """Where the probe says so, uint8 x int8 sums of operands that saturate int16 pairs are exact at any size."""
+    if not int8.signed_sums_exact():
+        pytest.skip("this CPU's uint8 x int8 sums saturate: matrix multiplies take uint8 x uint8")
+    rng = np.random.default_rng(2)
+    w = np.where(rng.random((256, 40)) < 0.5, 1.0, -1.0).astype(np.float32)  # quantized to +-127 per column
+    net = Network("saturating")
+    x = net.add_input("x", "float32", (33, 256))
+    x.dynamic_range = 1.0
+    net.mark_output(net.add_layer("MatrixMultiply", [x, net.add_constant(w)]).outputs[0], name="y")
+    ctx = Engine(with_precision(net, "INT8"), "INT8", backend="onnxruntime").create_execution_context()
+    got = ctx.execute({"x": np.ones((33, 256), np.float32)})["y"]  # every activation 127 (uint8 255)
+    np.testing.assert_allclose(got, np.ones((33, 256)) @ w, rtol=1e-6)
 
 
 def test_nonnegative_follows_activations_and_pooling():
