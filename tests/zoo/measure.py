@@ -21,6 +21,10 @@ FP32 and FP16 are held to those and FP32's decoded outputs to a relative 1e-5 of
 detections are not compared: NMS on FP16-rounded scores rightly keeps other boxes among near-ties.
 
 FP32's max abs error is held to 1e-4, relative to the output's magnitude where that exceeds 1 (as numpy's rtol).
+Models marked ``tf_kernels_reference``: TF's outputs are computed again with its other CPU kernels
+(TF_ENABLE_ONEDNN_OPTS flipped: oneDNN's fused kernels or Eigen's, a fresh process loading the same SavedModel);
+where TF's two answers differ past 1e-4 (EfficientNetV2B0 with random weights: 1.2e-4 on an AVX-512 host), FP32
+is held to twice their difference instead.
 Models marked ``keras_fp16_reference`` (zoo.models): Keras's own fp16 error (the mixed_float16 policy, same weights,
 same inputs) is measured too and printed next to ours; where Keras itself misses 1e-2 (EfficientNetV2B0 with random
 weights: 6.3e-2), FP16 is held to twice Keras's error instead. MobileNetV3Small is one: with hard swish,
@@ -76,6 +80,7 @@ class PrecisionResult:
     rel_error: Optional[float] = None  # max over those outputs of max|got - want| / max|want|
     decoded_rel_error: Optional[float] = None  # the same over the outputs decoded from the raw ones
     keras_fp16_rel_error: Optional[float] = None  # FP16 of a keras_fp16_reference model: Keras's own (printed)
+    tf_kernels_error: Optional[float] = None  # FP32 of a tf_kernels_reference model: TF's oneDNN vs Eigen (printed)
     #: op type -> {reason: count} of the nodes left native (the non-conversion report), bookkeeping left out
     native_ops: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
     #: why engine ops ran their native segment: after build() (the converter's process) and when serving
@@ -99,9 +104,12 @@ class PrecisionResult:
     @property
     def target(self) -> float:
         """The bound on `error`: the issue's; for FP16 of a model whose fp16 Keras itself cannot compute within it,
-        twice Keras's own mixed_float16 error on the same weights and inputs."""
+        twice Keras's own mixed_float16 error on the same weights and inputs; for FP32 of a model whose outputs TF's
+        own two CPU kernel sets do not agree on within it, twice their difference."""
         if self.precision == "FP16" and self.keras_fp16_rel_error is not None:
             return max(TARGETS["FP16"], 2 * self.keras_fp16_rel_error)
+        if self.precision == "FP32" and self.tf_kernels_error is not None:
+            return max(TARGETS["FP32"], 2 * self.tf_kernels_error)
         return TARGETS[self.precision]
 
     @property
@@ -169,6 +177,16 @@ np.savez(job["arrays"], **arrays)
 print(json.dumps({}))
 """
 
+_NATIVE = """
+import json, sys, numpy as np, tensorflow as tf
+job = json.loads(sys.stdin.read())
+arrays = np.load(job["arrays"])
+fn = tf.saved_model.load(job["native"]).signatures["serving_default"]
+out = fn(**{k.split("/", 1)[1]: tf.constant(arrays[k]) for k in arrays.files if k.startswith("serve/")})
+np.savez(job["outputs"], **{k: v.numpy() for k, v in out.items()})
+print(json.dumps({}))
+"""
+
 _SERVE = """
 import json, sys, numpy as np, tensorflow as tf
 from tftrt_py import trt_convert  # loads the TRTEngineOp library before the SavedModels
@@ -196,10 +214,11 @@ print(json.dumps(result))
 """
 
 
-def _run_fresh(code, job, timeout=900):
-    """Run `code` in a fresh Python with `job` as JSON on stdin; (its last line's JSON, None) or (None, error)."""
+def _run_fresh(code, job, timeout=900, **environ):
+    """Run `code` in a fresh Python with `job` as JSON on stdin (and `environ` set); (its last line's JSON, None)
+    or (None, error)."""
     path = os.pathsep.join(p for p in (REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3", **environ)
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(job), capture_output=True, text=True,
                           env=env, timeout=timeout)
     if proc.returncode:
@@ -321,6 +340,22 @@ def _convert(native_dir, precision, arrays, out_dir, result: PrecisionResult):
         result.warnings = handler.lines
 
 
+def _other_kernels(name: str, native_dir: str, arrays_path: str, workdir: str) -> Optional[Dict[str, np.ndarray]]:
+    """TF's outputs of a tf_kernels_reference model computed with its other CPU kernels (None for other models)."""
+    from zoo.models import ZOO
+
+    if not ZOO[name].tf_kernels_reference:
+        return None
+    path = os.path.join(workdir, "outputs_tf_other_kernels.npz")
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() not in ("0", "false")
+    _, error = _run_fresh(_NATIVE, {"native": native_dir, "arrays": arrays_path, "outputs": path},
+                          TF_ENABLE_ONEDNN_OPTS="0" if onednn else "1")
+    if error:  # held to the plain target then
+        logging.getLogger(__name__).warning("%s: TF with its other CPU kernels failed: %s", name, error)
+        return None
+    return dict(np.load(path))
+
+
 def measure(name: str, workdir: str, precisions=PRECISIONS) -> ModelResult:
     """Measure zoo model `name` (see zoo.models.ZOO), working in `workdir`."""
     start = time.time()
@@ -346,9 +381,12 @@ def measure(name: str, workdir: str, precisions=PRECISIONS) -> ModelResult:
                      if serving else ({}, None))
     from zoo.models import ZOO
 
+    tf_kernels = _other_kernels(name, native_dir, arrays_path, workdir)
     for precision, converted_graph in graphs.items():
         if precision == "FP16" and keras_fp16:
             _, model.results[precision].keras_fp16_rel_error = _errors(keras_fp16, want)
+        if precision == "FP32" and tf_kernels is not None:
+            model.results[precision].tf_kernels_error = min(_errors(tf_kernels, want))
         if converted_graph is not None:
             _score(model.results[precision], *converted_graph, (served or {}).get(precision), error,
                    outputs[precision], want, ZOO[name].raw_outputs)
@@ -434,15 +472,20 @@ def format_table(models: List[ModelResult]) -> str:
 
 def details(m: ModelResult, max_lines=8) -> List[str]:
     """Why `m` is not whole: export/convert/serve errors, target misses, op types left native (with reasons),
-    native runs after build and at serving (build failure messages); Keras's own FP16 error where measured."""
+    native runs after build and at serving (build failure messages); Keras's own FP16 error and TF's own FP32
+    spread where measured."""
     if m.export_error:
         return [f"export: {m.export_error}"]
     lines = []
     for r in m.results.values():
         lines += r.failures()
+        ours = f"(ours {r.error if r.error is None else format(r.error, '.2g')}, target {r.target:g})"
         if r.keras_fp16_rel_error is not None:
             lines.append(f"{r.precision}: Keras mixed_float16's own error on these inputs {r.keras_fp16_rel_error:.2g} "
-                         f"(ours {r.error if r.error is None else format(r.error, '.2g')}, target {r.target:g})")
+                         + ours)
+        if r.tf_kernels_error is not None:
+            lines.append(f"{r.precision}: TF's oneDNN and Eigen kernels differ on these inputs by "
+                         f"{r.tf_kernels_error:.2g} " + ours)
     lines += [f"native: {ln}" for ln in m.top_native()]
     runs = []
     for r in m.results.values():
