@@ -17,6 +17,9 @@ ORT = pytest.mark.skipif(not available()[0], reason=available()[1])
 #: rounds FP16 and INT8 layers' outputs to fp16 as the GPU does, the CPU keeps fp32 (INT8 sums are exact on both).
 TOL = {"FP32": 1e-5, "FP16": 1e-2, "INT8": 1e-3}
 
+#: Engines whose lowering is under test: INT8 layers stay INT8 (no choice of the faster precision).
+STRICT = {"strict_types": True}
+
 
 def with_precision(network: Network, precision: str) -> Network:
     for layer in network.layers:
@@ -47,7 +50,7 @@ def compare(build: Callable[[], Network], make_inputs: Callable[[np.random.Gener
     """The numpy backend vs onnxruntime, both with `precision` set on every layer, on `runs` fresh input sets."""
     rng = np.random.default_rng(seed)
     ref_ctx = Engine(with_precision(build(), precision), precision, backend="numpy").create_execution_context()
-    engine = Engine(with_precision(build(), precision), precision, backend="onnxruntime")
+    engine = Engine(with_precision(build(), precision), precision, backend="onnxruntime", build_config=STRICT)
     ctx = engine.create_execution_context()
     for run in range(runs):
         inputs = make_inputs(rng)

@@ -6,8 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
-from ort_helpers import ORT, TOL, compare, with_precision
+from ort_helpers import ORT, STRICT, TOL, compare, with_precision
 from tftrt_py.engine import Engine, Network
+from tftrt_py.engine.backends.onnxruntime import backend as ort_backend
 from tftrt_py.engine.backends.onnxruntime import int8
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.int8 import nonnegative
@@ -47,7 +48,8 @@ def _inputs(rng):
 
 
 def _int8(build, backend):
-    return Engine(with_precision(build(), "INT8"), "INT8", backend=backend).create_execution_context()
+    return Engine(with_precision(build(), "INT8"), "INT8", backend=backend, build_config=STRICT
+                  ).create_execution_context()
 
 
 def assert_within_a_step(build, seed: int) -> Engine:
@@ -186,9 +188,54 @@ def test_the_signed_kernel_is_taken_only_where_it_sums_exactly():
     x = net.add_input("x", "float32", (33, 256))
     x.dynamic_range = 1.0
     net.mark_output(net.add_layer("MatrixMultiply", [x, net.add_constant(w)]).outputs[0], name="y")
-    ctx = Engine(with_precision(net, "INT8"), "INT8", backend="onnxruntime").create_execution_context()
+    ctx = Engine(with_precision(net, "INT8"), "INT8", backend="onnxruntime", build_config=STRICT
+                 ).create_execution_context()
     got = ctx.execute({"x": np.ones((33, 256), np.float32)})["y"]  # every activation 127 (uint8 255)
     np.testing.assert_allclose(got, np.ones((33, 256)) @ w, rtol=1e-6)
+
+
+def _timed(monkeypatch, int8_ms, fp16_ms):
+    """Lowerings time as given (the INT8 one is timed first); returns the list of timings asked for."""
+    asked = []
+
+    def run_ms(program, feed):
+        asked.append(program)
+        return int8_ms if len(asked) == 1 else fp16_ms
+
+    monkeypatch.setattr(ort_backend, "_run_ms", run_ms)
+    return asked
+
+
+@pytest.mark.parametrize("int8_ms, fp16_ms, kept", [(2.0, 1.0, "FP16"), (1.0, 2.0, "INT8")])
+def test_int8_layers_run_in_fp16_where_that_is_faster(monkeypatch, int8_ms, fp16_ms, kept):
+    asked = _timed(monkeypatch, int8_ms, fp16_ms)
+    ctx = Engine(with_precision(_chain(), "INT8"), "INT8", backend="onnxruntime").create_execution_context()
+    assert len(asked) == 2
+    assert {layer.precision for layer in ctx.engine.network.layers if layer.kind == "Convolution"} == {kept}
+    # what runs is what the network says: the numpy backend on the engine's own network agrees
+    inputs = _inputs(np.random.default_rng(4))
+    want = Engine(ctx.engine.network, "INT8", backend="numpy").create_execution_context().execute(inputs)["y"]
+    got = ctx.execute(inputs)["y"]
+    scale = float(np.max(np.abs(want)))
+    assert np.max(np.abs(got - want)) < (2e-3 if kept == "FP16" else 1e-2) * scale
+
+
+def test_a_lowering_that_fails_on_zeros_keeps_int8(monkeypatch):
+    def run_ms(program, feed):
+        raise ValueError("zeros do not suit this network")
+
+    monkeypatch.setattr(ort_backend, "_run_ms", run_ms)
+    ctx = Engine(with_precision(_chain(), "INT8"), "INT8", backend="onnxruntime").create_execution_context()
+    assert all(layer.precision == "INT8" for layer in ctx.engine.network.layers if layer.kind == "Convolution")
+    assert "QLinearConv" in [n.op_type for n in prune(lower(ctx.engine.network)).graph.node]
+
+
+def test_strict_types_keep_int8_untimed(monkeypatch):
+    asked = _timed(monkeypatch, 2.0, 1.0)
+    ctx = Engine(with_precision(_chain(), "INT8"), "INT8", backend="onnxruntime", build_config=STRICT
+                 ).create_execution_context()
+    assert not asked and all(layer.precision == "INT8" for layer in ctx.engine.network.layers
+                             if layer.kind == "Convolution")
 
 
 def test_nonnegative_follows_activations_and_pooling():

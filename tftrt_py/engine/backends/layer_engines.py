@@ -5,6 +5,7 @@ backend speaks (``run_layer(layer, inputs)``): each layer gets an engine of its 
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Dict, List
 
@@ -12,7 +13,17 @@ import numpy as np
 
 from tftrt_py.engine.network import Network
 
-__all__ = ["LayerEngines", "single_layer_network"]
+__all__ = ["LayerEngines", "single_layer_network", "flag", "strict_types"]
+
+
+def flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def strict_types(engine) -> bool:
+    """Whether `engine` keeps every quantized layer quantized even where another precision runs faster (TensorRT's
+    strict types): its build config's ``strict_types``, else ``TFTRT_PY_STRICT_TYPES``."""
+    return flag((engine.build_config or {}).get("strict_types", os.environ.get("TFTRT_PY_STRICT_TYPES", "0")))
 
 
 def single_layer_network(layer, inputs: List[np.ndarray]) -> Network:

@@ -9,16 +9,12 @@ from typing import Dict
 
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger, OutOfGpuMemory
-from tftrt_py.engine.backends.layer_engines import LayerEngines
+from tftrt_py.engine.backends.layer_engines import LayerEngines, flag, strict_types
 from tftrt_py.engine.errors import BuildError, EngineError
 
 __all__ = ["CupyBackend"]
 
 logger = logging.getLogger(__name__)
-
-
-def _flag(value) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 class CupyBackend(LayerEngines):
@@ -47,8 +43,8 @@ class CupyBackend(LayerEngines):
         from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
         cfg = engine.build_config or {}
-        allow_tf32 = _flag(cfg.get("allow_tf32", os.environ.get("TFTRT_PY_ALLOW_TF32", "0")))
-        strict = _flag(cfg.get("strict_types", os.environ.get("TFTRT_PY_STRICT_TYPES", "0")))
+        allow_tf32 = flag(cfg.get("allow_tf32", os.environ.get("TFTRT_PY_ALLOW_TF32", "0")))
+        strict = strict_types(engine)
         return BuildOptions(allow_tf32=allow_tf32, max_workspace=int(cfg.get("max_workspace_size", 1 << 30)),
                             cudnn_plans=int(os.environ.get("TFTRT_PY_CUDNN_PLANS", "2")),
                             cudnn_runtime_plans=int(os.environ.get("TFTRT_PY_CUDNN_RUNTIME_PLANS", "1")),

@@ -3,11 +3,12 @@ and, for the rare kinds without a lowering (registry.NUMPY_KINDS), numpy kernels
 from __future__ import annotations
 
 import logging
+import time
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.layer_engines import LayerEngines
+from tftrt_py.engine.backends.layer_engines import LayerEngines, strict_types
 from tftrt_py.engine.backends.onnxruntime import available
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
@@ -31,6 +32,9 @@ DISABLED_OPTIMIZERS = (
     # x86 CPU ([8, 128, 768]: 9.6-16.7 ms against 0.74-0.87 ms; BERT-base batch 8 lost ~10% to it)
     "SkipLayerNormFusion",
 )
+
+#: Timed runs of each lowering when an INT8 engine chooses between its int8 layers and FP16 (after one untimed run).
+CHOICE_RUNS = 2
 
 #: Session settings: threads sleep when idle instead of spinning (on a machine whose cores other processes also
 #: use, spinning workers took 1.2-1.5x longer per run: Keras ResNet50 and BERT-base on 2 shared CPUs).
@@ -75,6 +79,17 @@ class Program:
         for step in self.steps:
             step.run(values)
         return values
+
+
+def _run_ms(program: Program, feed: Dict[str, np.ndarray]) -> float:
+    """The fastest of CHOICE_RUNS runs of `program` on `feed`, after one untimed run, in ms."""
+    program.run(feed)
+    best = float("inf")
+    for _ in range(CHOICE_RUNS):
+        start = time.perf_counter()
+        program.run(feed)
+        best = min(best, time.perf_counter() - start)
+    return 1e3 * best
 
 
 def _runs(layers: List[Layer]) -> List[List[Layer]]:
@@ -151,14 +166,47 @@ class OnnxRuntimeBackend(LayerEngines):
         return Program(steps)
 
     def prepare_engine(self, engine) -> None:
-        """Lower `engine` to ONNX and make its sessions (once per engine)."""
+        """Lower `engine` to ONNX and make its sessions (once per engine); an INT8 engine keeps its int8 layers
+        only where they run faster (:meth:`_keep_faster`)."""
         try:
             engine.ort_program = self._program(engine.network)
+            if not strict_types(engine):
+                self._keep_faster(engine)
         except BackendError:
             raise
         except Exception as exc:
             raise BuildError(f"building engine {engine.name!r} for ONNX Runtime failed: {type(exc).__name__}: "
                              f"{exc}") from exc
+
+    def _keep_faster(self, engine) -> None:
+        """TensorRT's INT8 mode runs a layer in higher precision where that is faster, unless types are strict. Here
+        the choice is the engine's as a whole (ONNX Runtime times sessions, not layers): its lowering with the INT8
+        layers and with them in FP16 (fp32 on the CPU) run on zeros, and where FP16 is faster those layers become
+        FP16 (``layer.precision``: the plan, inspect() and the numpy backend say what runs). MobileNetV2 is one
+        such network on a CPU: its depthwise and relu6 convolutions have no exact int8 kernel and run fp32 on
+        dequantized values, with layout changes around each, so its INT8 lowering took 1.8x FP32's time."""
+        net = engine.network
+        int8 = [layer for layer in net.layers if layer.precision == "INT8"]
+        if not int8 or any(d < 0 for t in net.inputs for d in t.shape):
+            return
+        feed = {t.name: np.zeros(t.shape, t.dtype) for t in net.inputs}
+        try:
+            int8_ms = _run_ms(engine.ort_program, feed)
+            for layer in int8:
+                layer.precision = "FP16"
+            fp16_program = self._program(net)
+            fp16_ms = _run_ms(fp16_program, feed)
+        except Exception as exc:  # (zeros may not suit a numpy step): the INT8 lowering stays
+            logger.debug("engine %s: INT8 kept untimed: %s: %s", engine.name, type(exc).__name__, exc)
+            fp16_ms = int8_ms = 0.0
+        logger.debug("engine %s: INT8 %.2f ms, FP16 %.2f ms", engine.name, int8_ms, fp16_ms)
+        if fp16_ms < int8_ms:
+            engine.ort_program = fp16_program
+            logger.info("engine %s: its %d INT8 layers run in FP16, faster on this CPU (%.2f against %.2f ms)",
+                        engine.name, len(int8), fp16_ms, int8_ms)
+            return
+        for layer in int8:
+            layer.precision = "INT8"
 
     # -- run ------------------------------------------------------------------------------------------------
     def create_runner(self, engine):
