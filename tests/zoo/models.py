@@ -32,8 +32,8 @@ class ZooModel:
     #: Keras's own fp16 error on the same weights and inputs is measured (mixed_float16_outputs) and printed next to
     #: ours by zoo.measure (no target)
     keras_fp16_reference: bool = False
-    #: TF's FP32 outputs with its other CPU kernels (oneDNN's or Eigen's) are measured too: where TF's two kernel
-    #: sets differ past the FP32 target, FP32 is held to twice their difference (zoo.measure)
+    #: TF's FP32 outputs with oneDNN's and with Eigen's CPU kernels are measured too: where they lie further than the
+    #: FP32 target from the reference, FP32 is held to twice that spread (zoo.measure)
     tf_kernels_reference: bool = False
 
 
