@@ -79,6 +79,17 @@ class Graph:
     def reshape(self, x: str, shape: Sequence[int]) -> str:
         return self.node("Reshape", [x, self.ints(shape)], allowzero=1)
 
+    def model(self, name: str, inputs: Sequence, outputs: Sequence):
+        """The ``onnx.ModelProto`` of these nodes and initializers, between `inputs` and `outputs` (value infos), in
+        the opsets and IR version ONNX Runtime runs."""
+        from onnx import helper
+
+        graph = helper.make_graph(self.nodes, name, list(inputs), list(outputs), initializer=self.initializers)
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="tftrt_py")
+        model.ir_version = 10
+        return model
+
     def slice(self, x: str, starts, ends, axes, steps=None) -> str:
         ins = [x, self.ints(starts), self.ints(ends), self.ints(axes)]
         if steps is not None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from tftrt_py.engine.backends.numpy_precision import _scale, quantize_per_channel
 from tftrt_py.engine.backends.onnxruntime import nn
-from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, OPSET, Graph, onnx_dtype
+from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, Graph, onnx_dtype
 from tftrt_py.engine.backends.onnxruntime.pointwise import BIASED, biased_activation
 from tftrt_py.engine.backends.onnxruntime.registry import weight
 from tftrt_py.engine.errors import BackendError
@@ -200,10 +200,8 @@ def signed_sums_exact() -> bool:
     g = Graph()
     out = g.node("MatMulIntegerToFloat", ["a", g.const(b), g.scalar(1, np.float32), g.scalar(1, np.float32),
                                           g.scalar(ZERO, np.uint8), g.scalar(0, np.int8)], domain=CONTRIB)
-    model = helper.make_model(
-        helper.make_graph(g.nodes, "probe", [helper.make_tensor_value_info("a", onnx_dtype("uint8"), [None, k])],
-                          [helper.make_tensor_value_info(out, onnx_dtype("float32"), [None, n])], g.initializers),
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)])
+    model = g.model("probe", [helper.make_tensor_value_info("a", onnx_dtype("uint8"), [None, k])],
+                    [helper.make_tensor_value_info(out, onnx_dtype("float32"), [None, n])])
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

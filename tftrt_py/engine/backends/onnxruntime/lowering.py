@@ -14,7 +14,7 @@ import logging
 from typing import Optional, Sequence
 
 from tftrt_py.engine.backends.onnxruntime import data, nn, pointwise  # noqa: F401  (register the lowerings)
-from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, OPSET, Graph, compute_dtype, onnx_dtype
+from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype, onnx_dtype
 from tftrt_py.engine.backends.onnxruntime.int8 import INT8_LOWERINGS
 from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, NUMPY_KINDS
 from tftrt_py.engine.errors import BackendError
@@ -95,12 +95,7 @@ def lower(network: Network, layers: Optional[Sequence[Layer]] = None, inputs: Op
         taken.add(name)
         g.nodes.append(helper.make_node("Identity", [values.names[t.name]], [name], name=g.fresh("Identity")))
         out_infos.append(_info(name, t))
-    graph = helper.make_graph(g.nodes, network.name, [_info(t.name, t) for t in inputs], out_infos,
-                              initializer=g.initializers)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(CONTRIB, 1)]
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="tftrt_py")
-    model.ir_version = 10
-    return model
+    return g.model(network.name, [_info(t.name, t) for t in inputs], out_infos)
 
 
 def lowerable(layer: Layer) -> bool:
