@@ -3,6 +3,7 @@ int8 layer also pays a quantize step for each operand no int8 layer writes, so a
 import itertools
 
 import numpy as np
+from networks import attention_block_net
 
 from tftrt_py.engine.backends.cupy.program import _Costs, settle_quantized
 
@@ -171,3 +172,61 @@ def test_rows_at_another_range_than_the_layernorms_output_get_a_quantize_step_of
 
 def test_a_layernorm_whose_rows_quantized_kernels_would_pad_writes_no_quantized_copy():
     assert duals(norm_dense_net(width=60), "INT8") == {}
+
+
+# -- attention between quantized projections (quantized_tensors through views, keep_faster_quantized) -----------
+def attention_kernel_available(monkeypatch, reason=None):
+    """The cupy backend's quantized attention kernel runs (or not, for `reason`) whether or not Triton is here."""
+    from tftrt_py.engine.backends.cupy.ops import attention
+
+    monkeypatch.setattr(attention, "quantized_reason", lambda layer: reason)
+
+
+def test_an_attention_block_passes_quantized_values_from_projection_to_projection_through_views(monkeypatch):
+    attention_kernel_available(monkeypatch)
+    for precision in ("INT8", "FP8"):
+        direct, dual = stored_between(attention_block_net(), precision)
+        assert direct >= {"qkv:0", "qkv_seq:0", "attention:0", "context:0"} and not dual, (direct, dual)
+
+
+def test_attention_the_backend_cannot_quantize_runs_fp16_and_its_neighbours_read_floats(monkeypatch):
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import program
+
+    attention_kernel_available(monkeypatch, "no Triton")
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    layers = program.quantized_layers(built, "INT8")
+    assert set(layers) == {"qkv", "o"}
+    assert {layer.name: layer.precision for layer in built.layers}["attention"] == "FP16"
+    assert not program.quantized_tensors(built, layers, "INT8")[0] & {"qkv:0", "attention:0"}
+
+
+class FlatTuner:
+    """Every quantized kernel `quantized` ms, every fp16 one 1 ms, a quantize step `step` ms."""
+
+    def __init__(self, quantized, step):
+        self.quantized, self.step = quantized, step
+
+    def fastest_ms(self, spec, factory):
+        return self.quantized if spec.quant is not None else 1.0
+
+    def op_ms(self, op, *shapes_and_dtypes):
+        return self.step
+
+
+def test_an_attention_block_pays_one_quantize_step_for_its_chain_and_one_for_q_k_and_v(monkeypatch):
+    """Projection, attention and projection each gain 0.3 ms quantized, a quantize step costs 0.5: run alone each
+    would stay fp16, but the projection's quantized output is the attention's q, k and v (one tensor through a
+    view: a single step if it were not written quantized), and the attention's the output projection's operand."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import program
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+    attention_kernel_available(monkeypatch)
+    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: None)
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    layers = program.quantized_layers(built, "INT8")
+    kept, choice = program.keep_faster_quantized(built, layers, "INT8", FlatTuner(0.7, 0.5), BuildOptions(), {})
+    assert set(kept) == {"qkv", "attention", "o"}, choice
+    kept, choice = program.keep_faster_quantized(built, layers, "INT8", FlatTuner(0.9, 0.5), BuildOptions(), {})
+    assert set(kept) == set(), choice  # 0.5 + 3 x 0.9 against 3 x 1.0

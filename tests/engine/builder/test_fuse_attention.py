@@ -61,6 +61,30 @@ def test_keys_given_transposed_are_transposed_for_it():
     assert engine.network.layers[0].params == {"first_perm": [0, 2, 1]}
 
 
+def test_the_tensors_attention_reads_through_new_shuffles_keep_their_ranges():
+    """A transposed k, packed [B*S, H*D] rows viewed as [B, S, H*D]: the same values, the same ranges (an INT8
+    Attention quantizes them)."""
+    def transposed():
+        net, (q, kt, v) = network((B, S, D), (B, D, T), (B, T, D))
+        kt.dynamic_range = 2.0
+        net.mark_output(attention(net, q, kt, v, transpose_b=False))
+        return net
+
+    def rows():
+        net, (q, k, v) = network((B * S, H * D), (B * T, H * D), (B * T, H * 2))
+        for t, r in zip((q, k, v), (1.0, 2.0, 3.0)):
+            t.dynamic_range = r
+        net.mark_output(merge(net, attention(net, split(net, q, "q", S), split(net, k, "k", T),
+                                             split(net, v, "v", T)), [B * S, H * 2]))
+        return net
+
+    engine = build_and_compare(transposed, inputs((B, S, D), (B, D, T), (B, T, D)))
+    assert [t.dynamic_range for t in engine.network.layers[1].inputs] == [None, 2.0, None]
+    engine = build_and_compare(rows, inputs((B * S, H * D), (B * T, H * D), (B * T, H * 2)))
+    attention_layer = next(l for l in engine.network.layers if l.kind == "Attention")
+    assert [t.dynamic_range for t in attention_layer.inputs] == [1.0, 2.0, 3.0]
+
+
 def split(net, t, name, rows, perm=(0, 2, 1, 3)):
     """[B, rows, H*D] (or [B*rows, H*D]) -> [B, H, rows, D] (perm (0, 2, 3, 1): [B, H, D, rows])."""
     return add(net, "Shuffle", [t], name, reshape=[B, rows, H, -1], second_perm=list(perm))

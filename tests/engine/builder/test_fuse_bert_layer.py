@@ -60,13 +60,17 @@ def test_fused_layer_matches_the_unfused_build(precision, dtype, tolerance):
                                rtol=tolerance, atol=tolerance)
 
 
-def test_fused_layers_run_in_fp16_not_int8_and_survive_a_plan():
+def test_fused_layers_run_in_int8_where_they_have_kernels_and_survive_a_plan():
+    """Every tensor with a range: the GEMMs and the attention run INT8 (the attention reads the fused QKV
+    projection, whose range is its q, k and v's), the LayerNorms FP16."""
     net = network()
     for t in net.inputs + [t for l in net.layers for t in l.outputs]:
         t.dynamic_range = 4.0
     engine = build("INT8", net=net)
     precision = {l.kind: l.precision for l in engine.network.layers}
-    assert precision["Attention"] == precision["Normalization"] == "FP16" and precision["MatrixMultiply"] == "INT8"
+    assert precision["Attention"] == precision["MatrixMultiply"] == "INT8" and precision["Normalization"] == "FP16"
+    attention = next(l for l in engine.network.layers if l.kind == "Attention")
+    assert [t.dynamic_range for t in attention.inputs] == [4.0] * 3
     assert {l.kind: l.precision for l in build("FP16").network.layers}["Attention"] == "FP16"
     loaded = Runtime().deserialize_cuda_engine(engine.serialize())
     np.testing.assert_array_equal(run(loaded), run(engine))

@@ -41,3 +41,22 @@ def test_different_windows_or_activations_do_not_merge():
         return net
 
     assert layer_names(build_and_compare(make, [rand(*X)])) == ["a", "b", "c", "d"]
+
+
+def test_the_fused_output_takes_the_largest_range_where_every_sibling_has_one():
+    """One per-tensor scale covering each sibling's values (an INT8 Attention reads a fused QKV output in place);
+    the Slices keep their own ranges."""
+    def make(v_range):
+        def build():
+            net, (x,) = network((4, 5))
+            for name, r in (("q", 1.0), ("k", 3.0), ("v", v_range)):
+                y = matmul(net, x, 3, name)
+                y.dynamic_range = r
+                net.mark_output(y)
+            return net
+        return build
+
+    engine = build_and_compare(make(2.0), [rand(4, 5)])
+    assert layer(engine, "q + k + v").outputs[0].dynamic_range == 3.0
+    assert [t.dynamic_range for t in engine.outputs] == [1.0, 3.0, 2.0]
+    assert layer(build_and_compare(make(None), [rand(4, 5)]), "q + k + v").outputs[0].dynamic_range is None

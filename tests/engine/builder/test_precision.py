@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fusion_nets import add, const, conv, rand
+from networks import quantized_attention_net
 from tftrt_py.engine import Builder, BuilderConfig, Network, Runtime
 from tftrt_py.engine.backends import numpy_precision
 from tftrt_py.engine.builder import precision
@@ -124,6 +125,74 @@ def test_ranges_follow_fused_tensors_and_the_name_shown_is_the_graphs():
     with pytest.raises(MissingDynamicRangeError) as info:
         build(net, "INT8")
     assert info.value.tensors == ["conv2/Relu:0"]  # the fused layer's output, by the graph's name
+
+
+# -- attention --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["INT8", "FP8"])
+@pytest.mark.parametrize("case", ["fused", "separate"])
+def test_quantized_engines_run_attention_quantized_where_q_k_v_have_ranges(mode, case):
+    assert precisions(build(quantized_attention_net(case), mode))["attention"] == mode
+
+
+@pytest.mark.parametrize("mode", ["INT8", "FP8"])
+def test_attention_with_an_input_without_a_range_runs_fp16_without_an_error(mode):
+    net = quantized_attention_net("separate")
+    net.inputs[2].dynamic_range = None
+    assert precisions(build(net, mode))["attention"] == "FP16"
+
+
+def projected_attention(v_range):
+    """x -> Q, K and V projections (ranges 1, 2 and `v_range`), each split into 2 heads -> attention, heads merged:
+    the projections fuse into one MatrixMultiply that the packed Attention reads in place."""
+    net = Network("projected")
+    x = net.add_input("x", "float32", (2, 5, 8))
+    x.dynamic_range = 3.0
+    heads = []
+    for name, r in (("q", 1.0), ("k", 2.0), ("v", v_range)):
+        p = add(net, "MatrixMultiply", [x, const(net, rand(8, 8), f"{name}/w")], name)
+        p.dynamic_range = r
+        heads.append(add(net, "Shuffle", [p], f"{name}/heads", reshape=[2, 5, 2, 4], second_perm=[0, 2, 1, 3]))
+    scores = add(net, "MatrixMultiply", heads[:2], "scores", transpose_b=True)
+    probs = add(net, "Softmax", [add(net, "Scale", [scores], "scaled", {"scale": np.array([0.5], "float32")})],
+                "softmax", axis=-1)
+    ctx = add(net, "MatrixMultiply", [probs, heads[2]], "context")
+    net.mark_output(add(net, "Shuffle", [ctx], "merge", first_perm=[0, 2, 1, 3], reshape=[2, 5, 8]), "y")
+    return net
+
+
+def test_attention_reads_the_fused_qkv_projection_with_a_range_covering_q_k_v():
+    layers = build(projected_attention(1.5), "INT8").network.layers
+    attention = next(l for l in layers if l.kind == "Attention")
+    assert attention.precision == "INT8" and attention.params["columns"] == [[0, 8], [8, 8], [16, 8]]
+    assert len(precision.int8_inputs(attention)) == 1 and attention.inputs[0].dynamic_range == 2.0
+    assert {l.precision for l in layers if l.kind == "MatrixMultiply"} == {"INT8"}
+
+
+def test_a_projection_without_a_range_leaves_attention_fp16_and_the_projections_int8():
+    """QAT graphs give ranges to the GEMMs' inputs only: the attention runs as before, no error."""
+    layers = build(projected_attention(None), "INT8").network.layers
+    assert {(l.kind, l.precision) for l in layers if l.kind in ("Attention", "MatrixMultiply")} == {
+        ("Attention", "FP16"), ("MatrixMultiply", "INT8")}
+
+
+def test_fp16_engines_run_attention_in_fp16_whatever_its_ranges():
+    assert precisions(build(quantized_attention_net("fused"), "FP16"))["attention"] == "FP16"
+
+
+def test_int8_without_any_range_runs_attention_fp16_too(caplog):
+    net = projected_attention(None)
+    for t in net.inputs + [t for layer in net.layers for t in layer.outputs]:
+        t.dynamic_range = None
+    layers = build(net, "INT8").network.layers
+    assert {(l.kind, l.precision) for l in layers if l.kind in ("Attention", "MatrixMultiply")} == {
+        ("Attention", "FP16"), ("MatrixMultiply", "FP16")}
+    assert "no tensor has a dynamic range" in caplog.text
+
+
+def test_the_int8_inputs_of_attention_are_its_distinct_q_k_v():
+    separate, fused = (quantized_attention_net(case) for case in ("separate", "fused"))
+    assert [t.name for t in precision.int8_inputs(separate.layers[0])] == ["q", "k", "v"]
+    assert [t.name for t in precision.int8_inputs(fused.layers[0])] == ["qkv"]
 
 
 # -- the numpy backend ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpu_helpers import GPU, assert_close, compare, cupy_engine
+from networks import attention_block_net
 from tftrt_py.engine import Network
 
 pytestmark = GPU
@@ -190,6 +191,79 @@ def test_cudnn_attention_is_a_candidate_where_masked_keys_cannot_weigh(monkeypat
              "fp32": (attention_net(2, 16, 16, 2, 64), "FP32", False)}
     for name, (build, precision, expected) in cases.items():
         assert ("cudnn_sdpa" in proposed(monkeypatch, build, precision)) == expected, name
+
+
+# -- INT8 and FP8 attention ----------------------------------------------------------------------------------------
+def quantized_engine(net, precision):
+    """`net` built in `precision` with every quantizable layer quantized (strict types), and the same network as
+    the numpy backend computes it (its plan: the precisions the GPU build chose)."""
+    import cupy
+
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.plan import deserialize
+
+    if precision == "FP8" and int(cupy.cuda.Device().compute_capability) < 89:
+        pytest.skip("FP8 needs compute capability 8.9")
+    engine = Builder(BuilderConfig(precision=precision, backend="cupy", strict_types=True)).build_engine(net)
+    return engine, deserialize(engine.serialize(), backend="numpy")
+
+
+def with_ranges(build, value=7.0):
+    """`build`'s network with a dynamic range on each float input (q, k and v engine inputs)."""
+    net = build()
+    for t in net.inputs:
+        if t.dtype == "float32":
+            t.dynamic_range = value
+    return net
+
+
+def rel_l2(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("precision", ["INT8", "FP8"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_quantized_attention_computes_the_contract(name, precision):
+    """INT8 and FP8 Attention (packed heads): q, k and v quantized at their scales, as the numpy backend computes
+    it on the same plan (the kernel's fp16 probabilities and base-2 exponent against fp32: within 5e-3), over
+    fresh inputs, eager then replayed; unpacked attention runs in FP16 and says so."""
+    build, make = case(name)
+    engine, reference = quantized_engine(with_ranges(build), precision)
+    layer = {l.name: l for l in engine.network.layers}["attention"]
+    packed = CASES[name][7]
+    assert layer.precision == (precision if packed else "FP16"), layer.precision
+    assert engine.tactics["attention"]["op"].startswith("quantized_attention") == packed, engine.tactics
+    ctx, ref_ctx, rng = engine.create_execution_context(), reference.create_execution_context(), \
+        np.random.default_rng(5)
+    for run in range(2):
+        inputs = make(rng)
+        got, want = ctx.execute(inputs)["y"], ref_ctx.execute(inputs)["y"]
+        assert np.isfinite(got).all()
+        err = rel_l2(got, want)
+        print(f"{name} {precision} run {run}: relative L2 {err:.2e} against the numpy backend")
+        assert err < 5e-3, err
+
+
+@pytest.mark.parametrize("precision, storage", [("INT8", "int8"), ("FP8", "uint8")])
+def test_a_bert_attention_block_stays_quantized_from_qkv_projection_to_output_projection(precision, storage):
+    """x -> QKV projection -> attention (a padding mask) -> output projection: the projection writes q, k, v
+    quantized, the attention reads them and writes its output quantized for the output projection, with one
+    quantize step in all (the engine's input); the result is the numpy backend's (FP8: within 5e-2, as Hopper sums
+    E4M3 products in a narrower accumulator, ops/triton_conv.py)."""
+    b, s, w = 4, 128, 256
+    net = attention_block_net(b, s, heads=4, d=64, dtype="float32", seed=7)
+    engine, reference = quantized_engine(net, precision)
+    prog = engine.cupy_program
+    assert [s.layer for s in prog.steps if "quantize" in s.layer] == ["qkv (quantize)"], [s.layer for s in prog.steps]
+    assert prog.root("qkv_seq:0").dtype == storage and prog.root("context:0").dtype == storage, prog.slots
+    rng = np.random.default_rng(7)
+    keep = np.arange(s)[None, :] < rng.integers(s // 2, s + 1, b)[:, None]
+    feed = {"x": rng.uniform(-3, 3, (b * s, w)).astype(np.float32), "mask": keep.reshape(b, 1, 1, s)}
+    err = rel_l2(engine.create_execution_context().execute(feed)["y"],
+                 reference.create_execution_context().execute(feed)["y"])
+    print(f"{precision} attention block: relative L2 {err:.2e} against the numpy backend")
+    assert err < (1e-2 if precision == "INT8" else 5e-2), err
 
 
 # -- residual LayerNorm ------------------------------------------------------------------------------------------

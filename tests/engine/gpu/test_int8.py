@@ -616,8 +616,8 @@ def test_host_arrays_are_staged_through_pinned_buffers():
 
 
 def test_bert_layer_int8():
-    """A small BERT layer in INT8: the QKV and output projections with int8 weights, fused attention and
-    LayerNorms in FP16; close to FP32."""
+    """A small BERT layer in INT8: the QKV and output projections with int8 weights, the fused attention on int8
+    q, k and v, LayerNorms in FP16; close to FP32."""
     import gpu_bert as bert
 
     model = bert.spec(hidden=64, heads=4, ffn=256)

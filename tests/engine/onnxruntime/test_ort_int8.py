@@ -1,11 +1,12 @@
 """INT8 convolutions on ONNX Runtime's fast uint8 x int8 kernels (QLinearConv; MatMulIntegerToFloat for 1x1
 convolutions with float outputs) where they are exact, fp32 on dequantized values elsewhere; INT8 matrix
-multiplies on uint8 x int8 sums where the CPU sums them exactly, uint8 x uint8 elsewhere; which tensors are
-non-negative; unread nodes pruned from lowered models."""
+multiplies on uint8 x int8 sums where the CPU sums them exactly, uint8 x uint8 elsewhere; INT8 attention on
+fake-quantized q, k and v; which tensors are non-negative; unread nodes pruned from lowered models."""
 import numpy as np
 import onnx
 import pytest
 
+from networks import quantized_attention_inputs, quantized_attention_net
 from ort_helpers import ORT, STRICT, TOL, compare, with_precision
 from tftrt_py.engine import Engine, Network
 from tftrt_py.engine.backends.onnxruntime import backend as ort_backend
@@ -259,3 +260,25 @@ def test_prune_drops_nodes_no_output_reads():
     pruned = prune(model)
     onnx.checker.check_model(pruned)
     assert [n.op_type for n in pruned.graph.node] == ["Abs", "Identity"]
+
+
+@pytest.mark.parametrize("case, distinct, fused", [("fused", 1, True), ("masked", 1, True), ("causal", 1, False),
+                                                   ("separate", 3, False)])
+def test_int8_attention_fake_quantizes_q_k_v_as_numpy_does(case, distinct, fused):
+    """Within fp16 rounding of numpy's output (the CPU keeps fp32): the same quantized q, k and v (but for the rare
+    value within fp32 rounding of a half step), each distinct tensor quantized once, then the float lowering (ONNX
+    Runtime's MultiHeadAttention for packed heads without a causal triangle)."""
+    engine = compare(lambda: quantized_attention_net(case), lambda rng: quantized_attention_inputs(case, rng), "INT8")
+    ops = [n.op_type for n in prune(lower(engine.network)).graph.node]
+    assert ops.count("QuantizeLinear") == ops.count("Clip") == distinct
+    assert ("MultiHeadAttention" in ops) == fused
+
+
+@pytest.mark.parametrize("int8_ms, fp16_ms, kept", [(2.0, 1.0, "FP16"), (1.0, 2.0, "INT8")])
+def test_int8_attention_counts_among_the_layers_timed_against_fp16(monkeypatch, int8_ms, fp16_ms, kept):
+    asked = _timed(monkeypatch, int8_ms, fp16_ms)
+    ctx = Engine(with_precision(quantized_attention_net("fused"), "INT8"), "INT8", backend="onnxruntime"
+                 ).create_execution_context()
+    assert len(asked) == 2 and ctx.engine.network.layers[0].precision == kept
+    ops = [n.op_type for n in prune(lower(ctx.engine.network)).graph.node]
+    assert ("QuantizeLinear" in ops) == (kept == "INT8")

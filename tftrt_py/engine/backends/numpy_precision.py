@@ -13,6 +13,10 @@ measured on the CPU predicts accuracy on the GPU.
   tensor and max abs / 448 per output channel, values rounded to E4M3 (:func:`round_e4m3`: nearest, ties
   to even, saturated to +-448); the products are exact in fp32 and summed in fp32 (the GPU's accumulation);
   a convolution's residual with a range is rounded to its E4M3 grid.
+* INT8 and FP8 Attention: q, k and v are each quantized as activations are above (a tensor read as several of
+  them, windows of a fused QKV projection, once) and dequantized (q x s, fp32); the attention then runs as in
+  FP32 (scores, mask, softmax and the product with v in fp32; the bool mask read as it is) and its output is
+  rounded to fp16.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import apply_activation, conv_sums
+from tftrt_py.engine.backends.numpy_backend import KERNELS, apply_activation, conv_sums
 from tftrt_py.engine.errors import BackendError
 
 __all__ = ["run", "round_fp16", "round_e4m3", "quantize", "quantize_per_channel", "cached", "QMAX", "E4M3_MAX"]
@@ -188,8 +192,24 @@ def _quantized_matmul(layer, inputs):
     return _epilogue(layer, _sums(layer, qa, qb, np.matmul) * sa * sb)
 
 
+def _dequantized(layer, inputs) -> List[np.ndarray]:
+    """q, k and v at their quantized values (fp32), each distinct input tensor quantized once; the mask as it is."""
+    values: Dict[int, np.ndarray] = {}
+    for i, t in enumerate(layer.inputs[:3]):
+        if id(t) not in values:
+            q, s = _activation_operand(layer, i, inputs[i])
+            values[id(t)] = q.astype(np.float32) * np.float32(s)
+    return [values[id(t)] for t in layer.inputs[:3]] + inputs[3:]
+
+
+def _quantized_attention(layer, inputs):
+    out = KERNELS["Attention"](layer, _dequantized(layer, inputs))[0]
+    return [round_fp16(out)]
+
+
 #: Layer kinds that run quantized (INT8, FP8); the others of such engines run in FP16.
-QUANTIZED_KERNELS = {"Convolution": _quantized_convolution, "MatrixMultiply": _quantized_matmul}
+QUANTIZED_KERNELS = {"Convolution": _quantized_convolution, "MatrixMultiply": _quantized_matmul,
+                     "Attention": _quantized_attention}
 
 
 def run(fn: Callable, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:

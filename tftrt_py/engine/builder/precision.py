@@ -13,7 +13,9 @@ Run once after the fusion passes have settled (a layer's kind and inputs decide 
   FP16, since TF-TRT's INT8 mode enables FP16 too, and so does a MatrixMultiply holding a residual sum
   (fusions/gemm.py: its quantized kernels take none). An int8 layer reading a tensor without a range is an
   error naming those tensors (:class:`MissingDynamicRangeError`) unless no tensor of the network has a range
-  at all: then the network builds without int8 layers, with a warning.
+  at all: then the network builds without int8 layers, with a warning. Attention layers run on int8 q, k and v
+  (TensorRT's INT8 BERT) where each of them has a range, else in FP16 without an error (QAT graphs give ranges
+  to the GEMMs' inputs only).
 * FP8 (our extension): as INT8, the same layers and ranges, quantized to E4M3 (scale = range / 448)
   instead of int8.
 
@@ -33,15 +35,18 @@ from tftrt_py.engine.builder.fusions.match import gemm_residual
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.network import Layer, Network, Tensor
 
-__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "QUANTIZED", "LARGE_REDUCTION",
-           "display_name"]
+__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "RANGED_ONLY_KINDS", "QUANTIZED",
+           "LARGE_REDUCTION", "display_name"]
 
 logger = logging.getLogger(__name__)
 
 FLOATS = ("float32", "float16")
 
-#: Layer kinds with int8 (and fp8) kernels (TensorRT's int8 convolution and GEMM).
-INT8_KINDS = ("Convolution", "MatrixMultiply")
+#: Layer kinds with int8 (and fp8) kernels (TensorRT's int8 convolution, GEMM and attention).
+INT8_KINDS = ("Convolution", "MatrixMultiply", "Attention")
+
+#: Of INT8_KINDS, those that run as in FP16 where one of their int8 inputs lacks a range (no error).
+RANGED_ONLY_KINDS = ("Attention",)
 
 #: Precisions whose INT8_KINDS layers quantize their operands with dynamic ranges (calibration or QDQ ops);
 #: the other layers of such engines run as in FP16.
@@ -115,13 +120,23 @@ def _is_constant(t: Tensor) -> bool:
     return t.producer is not None and t.producer.kind == "Constant"
 
 
+def _distinct(tensors: List[Tensor]) -> List[Tensor]:
+    """`tensors` without repeats (by identity), in order."""
+    return [t for i, t in enumerate(tensors) if all(t is not u for u in tensors[:i])]
+
+
+#: layer kind -> the activation inputs its layers quantize when they run in int8 (constant operands are weights)
+INT8_INPUTS: Dict[str, Callable[[Layer], List[Tensor]]] = {
+    "Convolution": lambda layer: [layer.inputs[0]],
+    "MatrixMultiply": lambda layer: [t for t in layer.inputs[:2] if not _is_constant(t)],
+    "Attention": lambda layer: _distinct(layer.inputs[:3]),  # q, k, v: one tensor when windows of a fused QKV
+}
+
+
 def int8_inputs(layer: Layer) -> List[Tensor]:
     """The activation inputs `layer` quantizes when it runs in int8 (constant operands are weights)."""
-    if layer.kind == "Convolution":
-        return [layer.inputs[0]]
-    if layer.kind == "MatrixMultiply":
-        return [t for t in layer.inputs[:2] if not _is_constant(t)]
-    return []
+    inputs = INT8_INPUTS.get(layer.kind)
+    return inputs(layer) if inputs is not None else []
 
 
 def display_name(tensor: Tensor) -> str:
@@ -136,6 +151,11 @@ def _all_tensors(network: Network) -> List[Tensor]:
 def _int8_candidates(network: Network) -> List[Layer]:
     return [l for l in network.layers if l.kind in INT8_KINDS and l.outputs[0].dtype in FLOATS
             and fp32_reason(l) is None and gemm_residual(l) is None]
+
+
+def _ranged(layer: Layer) -> bool:
+    """Whether every int8 input of `layer` is a float tensor with a dynamic range."""
+    return all(t.dtype in FLOATS and t.dynamic_range is not None for t in int8_inputs(layer))
 
 
 def _check_ranges(network: Network, candidates: List[Layer], precision: str) -> bool:
@@ -161,6 +181,15 @@ def _check_ranges(network: Network, candidates: List[Layer], precision: str) -> 
             f"QuantizeAndDequantizeV2/V3 or FakeQuantWithMinMaxVars/Args op on it, or calibrate "
             f"(use_calibration=True)", tensors=names)
     return True
+
+
+def _quantized_layers(network: Network, precision: str) -> List[Layer]:
+    """The layers that run quantized: the candidates needing ranges when all have them (else an error, or none
+    where the network has no range at all), and those of RANGED_ONLY_KINDS whose inputs all have ranges."""
+    candidates = _int8_candidates(network)
+    needing = [l for l in candidates if l.kind not in RANGED_ONLY_KINDS]
+    ranged_only = [l for l in candidates if l.kind in RANGED_ONLY_KINDS and _ranged(l)]
+    return (needing if _check_ranges(network, needing, precision) else []) + ranged_only
 
 
 #: The largest finite fp16 value: weights beyond it saturate there, as TensorRT clamps them.
@@ -213,10 +242,7 @@ def assign_precisions(network: Network, precision: str) -> Dict[str, int]:
     quantized = set()
     if precision in QUANTIZED:
         _share_max_pool_ranges(network)
-    if precision in QUANTIZED:
-        candidates = _int8_candidates(network)
-        if _check_ranges(network, candidates, precision):
-            quantized = {id(l) for l in candidates}
+        quantized = {id(l) for l in _quantized_layers(network, precision)}
     counts: collections.Counter = collections.Counter()
     reasons: collections.Counter = collections.Counter()
     for layer in network.layers:

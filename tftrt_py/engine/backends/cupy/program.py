@@ -24,7 +24,7 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
-from tftrt_py.engine.backends.cupy.ops import fp8, triton_conv
+from tftrt_py.engine.backends.cupy.ops import attention, fp8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.int8 import PAD, QuantizeOp, matmul_constant, padded, quantized_shape
@@ -152,7 +152,7 @@ def storage_dtype(tensor, layer, precision: str) -> str:
 
 
 # -- int8 and fp8 ---------------------------------------------------------------------------------------
-QUANT_KINDS = ("Convolution", "MatrixMultiply")
+QUANT_KINDS = ("Convolution", "MatrixMultiply", "Attention")
 
 
 FORMATS = fp8.QUANT_FORMATS  # how each quantized precision stores its operands (ops/int8.py)
@@ -181,6 +181,8 @@ def _stored_residual(layer, fmt: str) -> bool:
 
 def _quantized_operands(layer, fmt: str) -> List[Tuple[int, bool]]:
     """(input index, needs a transposed copy) of each activation operand `layer` quantizes."""
+    if layer.kind == "Attention":  # q, k, v
+        return [(0, False), (1, False), (2, False)]
     if layer.kind == "Convolution":
         return [(0, False)] + ([(1, False)] if _stored_residual(layer, fmt) else [])
     p = layer.params
@@ -203,6 +205,11 @@ def quantized_layers(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
         operands = _quantized_operands(layer, fmt)
         if not operands or layer.outputs[0].dtype not in FLOATS or any(
                 layer.inputs[i].dtype not in FLOATS for i, _ in operands):
+            continue
+        reason = attention.quantized_reason(layer) if layer.kind == "Attention" else None
+        if reason is not None:
+            logger.info("%s attention %r runs in FP16 on the cupy backend: %s", fmt, layer.name, reason)
+            layer.precision = "FP16"
             continue
         if layer.kind == "Convolution" and int(layer.params.get("groups", 1)) != 1:
             logger.warning("%s layer %r: grouped convolutions run in FP16 on the cupy backend", fmt, layer.name)
@@ -246,6 +253,10 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
     """What a quantized layer reads: (input index, tensor shape, padded last dim, transposed) per activation
     operand, and the spec's ``quant`` dict (see ops/int8.py, ops/fp8.py)."""
     f = FORMATS[fmt]
+    if layer.kind == "Attention":  # q, k, v (often windows of one tensor), each at its scale
+        qkv = layer.inputs[:3]
+        return ([(i, tuple(t.shape), t.shape[-1], False) for i, t in enumerate(qkv)],
+                {"format": fmt, "scales": [float(quant_scale(fmt, t.dynamic_range)) for t in qkv]})
     if layer.kind == "Convolution":
         x = layer.inputs[0]
         operands = [(0, tuple(x.shape), f.channels(x.shape[-1]), False)]
@@ -293,25 +304,33 @@ def _measure(layer, fmt: str, quantized_out: bool, sole_reader: set, tuner: Tune
     out = [layer.outputs[0].shape]
     operands, quant = quant_plan(layer, fmt)
     qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
-    reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind == "Convolution"]
+    reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind != "MatrixMultiply"]
     q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
-             [FORMATS[fmt].storage if i in qshapes else "float16" for i in reads], out,
+             [FORMATS[fmt].storage if i in qshapes else _fp16_dtype(layer.inputs[i]) for i in reads], out,
              [FORMATS[fmt].storage if quantized_out else "float16"], "float16", options, quant=quant)
     try:
         q_ms = tuner.fastest_ms(q, factory)
     except BackendError as exc:  # no quantized kernel for these shapes
         logger.warning("%s layer %s runs in FP16: %s", fmt, layer.name, exc)
         return _Costs(float("inf"), {}, 0.0)
-    steps = {}
+    steps, stepped = {}, set()
     for i, shape, last, tr in operands:
+        if (layer.inputs[i].name, tr) in stepped:  # one step per tensor (an Attention's q, k, v of one projection)
+            continue
+        stepped.add((layer.inputs[i].name, tr))
         src = "float32" if layer.inputs[i].name in sole_reader else "float16"
         step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr, FORMATS[fmt].qfunc)
         steps[i] = tuner.op_ms(step, [shape], [src], [qshapes[i]], [FORMATS[fmt].storage])
-    fp16 = Spec(layer, [t.shape for t in layer.inputs], ["float16"] * len(layer.inputs), out, ["float16"],
+    fp16 = Spec(layer, [t.shape for t in layer.inputs], [_fp16_dtype(t) for t in layer.inputs], out, ["float16"],
                 "float16", options)
     casts = sum(tuner.op_ms(CastOp("float32", "float16"), [t.shape], ["float32"], [t.shape], ["float16"])
                 for t in layer.inputs if t.name in sole_reader)
     return _Costs(q_ms, steps, tuner.fastest_ms(fp16, factory) + casts)
+
+
+def _fp16_dtype(t) -> str:
+    """How an FP16 layer stores input `t`: float16 for floats, else the tensor's dtype (an attention mask)."""
+    return "float16" if t.dtype in FLOATS else t.dtype
 
 
 def settle_quantized(costs: Dict[str, "_Costs"], fixed: set, writers: Dict[str, Dict[int, Optional[str]]]) -> set:
@@ -403,9 +422,10 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
         fmt, inputs = _quant_format(by_name[name], precision), by_name[name].inputs
         writers[name] = {}
         for i, transposed in layers[name]:
-            t = inputs[i]
+            t = _view_base(inputs[i], direct)
             kept = t.name in direct | dual and _member_format(t.producer, precision) == fmt
-            writers[name][i] = None if transposed else normalized.get(t.name, t.producer.name if kept else None)
+            writers[name][i] = None if transposed else normalized.get(inputs[i].name,
+                                                                      t.producer.name if kept else None)
     fixed = {name for name, low in recorded.items() if low} | set(pools) | set(normalized.values())
     keep = settle_quantized(costs, fixed, writers)
     chosen = {}
@@ -421,6 +441,15 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
         logger.info("engine %s: %d of %d quantized layers run in FP16, faster on this GPU", net.name,
                     len(demoted), len(layers))
     return {name: layers[name] for name in layers if name in keep}, chosen  # (pools are not quantized layers)
+
+
+def _view_base(t, direct: set):
+    """The tensor that `t` views, where `t` is a view of a quantized layer's direct output (quantized_tensors), or
+    `t`."""
+    while t.name in direct and t.producer is not None and t.producer.kind in ("Identity", "Shuffle") \
+            and t.producer.inputs[0].name in direct:
+        t = t.producer.inputs[0]
+    return t
 
 
 def quantized_pools(net, precision: str) -> Dict[str, List[Tuple[int, bool]]]:
@@ -461,7 +490,7 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
                 gemms.append((fmt, triton_conv.gemm_geom(*found[:3]), "bias" in layer.weights,
                               layer.params.get("activation"), None, False, out, scale))
             continue
-        if layer.weights["kernel"].ndim != 4:
+        if layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4:  # (attention compiles its own)
             continue
         geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (f.channels(x.shape[-1]),), y.shape)
         residual = None
@@ -514,9 +543,10 @@ def _member_format(layer, precision: str) -> Optional[str]:
 
 def quantized_tensors(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Tuple[set, set]:
     """(direct, dual): outputs of quantized layers that layers of the same format (INT8 or FP8) read as
-    quantized operands, untransposed and unpadded. Direct: only they read it, so it is stored quantized alone;
-    dual (convolution outputs): other layers read it too (a residual sum), so its producer writes a quantized
-    copy beside the fp16 tensor."""
+    quantized operands, untransposed and unpadded. Direct: only they read it, itself or through views at its
+    range (a reshape: a converted Dense layer reads rows), so it is stored quantized alone, and so are those views
+    (direct too); dual (convolution outputs): other layers read it too (a residual sum), so its producer writes a
+    quantized copy beside the fp16 tensor."""
     consumers = net.consumers()
     outputs = {t.name for t in net.outputs}
     direct, dual = set(), set()
@@ -529,16 +559,19 @@ def quantized_tensors(net, layers: Dict[str, List[Tuple[int, bool]]], precision:
 
         fmt = _member_format(layer, precision)
 
-        def quantized_reads(user) -> List[bool]:
-            """Per use of t by `user`: is it an untransposed operand of the same format?"""
+        def quantized_reads(user, read) -> List[bool]:
+            """Per use of `read` (t or a view of it) by `user`: is it an untransposed operand of the same format?"""
             ops = layers.get(user.name, []) if _member_format(user, precision) == fmt else []
             return [any(i == j and not transposed for j, transposed in ops)
-                    for i, u in enumerate(user.inputs) if u is t]
+                    for i, u in enumerate(user.inputs) if u is read]
 
-        reads = [r for u in consumers.get(t.name, []) for r in quantized_reads(u)]
-        if reads and all(reads) and t.name not in outputs:
-            direct.add(t.name)
-        elif any(reads) and layer.kind == "Convolution":
+        views = _range_keeping_views(t, consumers)
+        seen = {v.name for v in views}
+        reads = [r for v in views for u in consumers.get(v.name, []) if u.outputs[0].name not in seen
+                 for r in quantized_reads(u, v)]
+        if reads and all(reads) and not seen & outputs:
+            direct.update(seen)
+        elif layer.kind == "Convolution" and any(r for u in consumers.get(t.name, []) for r in quantized_reads(u, t)):
             dual.add(t.name)
     return direct, dual
 
@@ -674,7 +707,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
         fmt = _quant_format(layer, precision)
         operands, quant = quant_plan(layer, fmt)
         ins = {i: need_q(layer.inputs[i].name, fmt, last, tr, layer.name) for i, _, last, tr in operands}
-        if layer.kind == "Convolution":
+        if layer.kind != "MatrixMultiply":  # a convolution's residual, an attention's mask
             ins.update({i: need(t.name, cdt if t.dtype in FLOATS else t.dtype, layer.name)
                         for i, t in enumerate(layer.inputs) if i not in ins})
         return [ins[i] for i in sorted(ins)], quant
@@ -692,6 +725,8 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
             weights.append(arr)
             add_slot(layer.outputs[0].name, layer.outputs[0].shape, out_dtypes[0], "const", array=arr)
             continue
+        if layer.kind in ("Identity", "Shuffle") and layer.outputs[0].name in direct:  # a view of a tensor stored
+            out_dtypes = [sd[layer.inputs[0].name]]  # quantized alone (quantized_tensors)
         if layer.kind in ("Identity", "Shuffle") and is_view(layer, sd[layer.inputs[0].name], out_dtypes[0]):
             views.add(layer.name)
             add_slot(layer.outputs[0].name, layer.outputs[0].shape, out_dtypes[0], "alias", base=layer.inputs[0].name)

@@ -203,10 +203,17 @@ def _window(t: Tensor) -> Tuple[Tensor, int]:
     return t, 0
 
 
+def _shuffled(network, t: Tensor, params: dict, name: str) -> Tensor:
+    """`t` moved by a Shuffle of `params`: the same values, so the same dynamic range."""
+    out = network.add_layer("Shuffle", [t], params, name=name).outputs[0]
+    out.dynamic_range = t.dynamic_range
+    return out
+
+
 def _reshaped(network, t: Tensor, shape, name: str) -> Tensor:
     """`t` when it has `shape`, else a reshape view of it."""
     shape = tuple(shape)
-    return t if t.shape == shape else network.add_layer("Shuffle", [t], {"reshape": list(shape)}, name=name).outputs[0]
+    return t if t.shape == shape else _shuffled(network, t, {"reshape": list(shape)}, name)
 
 
 def _rewrite(network, users, m: _Attention) -> str:
@@ -230,7 +237,7 @@ def _rewrite(network, users, m: _Attention) -> str:
         with network.inserting_before(m.layers[-1]):
             if m.k_transposed:
                 perm = [*range(k.rank - 2), k.rank - 1, k.rank - 2]
-                k = network.add_layer("Shuffle", [k], {"first_perm": perm}, name=f"{name} (k)").outputs[0]
+                k = _shuffled(network, k, {"first_perm": perm}, f"{name} (k)")
             inputs = [m.q, k, m.v] + ([m.mask] if m.mask is not None else [])
             attention = network.add_layer("Attention", inputs, m.params(None), name=name)
             new = attention.outputs[0]

@@ -3,6 +3,9 @@ layer with their output channels concatenated, followed by one Slice per sibling
 
     x -> conv_a -> ya           x -> conv_a + conv_b -> Slice -> ya
       \\-> conv_b -> yb    =>                         \\-> Slice -> yb
+
+The Slices keep the siblings' dynamic ranges; the fused output, where each sibling's output has one, takes the
+largest (one per-tensor scale covering them all: an INT8 Attention reads a fused QKV projection in place).
 """
 from __future__ import annotations
 
@@ -39,6 +42,12 @@ def _key(layer, x) -> Optional[Tuple]:
     return ("MatrixMultiply", shared, flags, b.shape[1 if flags[1] else 0])
 
 
+def _covering_range(outs) -> Optional[float]:
+    """The largest of the dynamic ranges of `outs`, or None when one of them has none."""
+    ranges = [t.dynamic_range for t in outs]
+    return None if any(r is None for r in ranges) else max(ranges)
+
+
 def _merge(network, group: List) -> None:
     """Replace `group` (siblings, in network order) by one layer and a Slice per sibling."""
     first = group[0]
@@ -55,6 +64,7 @@ def _merge(network, group: List) -> None:
             b = network.add_constant(np.concatenate([constant_value(l.inputs[1]) for l in group], axis=axis),
                                      name=f"{name} (weights)")
             fused = network.add_layer("MatrixMultiply", [first.inputs[0], b], first.params, {"bias": bias}, name=name)
+        fused.outputs[0].dynamic_range = _covering_range(outs)
         start = 0
         for layer, out in zip(group, outs):
             rank = out.rank

@@ -36,10 +36,14 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.conv import CudnnGraph, cudnn_graph_cache
+from tftrt_py.engine.backends.cupy.ops.fp8 import QUANT_FORMATS
+from tftrt_py.engine.backends.cupy.ops.int8 import out_scale
 from tftrt_py.engine.backends.cupy.ops.reduce import BLOCK_REDUCE, row_block
+from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.layers import attention_columns, attention_scores_shape
 
-__all__ = ["AttentionGeom", "MaskView", "GemmAttentionOp", "FlashAttentionOp", "CudnnSdpaOp"]
+__all__ = ["AttentionGeom", "MaskView", "GemmAttentionOp", "FlashAttentionOp", "CudnnSdpaOp", "QuantizedAttentionOp",
+           "quantized_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,11 @@ class AttentionGeom:
         return cls(batch, int(heads), q[-2], k[-2], wq // heads, wv // heads, float(spec.params["scale"]))
 
 
+def mask_strides(shape) -> np.ndarray:
+    """Element strides of a contiguous mask of `shape` as it broadcasts to the scores: 0 along its dims of 1."""
+    return np.array([int(np.prod(shape[a + 1:])) if shape[a] != 1 else 0 for a in range(len(shape))])
+
+
 @dataclasses.dataclass
 class MaskView:
     """Where score (n, i, j) of (batch x head) matrix n finds its mask byte: offsets[n] + i * si + j * sj."""
@@ -77,7 +86,7 @@ class MaskView:
         if len(spec.in_shapes) < 4:
             return None
         shape, scores = spec.in_shapes[3], attention_scores_shape(spec.layer)
-        strides = np.array([int(np.prod(shape[a + 1:])) if shape[a] != 1 else 0 for a in range(len(shape))])
+        strides = mask_strides(shape)
         index = np.indices(scores[:-2]).reshape(len(scores) - 2, -1).T
         offsets = (index * strides[:-2]).sum(axis=1).astype(np.int64)
         return cls(_device.require().asarray(offsets), int(strides[-2]), int(strides[-1]))
@@ -625,9 +634,112 @@ def _sdpa_candidates(spec: Spec) -> List[Op]:
     return [CudnnSdpaOp(spec, graph, plan) for plan in plans]
 
 
+#: Tiles of the quantized attention kernel (triton/quantized_attention.py): (BM query rows, BN keys a step, warps).
+QUANTIZED_TILES = ((64, 128, 4), (128, 64, 8), (128, 128, 8), (64, 64, 4))
+QUANTIZED_HEAD_DIMS = (32, 64, 128)
+_QUANTIZED_SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_attention"
+_I32 = 2 ** 31
+
+
+def quantized_reason(layer) -> Optional[str]:
+    """Why the quantized attention kernel cannot run this INT8 or FP8 Attention layer, or None."""
+    from tftrt_py.engine.backends.cupy import triton
+
+    heads, (q, k, v) = layer.params.get("heads"), layer.inputs[:3]
+    (cq, wq), (ck, wk), (cv, wv) = attention_columns(layer)
+    if not triton.available():
+        return "no Triton"
+    if not heads or wq != wk or wq != wv or wq // heads not in QUANTIZED_HEAD_DIMS:
+        return f"not packed heads of one width in {QUANTIZED_HEAD_DIMS}"
+    if any(t.shape[-1] % 16 or c % 16 for t, c in zip((q, k, v), (cq, ck, cv))):
+        return "rows or columns not 16-byte aligned"
+    strides = mask_strides(layer.inputs[3].shape)[-2:] if len(layer.inputs) > 3 else (0, 0)
+    if (max(int(np.prod(t.shape)) for t in layer.inputs[:3] + layer.outputs[:1]) >= _I32
+            or int(max(strides)) * max(q.shape[1], k.shape[1]) >= _I32):
+        return "offsets past 32 bits"
+    return None
+
+
+def _quantized_mask_code(mask: Optional[MaskView]) -> int:
+    """0 no mask input, 1 a mask row shared by every query (a padding mask: read once per key tile), 2 any other."""
+    return 0 if mask is None else 1 if mask.si == 0 else 2
+
+
+class QuantizedAttentionOp(Op):
+    """Flash attention on int8 (E4M3) q, k, v of one tile of QUANTIZED_TILES (triton/quantized_attention.py),
+    writing fp16 or the output quantized at its scale; ``spec.quant["scales"]``: the scales of q, k and v."""
+
+    def __init__(self, spec: Spec, fmt: str, kernel, tile):
+        self.g = g = AttentionGeom.of(spec)
+        self.kernel, self.bm = kernel, tile[0]
+        self.starts = [c for c, _ in attention_columns(spec.layer)]  # bytes into each row (one a value)
+        self.mask = MaskView.of(spec)
+        self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
+        s_q, s_k, s_v = (np.float64(s) for s in spec.quant["scales"])
+        log2e = np.log2(np.e)
+        y_scale = out_scale(spec, QUANT_FORMATS[fmt])
+        mask_value = max(float(_mask_value(spec)) * log2e, float(-np.finfo(np.float32).max))  # finite: see kernel
+        self.scalars = [kernels.i32(v) for v in (g.sq, g.sk, g.heads, *(s[-1] for s in spec.in_shapes[:3]))] + [
+            np.float32(s_q * s_k * g.scale * log2e), np.float32(s_v),
+            np.float32(1.0) / np.float32(y_scale or 1.0), np.float32(mask_value)]
+        self.tactic = {"op": f"quantized_attention_{fmt.lower()}", "tile": list(tile)}
+
+    def run(self, rc, ins, outs):
+        g = self.g
+        ptrs = [a.data.ptr + c for a, c in zip(ins[:3], self.starts)] + [outs[0].data.ptr]
+        if any(p % 16 for p in ptrs + [ins[3].data.ptr if self.mask else 0]):
+            raise ValueError("quantized attention needs 16-byte aligned q, k, v, mask and output")
+        mask = ([ins[3].data.ptr, self.mask.offsets.data.ptr], [self.mask.si, self.mask.sj]) if self.mask else (
+            [0, 0], [0, 0])
+        self.kernel.launch(-(-g.sq // self.bm) * g.batch * g.heads,
+                           [np.uint64(p) for p in ptrs + mask[0]] + [kernels.i32(v) for v in mask[1]] + self.scalars)
+
+
+def quantized_kernel_request(fmt: str, spec: Spec, tile, capability: int):
+    """The Triton compile request of one tile for this INT8 or FP8 Attention (triton.request)."""
+    from tftrt_py.engine.backends.cupy import triton
+
+    q = {"INT8": "*i8", "FP8": "*fp8e4nv"}[fmt]
+    out = 0 if spec.out_dtypes[0] == "float16" else 1
+    params = {"q": q, "k": q, "v": q, "y": "*fp16" if out == 0 else q, "mask": "*i8", "moff": "*i64", "si": "i32",
+              "sj": "i32", "SQ": "i32", "SK": "i32", "H": "i32", "ldq": "i32", "ldk": "i32", "ldv": "i32",
+              "qk_scale": "fp32", "v_scale": "fp32", "inv_out": "fp32", "mask_value": "fp32"}
+    bm, bn, warps = tile
+    constexprs = dict(HD=AttentionGeom.of(spec).d, BM=bm, BN=bn, FP8=fmt == "FP8", OUT=out,
+                      MASKED=_quantized_mask_code(MaskView.of(spec)), CAUSAL=bool(spec.params.get("causal")))
+    return triton.request(_QUANTIZED_SOURCE, "attention_quantized", params, constexprs, capability,
+                          ("ldq", "ldk", "ldv"), warps, 2)
+
+
+def quantized_candidates(spec: Spec) -> List[Op]:
+    """The quantized attention kernel in each tile of QUANTIZED_TILES (the recorded one alone where it is one of
+    them); none where quantized_reason says it cannot run."""
+    from tftrt_py.engine.backends.cupy import triton
+
+    fmt = spec.quant["format"]
+    reason = quantized_reason(spec.layer)
+    if reason is not None:
+        raise BackendError(f"no {fmt} attention kernel for {spec.layer.name}: {reason}")
+    tiles = list(QUANTIZED_TILES)
+    recorded = (spec.prefer or {}).get("tile")
+    if isinstance(recorded, list) and tuple(recorded) in tiles:
+        tiles = [tuple(recorded)]
+    capability = int(_device.require().cuda.Device().compute_capability)
+    ops = []
+    for tile in tiles:
+        try:
+            ops.append(QuantizedAttentionOp(spec, fmt, triton.compile_kernel(
+                quantized_kernel_request(fmt, spec, tile, capability)), tile))
+        except Exception as exc:  # a tile Triton cannot compile for this GPU
+            logger.debug("%s attention %s, tile %s: %s", fmt, spec.layer.name, tile, exc)
+    return ops
+
+
 @register("Attention")
 def attention_candidates(spec: Spec) -> List[Op]:
     """Every candidate, or those of the op a recorded tactic names (none left: the tuner times all again)."""
+    if spec.quant is not None:
+        return quantized_candidates(spec)
     prefer = spec.prefer or {}
     op = prefer.get("op")
     gemm = [GemmAttentionOp(spec)] if op in (None, "gemm_attention") else []
