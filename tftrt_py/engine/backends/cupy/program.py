@@ -2,13 +2,13 @@
 per layer or fused pointwise group, plus casts), tactics chosen by timing on this GPU.
 
 Inside the engine every float tensor is stored in its layer's compute dtype (float16 for FP16/INT8
-layers); bindings keep their network dtype and casts are inserted where they meet. INT8 layers read
-their activation operands through quantize steps (one per tensor, shared by its readers), or straight
-from an int8 producer when only int8 layers read the tensor (ops/int8.py); FP8 layers likewise with E4M3
-bytes (ops/fp8.py). Each quantized layer runs so only where that is faster than FP16
-(keep_faster_quantized). Tensors that
-are a view of another (reshapes, order-keeping transposes, same-dtype identities) take no memory.
-Activations share one arena per execution context, laid out by lifetime.
+layers); bindings keep their network dtype and casts are inserted where they meet. INT8 layers (convolutions,
+matrix multiplies, attention) read their activation operands through quantize steps (one per tensor, shared by
+its readers), or straight from an int8 producer when only int8 layers read the tensor, itself or through reshape
+views (ops/int8.py); FP8 layers likewise with E4M3 bytes (ops/fp8.py). Each quantized layer runs so only where
+that is faster than FP16 (keep_faster_quantized). Tensors that are a view of another (reshapes, order-keeping
+transposes, same-dtype identities) take no memory. Activations share one arena per execution context, laid out
+by lifetime.
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import numpy as np
 from tftrt_py.engine.backends.layer_engines import LayerEngines, strict_types
 from tftrt_py.engine.backends.onnxruntime import available
 from tftrt_py.engine.backends.onnxruntime.graph import prune
+from tftrt_py.engine.backends.onnxruntime.int8 import EMULATED
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
 from tftrt_py.engine.backends.threads import cpu_threads
 from tftrt_py.engine.errors import BackendError, BuildError, RuntimeExecutionError
@@ -169,8 +170,11 @@ class OnnxRuntimeBackend(LayerEngines):
         """Lower `engine` to ONNX and make its sessions (once per engine); an INT8 engine keeps its int8 layers
         only where they run faster (:meth:`_keep_faster`)."""
         try:
+            strict = strict_types(engine)
+            if not strict:
+                _demote_emulated(engine.network)
             engine.ort_program = self._program(engine.network)
-            if not strict_types(engine):
+            if not strict:
                 self._keep_faster(engine)
         except BackendError:
             raise
@@ -213,6 +217,17 @@ class OnnxRuntimeBackend(LayerEngines):
         if getattr(engine, "ort_program", None) is None:
             engine.prepare()
         return Runner(engine, engine.ort_program)
+
+
+def _demote_emulated(net) -> None:
+    """INT8 layers whose lowering only emulates their rounding (int8.EMULATED: attention) become FP16, as TensorRT
+    runs a layer in higher precision where its int8 kernel is no faster (here there is none)."""
+    demoted = [layer for layer in net.layers if layer.precision == "INT8" and layer.kind in EMULATED]
+    for layer in demoted:
+        layer.precision = "FP16"
+    if demoted:
+        logger.debug("engine %s: %d INT8 layers without an int8 kernel on ONNX Runtime run in FP16", net.name,
+                     len(demoted))
 
 
 class Runner:

@@ -42,10 +42,14 @@ from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, weight
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.network import Layer, Tensor
 
-__all__ = ["INT8_LOWERINGS", "nonnegative"]
+__all__ = ["INT8_LOWERINGS", "EMULATED", "nonnegative"]
 
 #: layer kind -> lowering of its INT8 layers
 INT8_LOWERINGS: Dict[str, Callable] = {}
+
+#: Kinds whose INT8 lowering only emulates the contract's rounding (no integer kernel does their work), so it is
+#: never faster than FP16: non-strict engines run them in FP16 (backend.py).
+EMULATED = ("Attention",)
 
 #: The zero point that carries int8 values as uint8 in MatMulInteger.
 ZERO = 128
