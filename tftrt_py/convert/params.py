@@ -20,8 +20,8 @@ class TrtPrecisionMode:
     FP32 = "FP32"
     FP16 = "FP16"
     INT8 = "INT8"
-    #: Our extension, not TF-TRT's: Convolution and MatrixMultiply layers in FP8 (E4M3) with the ranges INT8
-    #: uses (calibration or quantization ops), on GPUs of compute capability 8.9 or later.
+    #: Our extension, not TF-TRT's: the layers INT8 quantizes (convolutions, matrix multiplies, attention) in FP8
+    #: (E4M3) with the ranges INT8 uses (calibration or quantization ops), on GPUs of compute capability 8.9+.
     FP8 = "FP8"
 
     @staticmethod

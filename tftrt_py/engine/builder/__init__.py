@@ -20,7 +20,7 @@ __all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES", "PRECISIONS"]
 
 logger = logging.getLogger(__name__)
 
-#: FP8 (E4M3 Convolution and MatrixMultiply layers, see precision.py) is our extension.
+#: FP8 (E4M3 Convolution, MatrixMultiply and Attention layers, see precision.py) is our extension.
 PRECISIONS = ("FP32", "FP16", "INT8", "FP8")
 
 #: (name, pass) in the order they run; the whole list repeats until no pass changes anything.

@@ -1,4 +1,4 @@
-"""INT8 Convolution and MatrixMultiply layers, quantized as the numpy backend does (numpy_precision):
+"""INT8 Convolution, MatrixMultiply and Attention layers, quantized as the numpy backend does (numpy_precision):
 activations symmetric per tensor (scale = dynamic range / 127, values clipped to +-127), constant weights per
 output channel; sums exact (or, in fp32 convolutions of dequantized values, within fp32 rounding), then bias,
 residual (rounded to its int8 grid where it has a range) and activation in fp32.
