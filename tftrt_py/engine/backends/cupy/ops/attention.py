@@ -45,6 +45,7 @@ from tftrt_py.engine.backends.cupy.ops.conv import CudnnGraph, cudnn_graph_cache
 from tftrt_py.engine.backends.cupy.ops.fp8 import QUANT_FORMATS
 from tftrt_py.engine.backends.cupy.ops.int8 import out_scale
 from tftrt_py.engine.backends.cupy.ops.reduce import BLOCK_REDUCE, row_block
+from tftrt_py.engine.backends.cupy.ops.triton_conv import QUANTIZED_POINTERS
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.layers import attention_columns, attention_scores_shape
 
@@ -675,11 +676,11 @@ class QuantizedAttentionOp(Op):
     """Flash attention on int8 (E4M3) q, k, v of one tile of QUANTIZED_TILES (triton/quantized_attention.py),
     writing fp16 or the output quantized at its scale; ``spec.quant["scales"]``: the scales of q, k and v."""
 
-    def __init__(self, spec: Spec, fmt: str, kernel, tile):
+    def __init__(self, spec: Spec, fmt: str, mask: Optional[MaskView], kernel, tile):
         self.g = g = AttentionGeom.of(spec)
         self.kernel, self.bm = kernel, tile[0]
         self.starts = [c for c, _ in attention_columns(spec.layer)]  # bytes into each row (one a value)
-        self.mask = MaskView.of(spec)
+        self.mask = mask
         self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
         s_q, s_k, s_v = (np.float64(s) for s in spec.quant["scales"])
         log2e = np.log2(np.e)
@@ -701,25 +702,25 @@ class QuantizedAttentionOp(Op):
                            [np.uint64(p) for p in ptrs + mask[0]] + [kernels.i32(v) for v in mask[1]] + self.scalars)
 
 
-def quantized_kernel_request(fmt: str, spec: Spec, tile, capability: int):
+def quantized_kernel_request(fmt: str, spec: Spec, mask: Optional[MaskView], tile, capability: int):
     """The Triton compile request of one tile for this INT8 or FP8 Attention (triton.request)."""
     from tftrt_py.engine.backends.cupy import triton
 
-    q = {"INT8": "*i8", "FP8": "*fp8e4nv"}[fmt]
+    q = QUANTIZED_POINTERS[fmt]
     out = 0 if spec.out_dtypes[0] == "float16" else 1
     params = {"q": q, "k": q, "v": q, "y": "*fp16" if out == 0 else q, "mask": "*i8", "moff": "*i64", "si": "i32",
               "sj": "i32", "SQ": "i32", "SK": "i32", "H": "i32", "ldq": "i32", "ldk": "i32", "ldv": "i32",
               "qk_scale": "fp32", "v_scale": "fp32", "inv_out": "fp32", "mask_value": "fp32"}
     bm, bn, warps = tile
     constexprs = dict(HD=AttentionGeom.of(spec).d, BM=bm, BN=bn, FP8=fmt == "FP8", OUT=out,
-                      MASKED=_quantized_mask_code(MaskView.of(spec)), CAUSAL=bool(spec.params.get("causal")))
+                      MASKED=_quantized_mask_code(mask), CAUSAL=bool(spec.params.get("causal")))
     return triton.request(_QUANTIZED_SOURCE, "attention_quantized", params, constexprs, capability,
                           ("ldq", "ldk", "ldv"), warps, 2)
 
 
 def quantized_candidates(spec: Spec) -> List[Op]:
     """The quantized attention kernel in each tile of QUANTIZED_TILES (the recorded one alone where it is one of
-    them); none where quantized_reason says it cannot run."""
+    them); a BackendError where quantized_reason says it cannot run (program.quantized_layers keeps those FP16)."""
     from tftrt_py.engine.backends.cupy import triton
 
     fmt = spec.quant["format"]
@@ -731,11 +732,11 @@ def quantized_candidates(spec: Spec) -> List[Op]:
     if isinstance(recorded, list) and tuple(recorded) in tiles:
         tiles = [tuple(recorded)]
     capability = int(_device.require().cuda.Device().compute_capability)
-    ops = []
+    mask, ops = MaskView.of(spec), []
     for tile in tiles:
         try:
-            ops.append(QuantizedAttentionOp(spec, fmt, triton.compile_kernel(
-                quantized_kernel_request(fmt, spec, tile, capability)), tile))
+            ops.append(QuantizedAttentionOp(spec, fmt, mask, triton.compile_kernel(
+                quantized_kernel_request(fmt, spec, mask, tile, capability)), tile))
         except Exception as exc:  # a tile Triton cannot compile for this GPU
             logger.debug("%s attention %s, tile %s: %s", fmt, spec.layer.name, tile, exc)
     return ops

@@ -22,7 +22,7 @@ from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import Dequant
 
 __all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
-           "gemm_geom", "prefetch", "kernel_request", "clamps_in_fp16"]
+           "gemm_geom", "prefetch", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ GRIDS = (0, 1, 2, 4)
 _SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_conv"
 _I32 = 2 ** 31
 #: Triton's type of a quantized operand (E4M3 bytes are stored as uint8 here).
-_QUANTIZED = {"INT8": "*i8", "FP8": "*fp8e4nv"}
+QUANTIZED_POINTERS = {"INT8": "*i8", "FP8": "*fp8e4nv"}
 _FLOATS = ("float16", "float32")
 #: The kernel's ACT code of each activation type it applies. GELU is computed in the tanh form (the erf GELU too), as
 #: cuBLASLt's epilogue computes it for FP16 engines (cublaslt.REDUCED_GELU).
@@ -55,7 +55,7 @@ def _act_code(activation) -> Optional[int]:
 
 
 def _pointer(dtype: str, fmt: str) -> str:
-    return {"int8": "*i8", "uint8": _QUANTIZED[fmt], "float16": "*fp16", "float32": "*fp32"}[dtype]
+    return {"int8": "*i8", "uint8": QUANTIZED_POINTERS[fmt], "float16": "*fp16", "float32": "*fp32"}[dtype]
 
 
 def fits(geom: ConvGeom, activation, residual) -> bool:
@@ -119,7 +119,7 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     from tftrt_py.engine.backends.cupy import triton
 
     bm, bn, bk, warps, stages = kernel_tile(geom, tile)
-    q = _QUANTIZED[fmt]
+    q = QUANTIZED_POINTERS[fmt]
     out = (2 if dual else 0) if out_dtype in _FLOATS else 1
     res = 0 if residual is None else 2 if residual[1] not in _FLOATS else 3 if residual_scaled else 1
     params = {"x": q, "w": q, "dq": "*fp32", "bias": "*fp32",
