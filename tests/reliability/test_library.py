@@ -1,12 +1,14 @@
 """The op library: a cached build is verified by its digest before loading (a damaged one is rebuilt, never
-loaded), and a library prebuilt elsewhere loads on a machine without a compiler ($TFTRT_PY_OP_LIBRARY).
+loaded), a library prebuilt elsewhere loads on a machine without a compiler ($TFTRT_PY_OP_LIBRARY), a hanging
+compiler is killed after $TFTRT_PY_COMPILE_TIMEOUT, and an unusable cache dir is one clear error.
 
-A fake compiler copies the real library, so no test here compiles."""
+Fake compilers copy the real library or hang, so no test here compiles."""
 import hashlib
 import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -145,3 +147,52 @@ def test_a_prebuilt_library_without_a_digest_file_is_checked_by_its_tag(real_lib
     path.write_bytes(real_library.read_bytes())
     monkeypatch.setenv(library.PREBUILT_ENV, str(path))
     assert library.prebuilt() == path
+
+
+@pytest.fixture
+def hanging_compiler(tmp_path, monkeypatch):
+    """A "compiler" whose child sleeps for a minute (as a hung cc1plus under g++ would)."""
+    cxx = tmp_path / "hanging-cxx"
+    cxx.write_text("#!/bin/sh\nsleep 60\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "cache"))
+    return cxx
+
+
+def test_a_hanging_compiler_is_killed_after_the_timeout(hanging_compiler, monkeypatch):
+    monkeypatch.setenv(library.TIMEOUT_ENV, "0.5")
+    start = time.perf_counter()
+    with pytest.raises(library.OpLibraryError) as info:
+        library.build()
+    assert time.perf_counter() - start < 10  # the sleeping child was killed too: nothing held its pipes open
+    message = str(info.value)
+    assert "\n" not in message and "did not finish within 0.5 s" in message
+    assert library.TIMEOUT_ENV in message and library.PREBUILT_ENV in message
+    assert [p.name for p in library.library_path().parent.iterdir()] == [NAME + ".lock"]  # no temp file left
+
+
+def test_the_compile_timeout_defaults_to_300_s_and_reads_its_env(monkeypatch):
+    monkeypatch.delenv(library.TIMEOUT_ENV, raising=False)
+    assert library.compile_timeout() == library.DEFAULT_COMPILE_TIMEOUT == 300
+    monkeypatch.setenv(library.TIMEOUT_ENV, "900")
+    assert library.compile_timeout() == 900
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan"])
+def test_a_bad_compile_timeout_names_its_env_var(hanging_compiler, monkeypatch, value):
+    monkeypatch.setenv(library.TIMEOUT_ENV, value)
+    with pytest.raises(library.OpLibraryError, match=f"^{library.TIMEOUT_ENV}='{value}' is not a positive number "
+                                                     f"of seconds; set it to one"):
+        library.build()
+
+
+def test_a_cache_dir_under_a_regular_file_names_the_cache_env_var(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "file" / "cache"))
+    with pytest.raises(library.OpLibraryError) as info:
+        library.build()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("Cannot create the op library cache")
+    assert f"({library.CACHE_ENV}={tmp_path / 'file' / 'cache'}): Not a directory" in message
+    assert message.endswith(f"set {library.CACHE_ENV} to a writable directory")

@@ -5,7 +5,9 @@ and Python headers, and cached per user under ``$TFTRT_PY_CACHE_DIR`` (default `
 folder named after the TensorFlow version and a hash of the build flags, which carry the build tag (TensorFlow,
 Python and kernel source versions), so a new TensorFlow, Python or kernel source gets a fresh build. A build is
 published atomically with its SHA-256 in ``<library>.sha256`` (sha256sum's format); a cached library whose
-digest is missing or differs is damaged: it is logged and rebuilt, never loaded.
+digest is missing or differs is damaged: it is logged and rebuilt, never loaded. A compile that runs longer than
+``$TFTRT_PY_COMPILE_TIMEOUT`` seconds (default 300) is killed and raises OpLibraryError, so a hanging compiler
+cannot block ``import`` forever.
 
 ``$TFTRT_PY_OP_LIBRARY`` names a prebuilt library to load instead, on machines without a compiler: it must
 match its digest file when one lies next to it and carry this installation's build tag.
@@ -21,6 +23,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -34,12 +37,16 @@ import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OpLibraryError", "build", "build_tag", "library_path", "load", "prebuilt", "trt_engine_op"]
+__all__ = ["OpLibraryError", "build", "build_tag", "compile_timeout", "library_path", "load", "prebuilt",
+           "trt_engine_op"]
 
 SOURCE = Path(__file__).with_name("kernel.cc")
 LIBRARY_NAME = "tftrt_engine_op.so"
 CACHE_ENV = "TFTRT_PY_CACHE_DIR"
 PREBUILT_ENV = "TFTRT_PY_OP_LIBRARY"
+TIMEOUT_ENV = "TFTRT_PY_COMPILE_TIMEOUT"
+#: Seconds a compile may take (it takes 15-30 s) before it is killed; $TFTRT_PY_COMPILE_TIMEOUT overrides it.
+DEFAULT_COMPILE_TIMEOUT = 300.0
 TAG_MARKER = b"tftrt_py-build-tag:"  # kernel.cc's tftrt_py_build_tag starts with it
 
 _lock = threading.Lock()
@@ -69,6 +76,21 @@ def _compiler() -> list[str]:
             f"or set {PREBUILT_ENV} to a library prebuilt for this installation "
             "(`python -m tftrt_py.engine_op.library --build --out DIR` on a machine with a compiler).")
     return [found, *cmd[1:]]
+
+
+def compile_timeout() -> float:
+    """Seconds a compile may run: $TFTRT_PY_COMPILE_TIMEOUT, else DEFAULT_COMPILE_TIMEOUT."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_COMPILE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise OpLibraryError(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; set it to one "
+                             f"(default {DEFAULT_COMPILE_TIMEOUT:g}) or unset it")
+    return value
 
 
 def _flags() -> tuple[list[str], list[str]]:
@@ -125,15 +147,47 @@ def _write_atomically(path: Path, data: bytes) -> None:
 @contextlib.contextmanager
 def _build_lock(path: Path):
     """One build of `path` at a time across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "w")
+    except OSError as e:
+        origin = f"{CACHE_ENV}={os.environ[CACHE_ENV]}" if os.environ.get(CACHE_ENV) else "the default"
+        raise OpLibraryError(f"Cannot create the op library cache {path.parent} ({origin}): {e.strerror or e}; "
+                             f"set {CACHE_ENV} to a writable directory") from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def _run_compiler(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs `cmd` in its own process group; past `timeout` seconds the whole group is killed (the compiler
+    driver's children too, which would otherwise hold its output pipes open)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as e:
+        raise OpLibraryError(f"Cannot run the C++ compiler {cmd[0]!r}: {e}. Install g++ or "
+                             "set CXX to a working C++17 compiler.") from e
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise OpLibraryError(
+            f"Compiling the TRTEngineOp op library with {cmd[0]!r} did not finish within {timeout:g} s and was "
+            f"killed: check the compiler ($CXX), raise {TIMEOUT_ENV}, or set {PREBUILT_ENV} to a prebuilt "
+            "library (`python -m tftrt_py.engine_op.library --build --out DIR`)") from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def _compile(path: Path) -> None:
     """Compiles kernel.cc into `path`, then writes its digest (each atomically: temp file then rename)."""
     compile_flags, link_flags = _flags()
+    timeout = compile_timeout()
     fd, tmp = tempfile.mkstemp(prefix=f".{LIBRARY_NAME}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     cmd = [*_compiler(), *compile_flags, str(SOURCE), "-o", tmp, *link_flags]
@@ -142,11 +196,7 @@ def _compile(path: Path) -> None:
                    "15-30 s) into %s", tf.__version__, path)
     start = time.perf_counter()
     try:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            raise OpLibraryError(f"Cannot run the C++ compiler {cmd[0]!r}: {e}. Install g++ or "
-                                 "set CXX to a working C++17 compiler.") from e
+        proc = _run_compiler(cmd, timeout)
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             errors = [line for line in lines if "error" in line.lower()]
