@@ -1,4 +1,7 @@
 """TrtConversionParams and TrtPrecisionMode behave as TF-TRT's."""
+import re
+
+import numpy as np
 import pytest
 
 from tftrt_py import trt_convert as trt
@@ -36,6 +39,22 @@ def test_bad_values_raise_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         trt.TrtGraphConverterV2(input_saved_model_dir="unused",
                                 conversion_params=trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(**kwargs))
+
+
+@pytest.mark.parametrize("name", ["minimum_segment_size", "maximum_cached_engines", "max_workspace_size_bytes"])
+@pytest.mark.parametrize("value", ["3", 3.0, True, None])
+def test_an_integer_parameter_of_another_type_is_a_type_error_naming_it(name, value):
+    message = "^" + re.escape(f"{name} should be an int, got {value!r} of type {type(value).__name__}; pass {name}=")
+    with pytest.raises(TypeError, match=message):
+        trt.TrtGraphConverterV2(input_saved_model_dir="unused", **{name: value})
+    with pytest.raises(TypeError, match=message):
+        trt.TrtGraphConverterV2(input_saved_model_dir="unused",
+                                conversion_params=trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(**{name: value}))
+
+
+def test_numpy_integers_are_integers():
+    trt.TrtGraphConverterV2(input_saved_model_dir="unused", minimum_segment_size=np.int64(5),
+                            maximum_cached_engines=np.int32(2), max_workspace_size_bytes=np.int64(1 << 20))
 
 
 def test_unknown_profile_strategy_is_refused():

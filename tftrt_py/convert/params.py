@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import numbers
 
 from tftrt_py.engine.builder import PRECISIONS
 from tftrt_py.engine.builder.precision import QUANTIZED
@@ -71,17 +72,31 @@ def quantized(mode: str) -> bool:
     return canonical_precision(mode) in QUANTIZED
 
 
+#: The integer parameters: each must be an int (not a bool, a float or a string like "3") before its value is read.
+INTEGER_PARAMS = ("max_workspace_size_bytes", "minimum_segment_size", "maximum_cached_engines")
+
+
+def _check_integers(params: TrtConversionParams) -> None:
+    for name in INTEGER_PARAMS:
+        value = getattr(params, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} should be an int, got {value!r} of type {type(value).__name__}; pass "
+                            f"{name}={getattr(DEFAULT_TRT_CONVERSION_PARAMS, name)} for example")
+
+
 def check_conversion_params(params: TrtConversionParams) -> None:
-    """Raise TF-TRT's errors for invalid values."""
+    """Raise TF-TRT's errors for invalid values (ValueError), and a TypeError naming an integer parameter given
+    as another type."""
     supported = TrtPrecisionMode.supported_precision_modes()
     if params.precision_mode not in supported:
         raise ValueError(f"precision mode '{params.precision_mode}' is not supported."
                          f"It should be one of {supported}")
+    _check_integers(params)
     if params.minimum_segment_size <= 0 and params.minimum_segment_size != -1:
         raise ValueError("minimum segment size should be positive or -1 (to disable main graph conversion).")
-    if not isinstance(params.maximum_cached_engines, int) or params.maximum_cached_engines < 1:
+    if params.maximum_cached_engines < 1:
         raise ValueError(f"maximum_cached_engines should be a positive integer, got {params.maximum_cached_engines!r}")
-    if not isinstance(params.max_workspace_size_bytes, int) or params.max_workspace_size_bytes <= 0:
+    if params.max_workspace_size_bytes <= 0:
         raise ValueError(f"max_workspace_size_bytes should be a positive integer, got "
                          f"{params.max_workspace_size_bytes!r}")
     if params.calibration_algorithm is not None and str(params.calibration_algorithm).lower() not in \
