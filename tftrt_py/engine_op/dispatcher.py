@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import itertools
-import json
 import logging
 import os
 import threading
@@ -44,6 +42,7 @@ from tftrt_py.engine import BuilderConfig, EngineError, Runtime
 from tftrt_py.engine.builder.precision import QUANTIZED
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine.replay import RUNS
+from tftrt_py.engine_op.binding import segment_binding
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
 from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
@@ -114,49 +113,6 @@ def engine_backend() -> str:
         return _backend_name
 
 
-def segment_binding(node_def, function_def: bytes) -> str:
-    """SHA-256 of what an engine op's engines are built for: its native segment (the FunctionDef without its
-    name, which a load changes, or else a serialized segment GraphDef), its binding dtypes and precision."""
-    from tensorflow.core.framework import function_pb2
-
-    from tftrt_py.convert.graph import NodeView
-
-    node = NodeView(node_def)
-    segment = node.attr("serialized_segment") or b""
-    body = b"" if segment.startswith(PLAN_MAGIC) else segment
-    if function_def:
-        body = _canonical_function(function_pb2.FunctionDef.FromString(function_def))
-    parts = {"segment": hashlib.sha256(body).hexdigest(), "inputs": [str(t) for t in node.attr("InT") or []],
-             "outputs": [str(t) for t in node.attr("OutT") or []],
-             "precision": node.attr("precision_mode", b"FP32").decode().upper()}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def _canonical_function(fdef) -> bytes:
-    """The FunctionDef's content without the names a load changes: the function's (renamed), its args'
-    (lower-cased) and its nodes' (made unique) become positions; function-level attrs are dropped."""
-    names = {a.name: f"arg{i}" for i, a in enumerate(fdef.signature.input_arg)}
-    names.update({n.name: f"node{i}" for i, n in enumerate(fdef.node_def)})
-
-    def rename(ref: str) -> str:
-        control, ref = ("^", ref[1:]) if ref.startswith("^") else ("", ref)
-        head, sep, tail = ref.partition(":")
-        return control + names.get(head, head) + sep + tail
-
-    fdef.signature.name = ""
-    for i, a in enumerate(fdef.signature.input_arg):
-        a.name = f"arg{i}"
-    for node in fdef.node_def:
-        node.name = names[node.name]
-        node.input[:] = [rename(r) for r in node.input]
-    rets = {out.name: rename(fdef.ret[out.name]) for out in fdef.signature.output_arg if out.name in fdef.ret}
-    for field in ("attr", "arg_attr", "resource_arg_unique_id", "ret", "control_ret"):
-        fdef.ClearField(field)
-    for key, value in rets.items():
-        fdef.ret[key] = value
-    return fdef.SerializeToString(deterministic=True)
-
-
 @dataclasses.dataclass
 class Stats:
     """Counters of one engine op, readable through :func:`stats`."""
@@ -209,6 +165,7 @@ class EngineOp:
         self.stats = Stats()
         self._segment_graph = None
         self._binding: Optional[tuple] = None  # (function_def, its digest)
+        self._callees = b""
         self.set_function(function_def, callees)
         self._contexts: Dict[tuple, object] = {}
         self._lock = threading.RLock()
@@ -235,7 +192,7 @@ class EngineOp:
         """The digest engines of this op carry (see :func:`segment_binding`; computed once per segment function:
         0.4 s for Keras ResNet50's)."""
         if self._binding is None or self._binding[0] is not self._function_def:
-            self._binding = (self._function_def, segment_binding(self._node_def, self._function_def))
+            self._binding = (self._function_def, segment_binding(self._node_def, self._function_def, self._callees))
         return self._binding[1]
 
     def set_function(self, function_def: bytes, callees: bytes = b"") -> None:
@@ -245,7 +202,7 @@ class EngineOp:
 
         from tftrt_py.convert.build import segment_refusal
 
-        self._function_def = function_def
+        self._function_def, self._callees = function_def, callees
         reached = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
         self.refused = segment_refusal(function_pb2.FunctionDef.FromString(function_def), reached) \
             if function_def else None
@@ -628,7 +585,7 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
     segment_key = node.attr["segment_key"].s.decode() or node.name
     with _LOCK:
         func = function_pb2.FunctionDef.FromString(function_def).signature.name if function_def else ""
-        key = (segment_key, func, segment_binding(node, function_def))
+        key = (segment_key, func, segment_binding(node, function_def, callees))
         op = _OPS.get(key)
         latest = _LATEST.get(segment_key)
         if op is None and latest is not None and latest.key == key:  # the converter's op, its function rebuilt

@@ -1,0 +1,119 @@
+"""The digest an engine op's engines carry: what the segment computes, its binding dtypes and its precision.
+
+An engine restored from a file serves an op only when the digests agree, so a foreign or forged plan is refused.
+The digest must not change under transformations that keep the computation: ``tf.saved_model.load`` renames
+functions and may reorder a function's nodes, and ``convert_variables_to_constants_v2`` (the user guide's freeze
+step) re-serializes the library with nodes in another order and other names. So the segment is hashed as a
+dataflow graph (a Merkle digest): each node's digest is its op, its attributes and the digests of its inputs, in
+input order; names, node order, devices and framework annotations (attributes starting with ``_``) take no part.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from typing import Dict, Mapping, Optional
+
+from tensorflow.core.framework import function_pb2
+
+from tftrt_py.convert.graph import NodeView
+from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
+
+__all__ = ["segment_binding", "function_digest"]
+
+
+def segment_binding(node_def, function_def: bytes, callees: bytes = b"") -> str:
+    """SHA-256 of what an engine op's engines are built for: its native segment (the function's dataflow, see
+    :func:`function_digest`, or else a serialized segment GraphDef), its binding dtypes and precision."""
+    node = NodeView(node_def)
+    segment = node.attr("serialized_segment") or b""
+    body = b"" if segment.startswith(PLAN_MAGIC) else segment
+    if function_def:
+        library = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
+        body = function_digest(function_pb2.FunctionDef.FromString(function_def),
+                               {f.signature.name: f for f in library}).encode()
+    parts = {"segment": hashlib.sha256(body).hexdigest(), "inputs": [str(t) for t in node.attr("InT") or []],
+             "outputs": [str(t) for t in node.attr("OutT") or []],
+             "precision": node.attr("precision_mode", b"FP32").decode().upper()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def function_digest(fdef, callees: Mapping[str, object] = {}, _seen: Optional[Dict[str, str]] = None) -> str:
+    """The digest of `fdef`'s computation: its arguments' types by position, and per output (in signature order)
+    the Merkle digest of the node computing it. Functions it calls (func attributes) count by their own digest
+    when `callees` holds them, else by name."""
+    seen = {} if _seen is None else _seen
+    seen.setdefault(fdef.signature.name, "recursive")  # a function reaching itself (refused elsewhere) ends here
+    digests: Dict[str, str] = {a.name: _sha(f"arg{i}:{a.type}:{a.type_attr}")
+                               for i, a in enumerate(fdef.signature.input_arg)}
+    nodes = {n.name: n for n in fdef.node_def}
+
+    def source(ref: str) -> str:
+        return ref.lstrip("^").split(":", 1)[0]
+
+    pending = {name: {source(r) for r in n.input if source(r) in nodes} for name, n in nodes.items()}
+    users = collections.defaultdict(list)
+    for name, deps in pending.items():
+        for dep in deps:
+            users[dep].append(name)
+    ready = collections.deque(sorted(name for name, deps in pending.items() if not deps))
+    while ready:
+        name = ready.popleft()
+        digests[name] = _node_digest(nodes[name], digests, callees, seen)
+        for user in users[name]:
+            pending[user].discard(name)
+            if not pending[user]:
+                ready.append(user)
+    for name in sorted(set(nodes) - set(digests)):  # a cycle (TF1 loops): such nodes count by content alone
+        digests[name] = _node_digest(nodes[name], {}, callees, seen)
+
+    def ref_digest(ref: str) -> str:
+        head, _, port = ref.partition(":")
+        return f"{digests.get(head, head)}:{port}"
+
+    outputs = [ref_digest(fdef.ret[a.name]) if a.name in fdef.ret else f"missing:{a.name}"
+               for a in fdef.signature.output_arg]
+    types = [f"{a.type}:{a.type_attr}" for a in fdef.signature.output_arg]
+    inputs = [f"{a.type}:{a.type_attr}" for a in fdef.signature.input_arg]
+    return _sha(json.dumps([inputs, outputs, types]))
+
+
+def _node_digest(node, digests: Mapping[str, str], callees: Mapping[str, object], seen: Dict[str, str]) -> str:
+    data, control = [], []
+    for ref in node.input:
+        if ref.startswith("^"):
+            control.append(digests.get(ref[1:], "?"))
+            continue
+        head, sep, port = ref.partition(":")
+        data.append(f"{digests.get(head, '?')}{sep}{port}")
+    attrs = {}
+    for key in sorted(node.attr):
+        if key.startswith("_"):
+            continue
+        value = node.attr[key]
+        if value.HasField("func"):
+            attrs[key] = ["func", _callee(value.func, callees, seen)]
+        elif value.HasField("list") and value.list.func:
+            attrs[key] = ["funcs", [_callee(f, callees, seen) for f in value.list.func]]
+        else:
+            attrs[key] = value.SerializeToString(deterministic=True).hex()
+    op = _callee_digest(node.op, callees, seen) if node.op in callees else node.op
+    return _sha(json.dumps([op, data, sorted(control), attrs]))
+
+
+def _callee(func, callees, seen) -> list:
+    """A func attribute by the callee's digest (or name) and its instantiation attributes."""
+    attrs = {k: func.attr[k].SerializeToString(deterministic=True).hex() for k in sorted(func.attr)}
+    return [_callee_digest(func.name, callees, seen), attrs]
+
+
+def _callee_digest(name: str, callees, seen) -> str:
+    if name not in callees:
+        return name
+    if name not in seen:
+        seen[name] = function_digest(callees[name], callees, seen)
+    return seen[name]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
