@@ -10,6 +10,7 @@ from tensorflow.python.saved_model import signature_constants, tag_constants
 
 from support import random_array
 from tftrt_py import trt_convert as trt  # the only change: was tensorflow.python.compiler.tensorrt
+from tftrt_py.convert.errors import AlreadyConvertedError
 from tftrt_py.engine_op import dispatcher
 
 RNG = np.random.default_rng(7)
@@ -117,6 +118,17 @@ def test_graph_def_input_needs_the_output_nodes(frozen_graph):
     with tf.Graph().as_default():
         with pytest.raises(ValueError, match="needs nodes_denylist"):
             trt.TrtGraphConverter(input_graph_def=frozen_graph).convert()
+
+
+def test_convert_twice_is_an_error_saying_to_make_a_new_converter(frozen_graph):
+    with tf.Graph().as_default():
+        converter = trt.TrtGraphConverter(input_graph_def=frozen_graph, nodes_denylist=["logits", "classes"])
+        converted = converter.convert()
+        with pytest.raises(AlreadyConvertedError, match="^convert\\(\\) was already called on this TrtGraphConverter; "
+                                                        "a converter converts once: make a new TrtGraphConverter to "
+                                                        "convert again$"):
+            converter.convert()
+        assert converter._converted_graph_def is converted
 
 
 def test_save_needs_a_saved_model_input(frozen_graph, tmp_path):

@@ -9,6 +9,7 @@ import tensorflow as tf
 from support import random_array, run_json_process
 from threads import run_threads
 from tftrt_py import trt_convert as trt
+from tftrt_py.convert.errors import AlreadyConvertedError
 from tftrt_py.convert.summary import conversion_ratio
 from tftrt_py.engine_op import dispatcher
 
@@ -75,6 +76,16 @@ def test_errors_for_bad_saved_models(tmp_path, saved_model):
     with pytest.raises(ValueError, match="has no signature 'nope'"):
         trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"),
                                 input_saved_model_signature_key="nope").convert()
+
+
+def test_convert_twice_is_an_error_saying_to_make_a_new_converter(saved_model):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    converted = converter.convert()
+    with pytest.raises(AlreadyConvertedError, match="^convert\\(\\) was already called on this TrtGraphConverterV2; a "
+                                                    "converter converts once: make a new TrtGraphConverterV2 to "
+                                                    "convert again$"):
+        converter.convert()
+    assert converter._converted_func is converted  # the first conversion stands
 
 
 def test_calibration_input_fn_rules(saved_model):

@@ -17,7 +17,7 @@ from tensorflow.python.saved_model import signature_constants, tag_constants
 
 from tftrt_py.convert import graph_io
 from tftrt_py.convert.build import SegmentGraph, build_engine
-from tftrt_py.convert.errors import MissingQuantizationRangeError
+from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      calibration_algorithm, canonical_precision, check_conversion_params, quantized)
@@ -101,7 +101,8 @@ class TrtGraphConverter:
     # -- convert --------------------------------------------------------------
     def convert(self):
         """Segment the graph and insert engine ops (building static engines now); returns the GraphDef."""
-        assert not self._converted, "convert() was already called"
+        if self._converted:
+            raise AlreadyConvertedError(self)
         library.load()
         if self._input_graph_def:
             if not self._nodes_denylist:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from tftrt_py.convert import graph_io, profiles as profiles_lib, summary as summary_lib, variables
 from tftrt_py.convert.build import INPUT_PREFIX
-from tftrt_py.convert.errors import MissingQuantizationRangeError
+from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      calibration_algorithm, canonical_precision, check_conversion_params, quantized)
@@ -97,7 +97,8 @@ class TrtGraphConverterV2:
         through the converted function with every engine op calibrating; each op's calibration table goes
         into its ``calibration_data`` attribute and the INT8 engines for the calibrated shapes are built.
         """
-        assert not self._converted, "convert() was already called"
+        if self._converted:
+            raise AlreadyConvertedError(self)
         if self._need_calibration and not calibration_input_fn:
             raise ValueError("Should specify calibration_input_fn because INT8 calibration is needed")
         if not self._need_calibration and calibration_input_fn:

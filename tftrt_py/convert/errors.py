@@ -1,7 +1,8 @@
 """Conversion errors: one family, each with a code, naming the node and op where there is one."""
 from tftrt_py.engine.errors import BuildError
 
-__all__ = ["ConversionError", "UnsupportedOpError", "InvalidNodeError", "MissingQuantizationRangeError"]
+__all__ = ["ConversionError", "UnsupportedOpError", "InvalidNodeError", "MissingQuantizationRangeError",
+           "AlreadyConvertedError"]
 
 
 class ConversionError(Exception):
@@ -30,3 +31,14 @@ class MissingQuantizationRangeError(ConversionError, BuildError):
     def __init__(self, message: str, tensors=(), node=None):
         super().__init__(message, node)
         self.tensors = list(tensors)
+
+
+class AlreadyConvertedError(ConversionError, RuntimeError):
+    """convert() called a second time: a converter converts once (TF-TRT asserts it)."""
+
+    code = "ALREADY_CONVERTED"
+
+    def __init__(self, converter):
+        name = type(converter).__name__
+        super().__init__(f"convert() was already called on this {name}; a converter converts once: make a new "
+                         f"{name} to convert again")
