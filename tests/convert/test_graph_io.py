@@ -1,11 +1,16 @@
 """Graph I/O: function calls are inlined before segmentation (Keras' XLA-compiled grouped convolutions too),
-and loops stay native while the ops around them convert."""
+loops stay native while the ops around them convert, and a damaged saved_model.pb is one clear error."""
+import os
+import shutil
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from support import frozen_graph_def, random_array
 from tftrt_py import trt_convert as trt
+from tftrt_py.convert import graph_io
 from tftrt_py.convert.graph_io import CALL_OPS, inline_calls
 from tftrt_py.segmenter.control_flow import FUNCTIONAL_OPS, LOOP_REASON
 
@@ -270,3 +275,77 @@ def test_lowered_loop_nodes_say_why_they_stay_native():
     reasons = converter._report.reasons
     for op in ("Enter", "Merge", "Switch", "NextIteration", "Exit", "LoopCond", "Tanh"):
         assert set(reasons(op)) == {LOOP_REASON}, (op, reasons(op))
+
+
+# -- load_signature: a damaged saved_model.pb ----------------------------------------------------------------
+def damaged_copy(src, dst, edit):
+    """A copy of SavedModel `src` at `dst` whose saved_model.pb bytes went through `edit`."""
+    shutil.copytree(src, dst)
+    pb = os.path.join(dst, "saved_model.pb")
+    with open(pb, "rb") as f:
+        data = edit(bytearray(f.read()))
+    with open(pb, "wb") as f:
+        f.write(bytes(data))
+    return str(dst)
+
+
+def flipped(offset):
+    def edit(data):
+        data[offset % len(data)] ^= 0xFF
+        return data
+    return edit
+
+
+def edited_proto(change):
+    def edit(data):
+        proto = saved_model_pb2.SavedModel.FromString(bytes(data))
+        change(proto)
+        return proto.SerializeToString()
+    return edit
+
+
+def test_a_saved_model_pb_with_flipped_bits_loads_or_raises_saved_model_error_in_one_line(saved_model, tmp_path):
+    src = saved_model("small_cnn")
+    size = os.path.getsize(os.path.join(src, "saved_model.pb"))
+    refused = 0
+    for i, offset in enumerate(list(range(0, 64, 7)) + [size * k // 29 for k in range(1, 29)] + [size - 1]):
+        model_dir = damaged_copy(src, tmp_path / str(i), flipped(offset))
+        try:
+            graph_io.load_signature(model_dir, ["serve"], "serving_default")
+        except graph_io.SavedModelError as exc:  # anything else fails the test
+            assert "\n" not in str(exc) and str(exc).startswith(f"cannot load SavedModel {model_dir!r}"), offset
+            refused += 1
+    assert refused >= 25  # most bytes matter; a flipped byte of a name or a doc string may load
+
+
+def _misname_an_input(proto):
+    fdef = next(f for f in proto.meta_graphs[0].graph_def.library.function if len(f.node_def) > 2)
+    node = next(n for n in fdef.node_def if n.input)
+    node.input[0] = "no_such_node"
+
+
+def _dangle_a_child(proto):
+    proto.meta_graphs[0].object_graph_def.nodes[0].children[0].node_id = 10 ** 6
+
+
+@pytest.mark.parametrize("change, cause", [
+    (_misname_an_input, "its saved_model.pb is malformed (KeyError: 'no_such_node')"),
+    (_dangle_a_child, "its saved_model.pb is malformed (IndexError: list index out of range)"),
+], ids=["misnamed function input", "dangling object reference"])
+def test_a_malformed_saved_model_pb_names_the_cause_and_the_damage(saved_model, tmp_path, change, cause):
+    """Errors TensorFlow's loader raises by accident (KeyError, IndexError) are SavedModelErrors too; the
+    checksum TensorFlow keeps in fingerprint.pb tells that the file changed after it was written."""
+    model_dir = damaged_copy(saved_model("small_cnn"), tmp_path / "m", edited_proto(change))
+    with pytest.raises(graph_io.SavedModelError) as info:
+        graph_io.load_signature(model_dir, ["serve"], "serving_default")
+    assert str(info.value) == (
+        f"cannot load SavedModel {model_dir!r} with tags ['serve']: {cause}; saved_model.pb does not match the "
+        "checksum in its fingerprint.pb, so the file is damaged: restore or re-export the SavedModel")
+
+
+def test_an_unparsable_saved_model_pb_is_one_line_without_the_checksum_claim(saved_model, tmp_path):
+    model_dir = damaged_copy(saved_model("small_cnn"), tmp_path / "m", lambda data: data[:len(data) // 2])
+    with pytest.raises(graph_io.SavedModelError, match=r"^cannot load SavedModel .* Cannot parse file .*"
+                                                       r"saved_model.pb.: Error parsing message") as info:
+        graph_io.load_signature(model_dir, ["serve"], "serving_default")
+    assert "\n" not in str(info.value) and "fingerprint" not in str(info.value)

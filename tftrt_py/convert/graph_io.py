@@ -9,10 +9,11 @@ from typing import AbstractSet, Dict, Iterator, List, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.core.protobuf import config_pb2, fingerprint_pb2, meta_graph_pb2
 from tensorflow.python.eager import context, wrap_function
 from tensorflow.python.framework import convert_to_constants, function_def_to_graph
 from tensorflow.python.grappler import tf_optimizer
+from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
@@ -29,6 +30,9 @@ CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 #: Deeper nesting than this is taken for a recursive function.
 MAX_CALL_DEPTH = 64
 
+#: The longest cause a SavedModelError quotes (TensorFlow's loader errors can run to pages).
+MAX_CAUSE_CHARS = 300
+
 
 class SavedModelError(ValueError):
     """The input SavedModel is missing, malformed, or lacks the requested tags or signature."""
@@ -44,13 +48,41 @@ def load_signature(saved_model_dir: str, tags: Sequence[str], signature_key: str
         raise SavedModelError(f"{saved_model_dir!r} holds no saved_model.pb: it is not a SavedModel directory")
     try:
         loaded = tf.saved_model.load(saved_model_dir, tags=list(tags))
-    except (tf.errors.OpError, ValueError, RuntimeError, OSError) as exc:
-        raise SavedModelError(f"cannot load SavedModel {saved_model_dir!r} with tags {list(tags)}: {exc}") from exc
+    except Exception as exc:  # the loader meets a malformed saved_model.pb with any error type (KeyError...)
+        raise SavedModelError(f"cannot load SavedModel {saved_model_dir!r} with tags {list(tags)}: {_cause(exc)}"
+                              f"{_damage(saved_model_dir)}") from exc
     signatures = getattr(loaded, "signatures", {})
     if signature_key not in signatures:
         raise SavedModelError(f"SavedModel {saved_model_dir!r} has no signature {signature_key!r}; "
                               f"available: {sorted(signatures)}")
     return loaded, signatures[signature_key]
+
+
+def _cause(exc: Exception) -> str:
+    """`exc` as one line of at most MAX_CAUSE_CHARS; an error type the loader does not raise on purpose (a
+    KeyError, an IndexError...) is said to come from a malformed saved_model.pb."""
+    text = " ".join(str(exc).split())
+    if len(text) > MAX_CAUSE_CHARS:
+        text = text[:MAX_CAUSE_CHARS - 3] + "..."
+    if isinstance(exc, (tf.errors.OpError, ValueError, RuntimeError, OSError)):
+        return text
+    return f"its saved_model.pb is malformed ({type(exc).__name__}: {text})"
+
+
+def _damage(saved_model_dir: str) -> str:
+    """"; saved_model.pb does not match ..." when the checksum TensorFlow saved in fingerprint.pb says the file
+    changed since it was written; '' when it matches or cannot be compared."""
+    if not os.path.exists(os.path.join(saved_model_dir, "fingerprint.pb")):
+        return ""
+    try:
+        saved = tf.saved_model.experimental.read_fingerprint(saved_model_dir).saved_model_checksum
+        now = fingerprint_pb2.FingerprintDef.FromString(fingerprinting.CreateFingerprintDef(saved_model_dir))
+    except Exception:  # unparsable: the loader's error already says so
+        return ""
+    if now.saved_model_checksum == saved:
+        return ""
+    return ("; saved_model.pb does not match the checksum in its fingerprint.pb, so the file is damaged: restore "
+            "or re-export the SavedModel")
 
 
 def freeze(func):
