@@ -133,6 +133,30 @@ def test_tftrt_export_command(cnn_trt, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_tftrt_export_replaces_existing_files_only_with_overwrite(cnn_trt, cnn_plans, tmp_path, capsys):
+    plan, sidecar = tmp_path / "TRTEngineOp_000_000_0.plan", tmp_path / "TRTEngineOp_000_000_0.json"
+    plan.write_bytes(b"someone else's plan")
+    assert export.main([cnn_trt.dir, str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"tftrt-export: error: {plan} already exists: pass --overwrite (overwrite=True) to replace, or "
+                   "choose another output directory\n")
+    assert plan.read_bytes() == b"someone else's plan" and not sidecar.exists()  # nothing written
+    assert export.main([cnn_trt.dir, str(tmp_path), "--overwrite"]) == 0
+    assert plan.read_bytes() == open(cnn_plans[0][0], "rb").read() and sidecar.is_file()
+
+
+def test_export_plans_refuses_existing_files_and_writes_nothing(cnn_trt, tmp_path):
+    plan, sidecar = tmp_path / "TRTEngineOp_000_000_0.plan", tmp_path / "TRTEngineOp_000_000_0.json"
+    plan.write_bytes(b"plan")
+    sidecar.write_text("{}")
+    with pytest.raises(ExportError, match=r"TRTEngineOp_000_000_0\.plan and 1 more file\(s\) already exist: pass "
+                                          r"--overwrite \(overwrite=True\) to replace"):
+        export_plans(cnn_trt.dir, str(tmp_path))
+    assert (plan.read_bytes(), sidecar.read_text()) == (b"plan", "{}")
+    assert len(export_plans(cnn_trt.dir, str(tmp_path), overwrite=True)) == 1
+    assert json.loads(sidecar.read_text())["plan"] == "TRTEngineOp_000_000_0.plan"
+
+
 def _tf1_saved_model(path, rng):
     """A TF1 SavedModel (placeholder x [None, 16] -> softmax(relu(x w1 + b) w2) named y) and its weights."""
     w1, b, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 32), (32,), (32, 10)))

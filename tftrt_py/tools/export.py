@@ -244,9 +244,10 @@ def _describe(plan: bytes, record: EngineRecord, index: int, source: str) -> dic
 
 
 def export_plans(saved_model_dir: str, out_dir: str, signature_key: str = "serving_default",
-                 tags: Optional[Sequence[str]] = None) -> List[str]:
+                 tags: Optional[Sequence[str]] = None, overwrite: bool = False) -> List[str]:
     """Write every engine of the converted SavedModel as ``<engine op>_<i>.plan`` (plus a ``.json``
-    sidecar with its bindings) into `out_dir`; returns the .plan paths."""
+    sidecar with its bindings) into `out_dir`; returns the .plan paths. Files already there are replaced only
+    with `overwrite`; otherwise nothing is written."""
     records = find_engines(saved_model_dir, signature_key, tags)
     if not records:
         raise ExportError(f"signature {signature_key!r} of {saved_model_dir!r} has no {ENGINE_OP} nodes: "
@@ -254,18 +255,23 @@ def export_plans(saved_model_dir: str, out_dir: str, signature_key: str = "servi
     if not any(r.plans for r in records):
         raise ExportError(f"the engine ops {[r.name for r in records]} hold no engines: build them before saving "
                           f"(converter.build(input_fn) or tftrt-convert --build-data) or convert in static mode")
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
+    files = []  # (path without suffix, plan, sidecar)
     for record in records:
         for i, (source, plan) in enumerate(record.plans):
-            info = _describe(plan, record, i, source)
             base = os.path.join(out_dir, f"{record.name.replace('/', '_')}_{i}")
-            with open(base + ".plan", "wb") as f:
-                f.write(plan)
-            with open(base + ".json", "w") as f:
-                json.dump(dict(info, plan=os.path.basename(base) + ".plan"), f, indent=2)
-            paths.append(base + ".plan")
-    return paths
+            files.append((base, plan, dict(_describe(plan, record, i, source), plan=os.path.basename(base) + ".plan")))
+    existing = [path for base, _, _ in files for path in (base + ".plan", base + ".json") if os.path.lexists(path)]
+    if existing and not overwrite:
+        what = f"{existing[0]} already exists" if len(existing) == 1 else \
+            f"{existing[0]} and {len(existing) - 1} more file(s) already exist"
+        raise ExportError(f"{what}: pass --overwrite (overwrite=True) to replace, or choose another output directory")
+    os.makedirs(out_dir, exist_ok=True)
+    for base, plan, info in files:
+        with open(base + ".plan", "wb") as f:
+            f.write(plan)
+        with open(base + ".json", "w") as f:
+            json.dump(info, f, indent=2)
+    return [base + ".plan" for base, _, _ in files]
 
 
 # -- TensorBoard ---------------------------------------------------------------------
@@ -336,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("out_dir", help="folder for <engine op>_<i>.plan and .json files")
     parser.add_argument("--signature-key", default="serving_default")
     parser.add_argument("--tags", default=None, help="comma-separated MetaGraph tags (default: serve)")
+    parser.add_argument("--overwrite", action="store_true", help="replace .plan and .json files already in out_dir")
     add_common_flags(parser)
     return parser
 
@@ -343,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args) -> int:
     tags = args.tags.split(",") if args.tags else None
     outside = excluded_nodes(args.saved_model_dir, args.signature_key, tags, print_fn=print)
-    paths = export_plans(args.saved_model_dir, args.out_dir, args.signature_key, tags)
+    paths = export_plans(args.saved_model_dir, args.out_dir, args.signature_key, tags, overwrite=args.overwrite)
     print(f"\nWrote {len(paths)} plan(s) to {args.out_dir}:")
     for path in paths:
         with open(path[:-len(".plan")] + ".json") as f:
