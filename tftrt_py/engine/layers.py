@@ -1,10 +1,12 @@
 """Layer kinds: the few, general operations an engine is made of.
 
-Each kind registers a spec with the schema of its params (see :mod:`params`) and two rules that do not
+Each kind registers a spec with the schema of its params (see :mod:`params`) and rules that do not
 depend on any backend:
-``infer(layer) -> [(dtype, shape), ...]`` and ``rowwise(layer, batched) -> bool``, which
+``infer(layer) -> [(dtype, shape), ...]``; ``rowwise(layer, batched) -> bool``, which
 says whether output row i depends only on row i of the batched inputs (so an engine
-built for batch B can serve a smaller batch). Backends implement kinds, not TF ops.
+built for batch B can serve a smaller batch); and its costs, which bound what a plan may ask for
+(see :mod:`budget`): ``work(layer) -> int`` in multiply-add equivalents and ``scratch(layer) -> int``,
+the bytes it holds besides its inputs and outputs while it runs. Backends implement kinds, not TF ops.
 """
 from __future__ import annotations
 
@@ -18,27 +20,32 @@ from tftrt_py.engine.params import (RANK, SPATIAL, axes, axis, boolean, integer,
                                     optional, permutation, record)
 
 __all__ = ["register", "get", "kinds", "ELEMENTWISE_OPS", "UNARY_OPS", "ACTIVATIONS", "REDUCE_OPS",
-           "conv_output_size"]
+           "conv_output_size", "volume", "ELEMENT_COST", "WINDOW_COST"]
 
 Info = Tuple[str, Tuple[int, ...]]
 
 
 class KindSpec:
-    def __init__(self, kind: str, infer: Callable, rowwise: Callable, params: dict):
+    def __init__(self, kind: str, infer: Callable, rowwise: Callable, params: dict, work: Callable,
+                 scratch: Callable):
         self.kind, self.infer, self.rowwise, self.params = kind, infer, rowwise, params
+        self.work, self.scratch = work, scratch
 
 
 _SPECS: Dict[str, KindSpec] = {}
 
 
-def register(kind: str, rowwise: Callable = None, params: dict = None):
+def register(kind: str, rowwise: Callable = None, params: dict = None, work: Callable = None,
+             scratch: Callable = None):
     """Decorator registering the shape rule of a layer kind, the schema of its `params` ({name: spec}, see
-    :mod:`params`) and optionally its batch rule."""
+    :mod:`params`) and optionally its batch rule, its work (default: :func:`elements`) and its scratch bytes
+    (default: none)."""
 
     def wrap(infer):
         if kind in _SPECS:
             raise ValueError(f"layer kind {kind!r} registered twice")
-        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default, params or {})
+        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default, params or {}, work or elements,
+                                scratch or _no_scratch)
         return infer
 
     return wrap
@@ -77,6 +84,33 @@ PADDING_MODES = ("constant", "reflect", "symmetric")
 _ACTIVATION_PARAMS = dict(type=one_of(*ACTIVATIONS), alpha=optional(number()), beta=optional(number()))
 ACTIVATION = record(**_ACTIVATION_PARAMS)
 _WINDOW = dict(strides=ints(SPATIAL, 1), pre_padding=ints(SPATIAL, 0), post_padding=ints(SPATIAL, 0))
+
+
+# -- costs --------------------------------------------------------------------
+#: Multiply-adds one element read or written outside a matrix product counts as: CPU kernels over elements
+#: (element-wise, data movement, reductions) run 2e9-9e9 elements a second where BLAS runs 1.3e11 multiply-adds
+#: (numpy and ONNX Runtime on 2 AVX-512 cores).
+ELEMENT_COST = 32
+#: Multiply-adds one element of a pooling window counts as: pooling kernels visit 1.5e8-1e9 window elements a
+#: second on the same cores.
+WINDOW_COST = 256
+
+
+def volume(shape: Sequence[int]) -> int:
+    """Elements of a tensor of `shape`, as an exact Python int."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def elements(layer) -> int:
+    """Work of reading every input and writing every output once (ELEMENT_COST each)."""
+    return ELEMENT_COST * sum(volume(t.shape) for t in (*layer.inputs, *layer.outputs))
+
+
+def _no_scratch(layer) -> int:
+    return 0
 
 
 # -- helpers ------------------------------------------------------------------
@@ -136,7 +170,12 @@ def _conv_rowwise(layer, batched):
     return batched[0] and all(b or t.shape[0] == 1 for t, b in zip(layer.inputs[1:], batched[1:]))
 
 
-@register("Convolution", rowwise=_conv_rowwise, params=dict(
+def _conv_work(layer) -> int:
+    """Each output element sums kernel volume x in-channels / groups products (kernel [*K, C/groups, Cout])."""
+    return volume(layer.outputs[0].shape) * volume(layer.weights["kernel"].shape[:-1]) + elements(layer)
+
+
+@register("Convolution", rowwise=_conv_rowwise, work=_conv_work, params=dict(
     _WINDOW, dilations=ints(SPATIAL, 1), groups=optional(integer(1)), activation=optional(ACTIVATION)))
 def _convolution(layer):
     """Channels-last N-d convolution: x [N, *S, C], kernel [*K, C/groups, Cout] -> [N, *O, Cout].
@@ -161,7 +200,12 @@ def _convolution(layer):
     return [(x.dtype, shape)]
 
 
-@register("Deconvolution", rowwise=_conv_rowwise, params=dict(
+def _deconv_work(layer) -> int:
+    """Each input element scatters kernel volume x out-channels products (kernel [*K, Cout, Cin])."""
+    return volume(layer.inputs[0].shape) * volume(layer.weights["kernel"].shape[:-1]) + elements(layer)
+
+
+@register("Deconvolution", rowwise=_conv_rowwise, work=_deconv_work, params=dict(
     strides=ints(SPATIAL, 1), pre_padding=ints(SPATIAL, 0), output_spatial=ints(SPATIAL, 1)))
 def _deconvolution(layer):
     """Channels-last transposed convolution: kernel [*K, Cout, Cin]; params give the output spatial size."""
@@ -183,7 +227,14 @@ def _matmul_rowwise(layer, batched):
     return ba and not layer.params.get("transpose_a") or (ba and a.rank >= 3)
 
 
-@register("MatrixMultiply", rowwise=_matmul_rowwise, params=dict(
+def _matmul_work(layer) -> int:
+    """Each output element sums the inner dim's products."""
+    a = layer.inputs[0]
+    inner = a.shape[-2] if layer.params.get("transpose_a") else a.shape[-1]
+    return volume(layer.outputs[0].shape) * inner + elements(layer)
+
+
+@register("MatrixMultiply", rowwise=_matmul_rowwise, work=_matmul_work, params=dict(
     transpose_a=optional(boolean), transpose_b=optional(boolean), activation=optional(ACTIVATION)))
 def _matmul(layer):
     """np.matmul semantics with optional transposes of the last two axes; optional bias, a residual (third input,
@@ -212,7 +263,13 @@ def _check_residual(layer, residual, shape) -> None:
                            f"output ({layer.inputs[0].dtype} {list(shape)})")
 
 
-@register("MLP", rowwise=lambda layer, batched: batched[0],
+def _mlp_work(layer) -> int:
+    """Each row multiplies through every weight matrix."""
+    return layer.inputs[0].shape[0] * sum(w.size for k, w in layer.weights.items() if k.startswith("w")) \
+        + elements(layer)
+
+
+@register("MLP", rowwise=lambda layer, batched: batched[0], work=_mlp_work,
           params=dict(activations=list_of(optional(ACTIVATION), max_length=256)))
 def _mlp(layer):
     """Fused 2-d matrix multiplies: x [M, K]; layer i computes x = activation_i(x @ w_i + b_i), with
@@ -279,7 +336,12 @@ def _pool_rowwise(layer, batched):
     return batched[0]
 
 
-@register("Pooling", rowwise=_pool_rowwise, params=dict(
+def _pool_work(layer) -> int:
+    """Each output element visits its whole window (WINDOW_COST each)."""
+    return WINDOW_COST * volume(layer.outputs[0].shape) * volume(layer.params["window"]) + elements(layer)
+
+
+@register("Pooling", rowwise=_pool_rowwise, work=_pool_work, params=dict(
     _WINDOW, type=one_of("max", "avg"), window=ints(SPATIAL, 1), count_include_pad=optional(boolean)))
 def _pooling(layer):
     """Channels-last max/average pooling over the spatial axes of [N, *S, C]."""
@@ -426,7 +488,22 @@ def attention_scores_shape(layer) -> Tuple[int, ...]:
     return (q.shape[0], heads, q.shape[1], k.shape[1]) if heads else (*q.shape[:-1], k.shape[-2])
 
 
-@register("Attention", rowwise=lambda layer, batched: all(batched), params=dict(
+def _attention_work(layer) -> int:
+    """Each score sums D products and weighs Dv values (per head), and passes through the softmax."""
+    scores = volume(attention_scores_shape(layer))
+    (_, dq), _, (_, dv) = attention_columns(layer)
+    return scores * (dq + dv) // (layer.params.get("heads") or 1) + ELEMENT_COST * scores + elements(layer)
+
+
+def _attention_scratch(layer) -> int:
+    """The float32 scores, their shifted exponentials and the probabilities (three score matrices at once, as
+    the reference kernel holds them), and float32 copies of q, k and v."""
+    qkv = sum(volume(t.shape[:-1]) * w for t, (_, w) in zip(layer.inputs[:3], attention_columns(layer)))
+    return 4 * (3 * volume(attention_scores_shape(layer)) + qkv)
+
+
+@register("Attention", rowwise=lambda layer, batched: all(batched), work=_attention_work,
+          scratch=_attention_scratch, params=dict(
     scale=number(), heads=optional(integer(1)), columns=optional(list_of(ints(2, 0), 3)),
     causal=optional(boolean), mask_value=optional(number(finite=False))))
 def _attention(layer):
@@ -504,8 +581,15 @@ def _gather(layer):
     return [(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))]
 
 
+def _topk_work(layer) -> int:
+    """Sorting along ``axis``: n log2 n comparisons per row."""
+    x = layer.inputs[0]
+    n = x.shape[layer.params["axis"] % x.rank]
+    return ELEMENT_COST * volume(x.shape) * max(1, n.bit_length()) + elements(layer)
+
+
 @register("TopK", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0,
-          params=dict(k=integer(0), axis=axis))
+          work=_topk_work, params=dict(k=integer(0), axis=axis))
 def _topk(layer):
     """The k largest values along ``axis`` (largest first, ties to the lower index) and their int32 indices."""
     x = layer.inputs[0]
@@ -524,7 +608,19 @@ def nms_detections(params, num_classes: int) -> int:
     return total
 
 
-@register("NMS", rowwise=lambda layer, batched: all(batched), params=dict(
+def _nms_work(layer) -> int:
+    """Every class of every row compares each pair of its N boxes."""
+    b, n, c = layer.inputs[1].shape
+    return ELEMENT_COST * b * c * n * n + elements(layer)
+
+
+def _nms_scratch(layer) -> int:
+    """One class's pairwise overlaps: [N, N, 2] float32, two at a time (the reference kernel's IoU)."""
+    n = layer.inputs[1].shape[1]
+    return 2 * 8 * n * n
+
+
+@register("NMS", rowwise=lambda layer, batched: all(batched), work=_nms_work, scratch=_nms_scratch, params=dict(
     max_output_size_per_class=integer(1), max_total_size=integer(1), iou_threshold=number(0, 1),
     score_threshold=number(finite=False), pad_per_class=optional(boolean), clip_boxes=optional(boolean)))
 def _nms(layer):
