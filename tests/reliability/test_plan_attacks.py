@@ -1,16 +1,21 @@
-"""Crafted plans (a real plan's header fields mutated, checksum recomputed): every one is a PlanError at load,
-before any value reaches numpy; none crashes or allocates much."""
+"""Crafted plans (a real plan's header fields mutated, checksum recomputed, or tiny networks asking for more
+than the machine has): every one is a PlanError at load, before any value reaches numpy; none crashes or
+allocates much."""
 import hashlib
 import json
+import resource
 import struct
+import time
 import tracemalloc
 
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Network, PlanError, Runtime
+from tftrt_py.engine import Network, PlanError, Runtime, budget
 from tftrt_py.engine import plan as plan_lib
 from tftrt_py.engine.runtime import Engine
+
+MiB, GiB = 1 << 20, 1 << 30
 
 
 def padded_net():
@@ -99,10 +104,10 @@ def test_a_plan_claiming_more_memory_than_allowed_is_refused(plan, monkeypatch):
     def grow(h):  # shapes that add up (and a memory_bytes that matches them) past the limit
         h["inputs"][0]["shape"] = [2 ** 20, 6, 6, 3]
         h["memory_bytes"] = 10 << 40
-    monkeypatch.setenv(plan_lib.MAX_ENGINE_BYTES_ENV, "1024")
-    with pytest.raises(PlanError, match="more than the limit of 1024 bytes"):
+    monkeypatch.setenv(budget.MAX_ENGINE_BYTES_ENV, "1024")
+    with pytest.raises(PlanError, match="more than the 1024 bytes one engine may take here"):
         Runtime().deserialize_cuda_engine(plan)  # its tensors alone take 2 KiB
-    monkeypatch.setenv(plan_lib.MAX_ENGINE_BYTES_ENV, str(1 << 30))
+    monkeypatch.setenv(budget.MAX_ENGINE_BYTES_ENV, str(1 << 30))
     with pytest.raises(PlanError, match="memory_bytes"):
         Runtime().deserialize_cuda_engine(with_header(plan, grow))
 
@@ -119,3 +124,116 @@ def test_every_layer_kind_declares_its_params():
 
     no_params = {"Constant", "Select"}
     assert [k for k in layers.kinds() if not layers.get(k).params and k not in no_params] == []
+
+
+# -- tiny plans asking for more than the machine has ----------------------------------------------------------
+def single(kind, shapes, params, name="layer"):
+    """A network of one `kind` layer on float32 inputs of `shapes`, its outputs the network's."""
+    net = Network(kind.lower())
+    inputs = [net.add_input(f"x{i}", "float32", s) for i, s in enumerate(shapes)]
+    layer = net.add_layer(kind, inputs, params, name=name)
+    for i, t in enumerate(layer.outputs):
+        net.mark_output(t, name=f"y{i}")
+    return net
+
+
+def huge_padding():
+    """[1, 8, 8, 1] padded to [1, 46008, 46008, 1]: 7.9 GiB, and as much again for the caller's copy."""
+    return single("Padding", [(1, 8, 8, 1)], dict(pre=[0, 0, 0, 0], post=[0, 46000, 46000, 0]))
+
+
+def huge_batch():
+    """A row-wise engine for 2**29 - 1 rows of 4 (8 GiB): a one-row request would be padded to all of them."""
+    net = single("Activation", [(2 ** 29 - 1, 4)], dict(type="relu"))
+    engine = Engine(net)
+    assert engine.rowwise and engine.can_serve([(1, 4)])
+    return net
+
+
+def huge_resize():
+    """[1, 2, 2, 1] resized to [1, 46000, 46000, 1]: 7.9 GiB."""
+    return single("Resize", [(1, 2, 2, 1)], dict(mode="nearest", sizes=[46000, 46000]))
+
+
+def many_outputs():
+    """24 outputs of 512 MiB each, padded from one [1, 1] input: 12 GiB, and as much again for their copies."""
+    net = Network("outputs")
+    x = net.add_input("x", "float32", (1, 1))
+    for i in range(24):
+        y = net.add_layer("Padding", [x], dict(pre=[0, 0], post=[0, 2 ** 27 - 1]), name=f"pad{i}").outputs[0]
+        net.mark_output(y, name=f"y{i}")
+    return net
+
+
+def long_attention():
+    """32,768 queries over 32,768 keys: a 4 GiB float32 score matrix, held three times over by the softmax."""
+    return single("Attention", [(1, 32768, 64)] * 3, dict(scale=0.125))
+
+
+def long_pooling():
+    """A 1024 x 1024 max window over 1537 x 1537 outputs: 2.5e12 window visits, hours at the 1.5e8-1e9 a second
+    CPU pooling kernels run (25 MiB of input, 9 MiB of output)."""
+    return single("Pooling", [(1, 2560, 2560, 1)], dict(type="max", window=[1024, 1024], strides=[1, 1],
+                                                           pre_padding=[0, 0], post_padding=[0, 0]))
+
+
+_TOO_BIG = (r"more than the 12.0 GiB one engine may take here \(50% of this host's 24.0 GiB\); set "
+            r"TFTRT_PY_MAX_ENGINE_BYTES")
+CRAFTED = {
+    "padding to a huge volume": (huge_padding, rf"needs 15.8 GiB at once \(at the end: 7.9 GiB .*{_TOO_BIG}"),
+    "row-wise engine of a huge batch": (huge_batch, rf"needs 16.0 GiB at once \(at layer 'layer' .*{_TOO_BIG}"),
+    "resize to a huge output": (huge_resize, rf"needs 15.8 GiB at once \(at the end: .*{_TOO_BIG}"),
+    "24 outputs of 512 MiB": (many_outputs, rf"needs 24.0 GiB at once \(at the end: 12.0 GiB of live tensors, 12.0 "
+                                            rf"GiB of the caller's copies .*{_TOO_BIG}"),
+    "attention over 32,768 keys": (long_attention, rf"needs 12.1 GiB at once \(at layer 'layer' \(Attention\): 32.0 "
+                                                   rf"MiB of live tensors, 12.0 GiB of scratch .*{_TOO_BIG}"),
+    "pooling of hours": (long_pooling, r"declares 6.34e\+14 multiply-adds of work \(layer 'layer' \(Pooling\): "
+                                      r"6.34e\+14\), more than the 1.41e\+14 one engine may declare \(the default\); "
+                                      r"set TFTRT_PY_MAX_ENGINE_WORK"),
+}
+
+
+@pytest.fixture
+def host_24_gib(monkeypatch):
+    """A 24 GiB host (one engine may take 12 GiB) with no limit set in the environment."""
+    monkeypatch.setattr(budget, "host_memory", lambda: 24 * GiB)
+    monkeypatch.delenv(budget.MAX_ENGINE_BYTES_ENV, raising=False)
+    monkeypatch.delenv(budget.MAX_ENGINE_WORK_ENV, raising=False)
+
+
+@pytest.mark.parametrize("name", list(CRAFTED))
+def test_a_tiny_plan_asking_for_more_than_the_machine_is_refused_at_load_quickly_and_cheaply(host_24_gib, name):
+    make, match = CRAFTED[name]
+    plan = Engine(make()).serialize()
+    assert len(plan) < 8192
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(PlanError, match=match):
+            Runtime().deserialize_cuda_engine(plan)
+        seconds, traced = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seconds < 1 and traced < 64 * MiB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 64 * 1024
+
+
+@pytest.mark.parametrize("name", list(CRAFTED))
+def test_with_the_limits_raised_the_same_plan_loads(host_24_gib, monkeypatch, name):
+    """Loading allocates nothing the plan asks for: only the limits refuse it."""
+    monkeypatch.setenv(budget.MAX_ENGINE_BYTES_ENV, str(64 * GiB))
+    monkeypatch.setenv(budget.MAX_ENGINE_WORK_ENV, str(10 ** 15))
+    make, _ = CRAFTED[name]
+    engine = Runtime().deserialize_cuda_engine(Engine(make()).serialize())
+    assert [t.shape for t in engine.outputs] == [t.shape for t in make().outputs]
+
+
+def test_the_backend_that_runs_a_plan_sets_its_memory_limit(host_24_gib, monkeypatch):
+    """A plan run by cupy is held to the GPU's free memory (here 1 GiB), one run on the CPU to the host's share."""
+    monkeypatch.setattr(budget, "_device_free", lambda: GiB)
+    plan = Engine(single("Padding", [(1, 1)], dict(pre=[0, 0], post=[0, 2 ** 28 - 1]))).serialize()  # 2 GiB
+    assert Runtime().deserialize_cuda_engine(plan).outputs[0].shape == (1, 2 ** 28)
+    with pytest.raises(PlanError, match=r"needs 2.0 GiB .* more than the 1.0 GiB one engine may take here \(the "
+                                        r"GPU's free memory\)"):
+        Runtime(backend="cupy").deserialize_cuda_engine(plan)

@@ -10,28 +10,28 @@ precision, tactics, build config, target device, the bytes its tensors take (``m
 and the digest of what it was built for (``binding``: see the engine op's dispatcher). Loading
 parses JSON and reads raw arrays with ``np.frombuffer``: no pickle, no eval. Every header field
 is checked (types, shapes, weight locations inside the weight data, each layer's params against
-its kind's schema, layer outputs against its shape rule, the memory its tensors take against
-:func:`max_engine_bytes`) so a damaged plan whose checksum was recomputed still fails with a PlanError.
+its kind's schema, layer outputs against its shape rule) so a damaged plan whose checksum was recomputed
+still fails with a PlanError. A plan must also fit the machine: the most memory its layers hold at once and the
+work they declare (see :mod:`budget`) are checked against the limits before anything runs.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import struct
 from typing import Dict, List, Optional
 
 import numpy as np
 
+from tftrt_py.engine import budget
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine import params as param_schemas
 from tftrt_py.engine.builder import PRECISIONS
 from tftrt_py.engine.errors import BackendError, PlanError
 from tftrt_py.engine.network import DTYPES, Layer, Network, Tensor, dtype_name
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "MAX_ENGINE_BYTES_ENV", "max_engine_bytes", "serialize",
-           "deserialize", "read_header"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "serialize", "deserialize", "read_header"]
 
 MAGIC = b"TFTRTPLN"
 FORMAT_VERSION = 2
@@ -42,16 +42,6 @@ _PREFIX = struct.Struct("<8sIQ")
 _DIGEST = 32
 _WEIGHT_DTYPES = tuple(DTYPES) + ("float64",)
 _DIGEST_TEXT = re.compile(r"[0-9a-f]{64}")
-#: Most bytes one engine's tensors and weights may take (env, an integer; default 64 GiB).
-MAX_ENGINE_BYTES_ENV = "TFTRT_PY_MAX_ENGINE_BYTES"
-
-
-def max_engine_bytes() -> int:
-    """The memory a plan may claim (MAX_ENGINE_BYTES_ENV, default 64 GiB; a bad value is the default)."""
-    try:
-        return max(0, int(os.environ.get(MAX_ENGINE_BYTES_ENV, "")))
-    except ValueError:
-        return 64 << 30
 
 
 def _pad(n: int) -> int:
@@ -105,8 +95,9 @@ def _tensor_bytes(tensors) -> int:
     return sum(int(np.prod(t.shape, dtype=object)) * np.dtype(t.dtype).itemsize for t in tensors)
 
 
-def read_header(data: bytes) -> dict:
-    """Validate framing, checksum and header fields; return the JSON header (with ``_blob_start``)."""
+def read_header(data: bytes, backend: Optional[str] = None) -> dict:
+    """Validate framing, checksum and header fields; return the JSON header (with ``_blob_start``). Limits are
+    those of `backend` (default: the plan's)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PlanError(f"a plan is bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -138,7 +129,7 @@ def read_header(data: bytes) -> dict:
     if blob_start + blob_bytes != len(data) - _DIGEST:
         raise PlanError(f"plan is truncated: the header says {blob_bytes} bytes of weight data, the plan holds "
                         f"{len(data) - _DIGEST - blob_start}")
-    _check_header(header, blob_bytes)
+    _check_header(header, blob_bytes, backend)
     header["_blob_start"] = blob_start
     return header
 
@@ -221,11 +212,11 @@ def _weight(ref, path: str, blob_bytes: int) -> None:
         _fail(f"{path}.nbytes", f"is {nbytes}, but a {ref['dtype']} array of shape {shape} takes {expected}")
 
 
-def _check_header(header: dict, blob_bytes: int) -> None:
+def _check_header(header: dict, blob_bytes: int, backend: Optional[str]) -> None:
     """Types and ranges of every field deserialize() reads; PlanError names the first bad one."""
     _of(header.get("name"), str, "name")
     _dtype(header.get("precision"), "precision", PRECISIONS)
-    _of(header.get("backend", "numpy"), str, "backend")
+    planned = _of(header.get("backend", "numpy"), str, "backend")
     _of(header.get("device"), str, "device", optional=True)
     _of(header.get("build_config"), dict, "build_config", optional=True)
     _of(header.get("tactics"), dict, "tactics", optional=True)
@@ -233,9 +224,11 @@ def _check_header(header: dict, blob_bytes: int) -> None:
     if binding is not None and not _DIGEST_TEXT.fullmatch(binding):
         _fail("binding", f"is {_show(binding)}, expected a SHA-256 hex digest")
     workspace = (header.get("build_config") or {}).get("max_workspace_size", 0)
-    if _int(workspace, "build_config.max_workspace_size") > max_engine_bytes():
-        _fail("build_config.max_workspace_size", f"is {workspace}, more than the limit of {max_engine_bytes()} "
-                                                 f"bytes ({MAX_ENGINE_BYTES_ENV})")
+    limit = budget.engine_bytes_limit(backend or planned)
+    if _int(workspace, "build_config.max_workspace_size") > limit.value:
+        _fail("build_config.max_workspace_size", f"is {workspace}, more than the {limit.value} bytes one engine may "
+                                                 f"take here ({limit.source}); set {budget.MAX_ENGINE_BYTES_ENV} to "
+                                                 f"allow more")
     for i, t in enumerate(_of(header.get("inputs"), list, "inputs")):
         _tensor(t, f"inputs[{i}]")
     for i, name in enumerate(_of(header.get("outputs"), list, "outputs")):
@@ -255,19 +248,16 @@ def _check_header(header: dict, blob_bytes: int) -> None:
         for key, ref in _of(spec.get("weights"), dict, f"{path}.weights").items():
             _weight(ref, f"{path}.weights[{key!r}]", blob_bytes)
     _profile(header.get("profile"), len(header["inputs"]))
-    _memory(header, blob_bytes)
+    _memory(header)
 
 
-def _memory(header: dict, blob_bytes: int) -> None:
-    """The header's memory_bytes is what its tensor shapes take; with the weights, within max_engine_bytes()."""
+def _memory(header: dict) -> None:
+    """The header's memory_bytes is what its tensor shapes take together."""
     declared = _int(header.get("memory_bytes"), "memory_bytes")
     tensors = header["inputs"] + [t for spec in header["layers"] for t in spec["outputs"]]
     total = sum(int(np.prod(t["shape"], dtype=object)) * np.dtype(t["dtype"]).itemsize for t in tensors)
     if declared != total:
         _fail("memory_bytes", f"is {declared}, but the plan's tensor shapes take {total} bytes")
-    if total + blob_bytes > max_engine_bytes():
-        _fail("memory_bytes", f"is {total} (+ {blob_bytes} bytes of weights): more than the limit of "
-                              f"{max_engine_bytes()} bytes an engine may take ({MAX_ENGINE_BYTES_ENV})")
 
 
 def _profile(value, n_inputs: int) -> None:
@@ -296,7 +286,7 @@ def deserialize(data: bytes, backend: Optional[str] = None):
     """
     from tftrt_py.engine.runtime import Engine, OptimizationProfile
 
-    header = read_header(data)
+    header = read_header(data, backend)
     data = bytes(data)
     base = header["_blob_start"]
     tensors: Dict[str, Tensor] = {}
@@ -327,11 +317,12 @@ def deserialize(data: bytes, backend: Optional[str] = None):
     if missing:
         raise PlanError(f"plan outputs {missing} are not produced by any layer or input")
     net.outputs = [tensors[n] for n in header["outputs"]]
+    planned = header.get("backend", "numpy")
+    backend = backend or planned
+    _check_budget(net, backend)
     try:
         net.lint()
         profile = header.get("profile")
-        planned = header.get("backend", "numpy")
-        backend = backend or planned
         engine = Engine(net, precision=header["precision"], backend=backend, build_config=header.get("build_config"),
                         tactics=header.get("tactics") if backend == planned else None,
                         device=header.get("device"), profile=profile and OptimizationProfile.from_dict(profile))
@@ -341,6 +332,20 @@ def deserialize(data: bytes, backend: Optional[str] = None):
         raise PlanError(f"plan header is inconsistent ({type(exc).__name__}: {exc})") from None
     engine.binding = header.get("binding")
     return engine
+
+
+def _check_budget(net: Network, backend: str) -> None:
+    """The most memory the network holds at once and the work it declares are within this machine's limits."""
+    peak, limit = budget.peak_memory(net), budget.engine_bytes_limit(backend)
+    if peak.total > limit.value:
+        raise PlanError(f"plan {net.name!r} needs {budget.size(peak.total)} at once ({peak.describe()}), more than "
+                        f"the {budget.size(limit.value)} one engine may take here ({limit.source}); set "
+                        f"{budget.MAX_ENGINE_BYTES_ENV} (bytes) to allow more")
+    work, limit = budget.declared_work(net), budget.engine_work_limit()
+    if work.total > limit.value:
+        raise PlanError(f"plan {net.name!r} declares {work.total:.3g} multiply-adds of work ({work.heaviest}: "
+                        f"{work.heaviest_work:.3g}), more than the {limit.value:.3g} one engine may declare "
+                        f"({limit.source}); set {budget.MAX_ENGINE_WORK_ENV} to allow more")
 
 
 def _check_layer(layer: Layer) -> None:
