@@ -32,6 +32,9 @@ DISABLED_OPTIMIZERS = (
     # its SkipLayerNormalization ran 10-20x slower than the Add + LayerNormalization it replaces on an AVX2
     # x86 CPU ([8, 128, 768]: 9.6-16.7 ms against 0.74-0.87 ms; BERT-base batch 8 lost ~10% to it)
     "SkipLayerNormFusion",
+    # would turn the Normalization lowering's float32 steps back into LayerNormalization, which sums in double
+    # (finite answers where TF's float32 sums overflow)
+    "LayerNormFusion",
 )
 
 #: Timed runs of each lowering when an INT8 engine chooses between its int8 layers and FP16 (after one untimed run).

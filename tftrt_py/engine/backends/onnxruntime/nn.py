@@ -219,8 +219,15 @@ def _attention(g, layer, ins):
 
 @lowers("Normalization")
 def _normalization(g, layer, ins):
+    """TF's layer normalization in float32, step by step: the mean, the mean of squared differences, times
+    1/sqrt(var + epsilon), scale and bias. ONNX Runtime's fused LayerNormalization sums in double: where TF's
+    float32 sums overflow (a row of 3e38 gives NaN, a row whose squares overflow gives the bias) it answered
+    finite values (0.14 -> 0.34 ms a [8, 128, 768] tensor on a 2-CPU AVX-512 host)."""
     s = ins[0] if len(ins) == 1 else g.node("Add", ins)
-    out = g.node("LayerNormalization", [s, g.const(weight(layer, "scale"), np.float32),
-                                        g.const(weight(layer, "bias"), np.float32)],
-                 axis=-1, epsilon=float(layer.params["epsilon"]))
-    return [out]
+    axes = g.ints([-1])
+    d = g.node("Sub", [s, g.node("ReduceMean", [s, axes], keepdims=1)])
+    var = g.node("ReduceMean", [g.node("Mul", [d, d]), axes], keepdims=1)
+    eps = g.scalar(layer.params["epsilon"], np.float32)
+    rstd = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [var, eps])])])
+    y = g.node("Mul", [g.node("Mul", [d, rstd]), g.const(weight(layer, "scale"), np.float32)])
+    return [g.node("Add", [y, g.const(weight(layer, "bias"), np.float32)])]
