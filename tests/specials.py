@@ -25,6 +25,25 @@ def poisoned(shape, seed, only_inf=False):
     return x.astype(np.float32)
 
 
+def huge(shape, seed, mixed=False):
+    """Random values (magnitudes in [0.1, 2]) with ~30% of them +-3e38 (finite, but their sums, squares and
+    products overflow), of one sign per index of the first axis: a sum along any other axis overflows to the same
+    Inf in any order. Along the last axis (from 3 rows on) the first and last rows are all 3e38 of their sign and
+    the second holds one. `mixed`: both signs anywhere, an all-3e38, an all--3e38 and a row alternating -3e38 and
+    +3e38 (for layers whose result depends on no order of summation: softmax, max, comparisons)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.1, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+    sign = rng.choice([-1.0, 1.0], shape) if mixed else np.broadcast_to(
+        np.where(np.arange(shape[0]) % 2, -1.0, 1.0).reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+    x = np.where(rng.random(shape) < 0.3, sign * 3e38, x)
+    rows, row_sign = x.reshape(-1, shape[-1]), sign.reshape(-1, shape[-1])[:, 0]
+    if rows.shape[0] >= 3 and mixed:
+        rows[0], rows[1], rows[2] = 3e38, -3e38, np.where(np.arange(shape[-1]) % 2, 3e38, -3e38)
+    elif rows.shape[0] >= 3:
+        rows[0], rows[-1], rows[1, 0] = row_sign[0] * 3e38, row_sign[-1] * 3e38, row_sign[1] * 3e38
+    return x.astype(np.float32)
+
+
 def finite(shape, seed):
     """Random values without NaN or Inf (magnitudes in [0.1, 2])."""
     rng = np.random.default_rng(seed)

@@ -22,6 +22,6 @@ def test_fp32_nan_and_inf_as_tensorflow(name):
     suite.check(name, "FP32")
 
 
-@pytest.mark.parametrize("name", sorted(suite.CASES))
+@pytest.mark.parametrize("name", sorted(set(suite.CASES) - suite.FP32_ONLY))
 def test_fp16_keeps_nan_and_inf_positions(name):
     suite.check(name, "FP16")
