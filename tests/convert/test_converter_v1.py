@@ -82,10 +82,22 @@ def run_graph(graph_def, x, fetches=("logits:0", "classes:0")):
             return sess.run(list(fetches), {"input:0": x})
 
 
+#: the running test's converters: while a converter lives its engine ops outlive each session that runs them, so
+#: op_stats() reads the counts of every run_graph() of a test (without it, each session gets fresh engine ops)
+_converters = []
+
+
+@pytest.fixture(autouse=True)
+def _keep_converters():
+    yield
+    _converters.clear()
+
+
 def convert(graph_def, **kwargs):
     with tf.Graph().as_default():
-        return trt.TrtGraphConverter(input_graph_def=graph_def, nodes_denylist=["logits", "classes"],
-                                     **kwargs).convert()
+        converter = trt.TrtGraphConverter(input_graph_def=graph_def, nodes_denylist=["logits", "classes"], **kwargs)
+        _converters.append(converter)
+        return converter.convert()
 
 
 def assert_right(outputs, x):
@@ -210,7 +222,8 @@ def test_static_mode_with_unknown_dims_warns_and_goes_dynamic(caplog):
         x = tf.compat.v1.placeholder(tf.float32, [None, None], name="input")
         tf.tanh(tf.nn.relu(x * 2.0 + 1.0) - 0.5, name="out")
     with tf.Graph().as_default(), caplog.at_level(logging.WARNING):
-        trt_graph = trt.TrtGraphConverter(input_graph_def=graph.as_graph_def(), nodes_denylist=["out"]).convert()
+        converter = trt.TrtGraphConverter(input_graph_def=graph.as_graph_def(), nodes_denylist=["out"])
+        trt_graph = converter.convert()  # the converter lives to the end: op_stats() reads its op
     assert "Input shapes must be fully defined when in static mode. Please try is_dynamic_op=True." in caplog.text
     (node,) = engine_nodes(trt_graph)
     assert not node.attr["static_engine"].b and node.attr["_allow_build_at_runtime"].b

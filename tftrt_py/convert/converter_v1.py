@@ -10,6 +10,7 @@ calibration always runs dynamic ops (user guide 2.6).
 from __future__ import annotations
 
 import logging
+import weakref
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
@@ -132,6 +133,9 @@ class TrtGraphConverter:
                               max_batch_size=self._max_batch_size_attr,
                               use_function_backup=self._use_function_backup)
         converted, _ = rewrite(graph_def, view, segments, attrs, fetches=fetches)
+        # the engine ops outlive the functions and sessions this converter makes and drops, until it goes
+        weakref.finalize(self, dispatcher.pin(n.attr["segment_key"].s.decode() for n in converted.node
+                                              if n.op == ENGINE_OP))
         engine_nodes = [n for n in converted.node if n.op == ENGINE_OP]  # in segment order
         for node, segment, plan in zip(engine_nodes, segments, plans):
             if plan is not None:

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Optional
 
 import tensorflow as tf
@@ -126,6 +127,9 @@ class TrtGraphConverterV2:
         if self._use_dynamic_shape:
             attrs.profile_strategy = self._profile_strategy
         converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
+        # the engine ops outlive the functions and sessions this converter makes and drops, until it goes
+        weakref.finalize(self, dispatcher.pin(n.attr["segment_key"].s.decode() for n in converted.node
+                                              if n.op == ENGINE_OP))
         variables.mark_weight_inputs(converted, self._variable_reads)
         self._output_names = [fetch_map[n] for n in output_names]
         self._converted_graph_def = converted

@@ -18,8 +18,11 @@ every call:
 Kernels of one loaded function share one :class:`EngineOp`: the op is keyed by the segment key, the
 native segment function's name (``tf.saved_model.load`` gives each load's functions new names) and the
 segment's digest (:func:`segment_binding`), so a function instantiated twice builds each engine once,
-while two models, or two loads of one, never share engines, caches or settings. An op goes when its last
-kernel is released (the op last created for a segment key stays findable, see ``_LATEST``). Engines carry the digest of the segment they were built for and an op refuses others.
+while two models, or two loads of one, never share engines, caches or settings. An op goes (engines, contexts
+and buffers with it) when its last kernel is released, that is when the last model holding it is dropped (see
+engine_op.lifetime); a converter pins the ops of its segment keys (:func:`pin`) so they outlive the functions it
+re-creates between convert(), build() and save(). Engines carry the digest of the segment they were built for and
+an op refuses others.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,7 +52,7 @@ from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
 from tftrt_py.engine_op.pool import ContextPool
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
-__all__ = ["create", "run", "replay", "release", "warn", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
+__all__ = ["create", "run", "replay", "release", "warn", "pin", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
            "NativeFallbackForbidden", "RecursiveSegmentError", "start_collecting", "stop_collecting", "start_calibrating",
            "finish_calibrating"]
 
@@ -523,9 +526,10 @@ class EngineOp:
 
 
 _OPS: Dict[tuple, EngineOp] = {}  # (segment key, segment function name, binding) -> op
-#: segment key -> the op created last for it: what find() gives the converter, kept when its function is
-#: rebuilt (kernels released, then created again); one op per segment key outlives its kernels
+#: segment key -> the op created last for it: what find() gives the converter; while the key is pinned the op
+#: outlives its kernels (a converter's function rebuilt: kernels released, then created again)
 _LATEST: Dict[str, EngineOp] = {}
+_PINS: Dict[str, int] = {}  # segment key -> pins held (see pin)
 _USERS: Dict[int, int] = {}  # id(op) -> kernels holding it
 _HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
 _COUNTER = itertools.count(1)
@@ -638,6 +642,34 @@ def release(handle: int) -> None:
         del _USERS[id(op)]
         for key in [k for k, v in _OPS.items() if v is op]:
             del _OPS[key]
+        key = _text(op.segment_key)
+        if _LATEST.get(key) is op and key not in _PINS:
+            del _LATEST[key]
+
+
+def pin(segment_keys) -> Callable[[], None]:
+    """Keep the ops of `segment_keys` (now and created later) alive while no kernel holds them, until the function
+    returned is called (once; a converter calls it when it is dropped)."""
+    keys = [_text(k) for k in segment_keys]
+    with _LOCK:
+        for key in keys:
+            _PINS[key] = _PINS.get(key, 0) + 1
+    done = []
+
+    def unpin() -> None:
+        with _LOCK:
+            if done:
+                return
+            done.append(True)
+            for key in keys:
+                _PINS[key] -= 1
+                if _PINS[key]:
+                    continue
+                del _PINS[key]
+                op = _LATEST.get(key)
+                if op is not None and id(op) not in _USERS:
+                    del _LATEST[key]
+    return unpin
 
 
 def engine_ops() -> Dict[tuple, EngineOp]:

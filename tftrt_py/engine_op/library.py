@@ -35,6 +35,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tftrt_py.engine_op import lifetime
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["OpLibraryError", "build", "build_tag", "compile_timeout", "library_path", "load", "prebuilt",
@@ -265,6 +267,7 @@ def load():
                 _module = tf.load_op_library(str(path))
             except (tf.errors.OpError, OSError) as e:
                 raise OpLibraryError(f"Loading the TRTEngineOp op library {path} failed: {e}") from e
+            lifetime.install()
         return _module
 
 
