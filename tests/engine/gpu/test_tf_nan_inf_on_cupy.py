@@ -1,0 +1,28 @@
+"""The NaN/Inf suite (tests/reliability/test_nan_inf.py: a TF function per layer kind on inputs holding NaN, ±Inf
+and overflowing ±3e38, TF on the CPU as the reference) with its engines on cupy: FP32 as TensorFlow within the
+GPU's 1e-4, FP16 with NaN and Inf where TensorFlow has them."""
+import functools
+
+import pytest
+
+import support
+from gpu_helpers import GPU, TOL, healthy_gpu  # noqa: F401 (autouse fixture)
+from reliability import test_nan_inf as suite
+from tftrt_py.engine.builder import BuilderConfig
+
+pytestmark = GPU
+
+
+@pytest.fixture(autouse=True)
+def engines_on_cupy(monkeypatch):
+    monkeypatch.setattr(support, "BuilderConfig", functools.partial(BuilderConfig, backend="cupy"))
+
+
+@pytest.mark.parametrize("name", sorted(suite.CASES))
+def test_fp32_nan_and_inf_as_tensorflow(name):
+    suite.check(name, "FP32", fp32_tol=TOL["FP32"])
+
+
+@pytest.mark.parametrize("name", sorted(set(suite.CASES) - suite.FP32_ONLY))
+def test_fp16_keeps_nan_and_inf_positions(name):
+    suite.check(name, "FP16")
