@@ -1,10 +1,12 @@
-"""tftrt-convert from the shell: flags reach the converter, summary, exit codes 0 / 1 / 2."""
+"""tftrt-convert from the shell: flags reach the converter, data files are checked against the signature,
+summary, exit codes 0 / 1 / 2 (errors in one line naming the flag)."""
 import os
 import sys
 import tomllib
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tftrt_py.tools import cli_convert
 from tftrt_py.tools.export import find_engines, with_default_attrs
@@ -143,3 +145,73 @@ def test_an_engine_left_unbuilt_exits_1_unless_allowed(saved_model, run_cli, tmp
     assert proc.returncode == 0, proc.stderr
     assert "TRTEngineOp_000_000: 0 engine(s) saved" in proc.stdout
     assert os.path.isfile(tmp_path / "allowed" / "saved_model.pb")
+
+
+def error_line(capsys) -> str:
+    """The one line a failed tftrt-convert printed on stderr."""
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tftrt-convert: error: "), err
+    return err[len("tftrt-convert: error: "):-1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--precision-mode", "INT8"], "--precision-mode INT8 calibrates: give --calibration-data FILE (one .npy/.npz "
+                                   "batch per flag), or --no-use-calibration if the model's quantization ops give "
+                                   "the ranges"),
+    (["--precision-mode", "fp8"], "--precision-mode FP8 calibrates: give --calibration-data FILE"),
+    (["--calibration-data", "c.npy"], "--calibration-data is not used with --precision-mode FP32: drop it, or "
+                                      "calibrate with --precision-mode INT8 or FP8"),
+    (["--precision-mode", "INT8", "--no-use-calibration", "--calibration-data", "c.npy"],
+     "--calibration-data is not used with --no-use-calibration"),
+])
+def test_calibration_data_is_required_exactly_when_the_precision_calibrates(saved_model, tmp_path, capsys, flags,
+                                                                            message):
+    argv = ["--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "o"), *flags]
+    assert cli_convert.main(argv) == 1
+    assert error_line(capsys).startswith(message)
+    assert not (tmp_path / "o").exists()
+
+
+def test_build_data_not_fitting_the_signature_is_one_line_naming_file_input_and_shapes(saved_model, tmp_path,
+                                                                                      capsys):
+    rng = np.random.default_rng(3)
+    cases = {  # file -> what the error says after "--build-data <file>"
+        "small.npy": (rng.standard_normal((2, 16, 16, 3)).astype("float32"),
+                      ": input 'image' has shape 2x16x16x3; the signature takes ?x32x32x3"),
+        "flat.npy": (rng.standard_normal((2, 32, 32)).astype("float32"),
+                     ": input 'image' has shape 2x32x32; the signature takes ?x32x32x3"),
+        "doubles.npy": (rng.standard_normal((2, 32, 32, 3)),
+                        ": input 'image' has dtype float64; the signature takes float32"),
+        "misnamed.npz": ({"img": rng.standard_normal((2, 32, 32, 3)).astype("float32")},
+                         " arrays are named ['img']; expected ['image']"),
+    }
+    for name, (value, message) in cases.items():
+        path = tmp_path / name
+        np.savez(path, **value) if isinstance(value, dict) else np.save(path, value)
+        argv = ["--input-dir", saved_model("small_cnn"), "--output-dir", str(tmp_path / "o"), "--build-data", str(path)]
+        assert cli_convert.main(argv) == 1, name
+        assert error_line(capsys) == f"--build-data {path}{message}"
+        assert not (tmp_path / "o").exists()
+
+
+class Blocks(tf.Module):
+    """x [?, ?] -> x reshaped into 4x4 blocks, doubled: the signature takes any width, the graph multiples of 16."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": tf.reshape(tf.nn.relu(x) * 2.0 + 1.0, [-1, 4, 4])}
+
+
+def test_an_error_of_the_converted_signature_on_build_data_is_one_line_naming_the_file(tmp_path, capsys):
+    module = Blocks()
+    tf.saved_model.save(module, str(tmp_path / "blocks"), signatures={"serving_default": module.serve})
+    rng = np.random.default_rng(4)
+    np.save(tmp_path / "good.npy", rng.standard_normal((2, 16)).astype("float32"))
+    np.save(tmp_path / "odd.npy", rng.standard_normal((2, 5)).astype("float32"))
+    argv = ["--input-dir", str(tmp_path / "blocks"), "--output-dir", str(tmp_path / "o"), "--minimum-segment-size",
+            "1", "--build-data", str(tmp_path / "good.npy"), "--build-data", str(tmp_path / "odd.npy")]
+    assert cli_convert.main(argv) == 1
+    error = error_line(capsys)
+    assert error.startswith(f"--build-data {tmp_path / 'odd.npy'}: running the converted signature on it failed: ")
+    assert "Input to reshape is a tensor with 10 values" in error and "Graph execution error" not in error
+    assert not (tmp_path / "o").exists()

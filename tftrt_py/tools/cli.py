@@ -8,15 +8,28 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import traceback
 from typing import Callable, List, Optional, Sequence, Tuple
 
-__all__ = ["ToolError", "run_tool", "add_common_flags", "table", "shape_str", "nbytes_str", "short_names"]
+__all__ = ["ToolError", "run_tool", "add_common_flags", "one_line", "table", "shape_str", "nbytes_str",
+           "short_names"]
+
+#: Lines of TensorFlow's runtime errors that say nothing about the cause: the header, the stack-trace
+#: placeholder, and the node/op trailers ("[[{{node x}}]]", "[Op:__inference_f_12]").
+_TF_BOILERPLATE = re.compile(r"Graph execution error:|Detected at node .* defined at \(most recent call last\):|"
+                             r"<stack traces unavailable>|(\[\[[^\n]*?\]\]\s*)+(\[Op:[^\]]*\])?")
 
 
 class ToolError(Exception):
     """An error the user can fix; printed without a traceback."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of `exc` on one line: its lines joined, TensorFlow's boilerplate lines left out."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join([line for line in lines if not _TF_BOILERPLATE.fullmatch(line)] or lines)
 
 
 def add_common_flags(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +55,7 @@ def run_tool(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace
     except Exception as exc:  # every failure becomes one clear line (and exit code 1)
         if verbose:
             traceback.print_exc()
-        message = str(exc) or type(exc).__name__
+        message = one_line(exc) or type(exc).__name__
         if not isinstance(exc, (ToolError, ValueError, OSError)):
             message = f"{type(exc).__name__}: {message}"
         print(f"{parser.prog}: error: {message}", file=sys.stderr)

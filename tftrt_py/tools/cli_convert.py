@@ -3,22 +3,28 @@
     tftrt-convert --input-dir model --output-dir model_trt --precision-mode FP16 --build-data batch8.npy
 
 Each --build-data file (.npy: the one input; .npz: one array per input, keyed by input name or
-saved positionally) is one input of ``converter.build()``, so engines are built for its shapes
-and saved with the model; an engine op left without an engine for them fails the command (exit 1,
-nothing saved) unless --allow-native-segments is given. Each --calibration-data file is one batch of
-``convert(calibration_input_fn=...)`` (INT8). Prints the conversion summary.
+saved positionally, in the order of the signature's sorted input names) is one input of
+``converter.build()``, so engines are built for its shapes and saved with the model; an engine op left
+without an engine for them fails the command (exit 1, nothing saved) unless --allow-native-segments is
+given. Each --calibration-data file is one batch of ``convert(calibration_input_fn=...)`` (INT8, FP8).
+Data files are read and checked against the signature's input names, dtypes and shapes (from
+saved_model.pb) before converting. Prints the conversion summary.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from tftrt_py.convert.params import CALIBRATION_ALGORITHMS
+import numpy as np
+
+from tftrt_py.convert.params import CALIBRATION_ALGORITHMS, quantized
 from tftrt_py.engine.builder import PRECISIONS
-from tftrt_py.tools.cli import ToolError, add_common_flags, run_tool, shape_str
-from tftrt_py.tools.inputs import load_arrays
+from tftrt_py.tools.cli import ToolError, add_common_flags, one_line, run_tool, shape_str
+from tftrt_py.tools.export import load_meta_graph
+from tftrt_py.tools.inputs import bind, load_arrays
 
 __all__ = ["build_parser", "converter_kwargs", "main"]
 
@@ -71,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 def converter_kwargs(args: argparse.Namespace) -> dict:
     """TrtGraphConverterV2 keyword arguments for parsed flags (dynamic-shape ones only when given)."""
     kwargs = dict(input_saved_model_dir=args.input_dir,
-                  input_saved_model_tags=[t.strip() for t in args.tags.split(",") if t.strip()],
+                  input_saved_model_tags=_tags(args),
                   input_saved_model_signature_key=args.signature_key,
                   precision_mode=args.precision_mode, minimum_segment_size=args.minimum_segment_size,
                   max_workspace_size_bytes=args.max_workspace_size_bytes,
@@ -85,13 +91,85 @@ def converter_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def _items(paths: Sequence[str]) -> List:
-    """One input_fn item per file: a tuple of arrays (positional) or a dict (by input name)."""
+#: A signature input: (numpy dtype name, shape with None for unknown dims, or None for an unknown rank).
+Spec = Tuple[str, Optional[Tuple[Optional[int], ...]]]
+
+
+def _signature_specs(args) -> Dict[str, Spec]:
+    """The converted signature's inputs, by name in sorted order (the order positional arrays bind in),
+    read from saved_model.pb."""
+    import tensorflow as tf
+
+    meta_graph = load_meta_graph(args.input_dir, _tags(args))
+    if args.signature_key not in meta_graph.signature_def:
+        keys = sorted(k for k in meta_graph.signature_def if not k.startswith("__"))
+        raise ToolError(f"SavedModel {args.input_dir!r} has no signature {args.signature_key!r}; available: {keys}")
+    specs = {}
+    for name, info in sorted(meta_graph.signature_def[args.signature_key].inputs.items()):
+        shape = info.tensor_shape
+        dims = None if shape.unknown_rank else tuple(d.size if d.size >= 0 else None for d in shape.dim)
+        specs[name] = (np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype).name, dims)
+    return specs
+
+
+def _items(paths: Sequence[str], flag: str, specs: Dict[str, Spec]) -> List[dict]:
+    """One input_fn item per file, as {input name: array}, each array checked against the signature."""
     items = []
     for path in paths:
-        arrays = load_arrays(path)
-        items.append(arrays if isinstance(arrays, dict) else tuple(arrays))
+        feeds = bind(load_arrays(path), list(specs), f"{flag} {path}")
+        for name, value in feeds.items():
+            dtype, shape = specs[name]
+            if shape is not None and (value.ndim != len(shape) or
+                                      any(d is not None and d != n for d, n in zip(shape, value.shape))):
+                raise ToolError(f"{flag} {path}: input {name!r} has shape {shape_str(value.shape)}; the signature "
+                                f"takes {shape_str(shape)}")
+            if value.dtype.name != dtype:
+                raise ToolError(f"{flag} {path}: input {name!r} has dtype {value.dtype.name}; the signature takes "
+                                f"{dtype}")
+        items.append(feeds)
     return items
+
+
+class _Feeder:
+    """The input_fn of one flag's files (checked items); knows which file runs, so that an error the converted
+    signature raises on it becomes one line naming the flag and the file."""
+
+    def __init__(self, flag: str, paths: Sequence[str], items: List[dict]):
+        self.flag, self.paths, self.items, self.running = flag, list(paths), items, None
+
+    def __call__(self):
+        for path, item in zip(self.paths, self.items):
+            self.running = path
+            yield item
+        self.running = None
+
+    @contextlib.contextmanager
+    def naming_the_file(self):
+        try:
+            yield
+        except Exception as exc:
+            if self.running is None:  # not raised while running a file
+                raise
+            raise ToolError(f"{self.flag} {self.running}: running the converted signature on it failed: "
+                            f"{one_line(exc) or type(exc).__name__}") from exc
+
+
+def _tags(args) -> List[str]:
+    return [t.strip() for t in args.tags.split(",") if t.strip()]
+
+
+def _check_calibration(args) -> None:
+    """Calibration data is given exactly when the precision calibrates (converter.convert's rule, in flags)."""
+    calibrates = quantized(args.precision_mode) and args.use_calibration
+    if calibrates and not args.calibration_data:
+        raise ToolError(f"--precision-mode {args.precision_mode} calibrates: give --calibration-data FILE (one "
+                        f".npy/.npz batch per flag), or --no-use-calibration if the model's quantization ops "
+                        f"give the ranges")
+    if args.calibration_data and not calibrates:
+        why = "with --no-use-calibration" if quantized(args.precision_mode) else \
+            f"with --precision-mode {args.precision_mode}"
+        raise ToolError(f"--calibration-data is not used {why}: drop it, or calibrate with --precision-mode INT8 "
+                        f"or FP8")
 
 
 def _check_dirs(args) -> None:
@@ -107,8 +185,10 @@ def _check_dirs(args) -> None:
 
 def _run(args) -> int:
     _check_dirs(args)
-    build_items = _items(args.build_data)  # read the files before the slow part
-    calibration_items = _items(args.calibration_data)
+    _check_calibration(args)
+    specs = _signature_specs(args) if args.build_data or args.calibration_data else {}
+    build_items = _items(args.build_data, "--build-data", specs)  # read and checked before the slow part
+    calibration_items = _items(args.calibration_data, "--calibration-data", specs)
 
     from tftrt_py import trt_convert as trt
     from tftrt_py.convert.summary import describe_native_runs
@@ -116,11 +196,15 @@ def _run(args) -> int:
 
     converter = trt.TrtGraphConverterV2(**converter_kwargs(args))
     if calibration_items:
-        converter.convert(calibration_input_fn=lambda: iter(calibration_items))
+        calibration = _Feeder("--calibration-data", args.calibration_data, calibration_items)
+        with calibration.naming_the_file():
+            converter.convert(calibration_input_fn=calibration)
     else:
         converter.convert()
     if build_items:
-        converter.build(input_fn=lambda: iter(build_items))
+        build = _Feeder("--build-data", args.build_data, build_items)
+        with build.naming_the_file():
+            converter.build(input_fn=build)
     native = converter.native_engine_ops()
     if native and not args.allow_native_segments:
         if args.summary:
