@@ -3,10 +3,11 @@
 :func:`lower` is the whole lowering: ONNX Runtime runs its models (the backend); other ONNX runtimes can where
 they have the few ONNX Runtime contrib ops used (:data:`~.graph.CONTRIB`: fused attention, bias-GELU, INT8 matrix
 multiplies to float; OpenVINO 2026.4 compiles BERT-base's FP32 engine). Precisions follow the CPU's: FP16 layers
-compute in fp32 (said once, as TensorRT says of precisions a device lacks), float16 tensors are widened to float32
-where layers read them and rounded back where they are written (so bindings keep their dtypes); INT8 layers are
-lowered by :mod:`.int8` (QDQ pairs); FP8 layers compute in fp32 (said once: ORT's CPU has float8
-Quantize/DequantizeLinear but no float8 kernels, so emulating FP8 there would only be slower).
+compute in fp32 on the fp16-rounded weights the builder stored (said once, as TensorRT says of precisions a device
+lacks), float16 tensors are widened to float32 where layers read them and rounded back where they are written (so
+bindings keep their dtypes); INT8 layers are lowered by :mod:`.int8` (QDQ pairs); FP8 layers compute in fp32
+(said once: ORT's CPU has float8 Quantize/DequantizeLinear but no float8 kernels, so emulating FP8 there would only
+be slower).
 """
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def _lower_layer(g: Graph, values: _Values, layer: Layer) -> None:
         raise BackendError(f"layer {layer.name!r}: kind {layer.kind!r} has no ONNX lowering ({why})")
     ins = [values.read(t) for t in layer.inputs]
     if layer.precision == "FP16":
-        _once("fp16", "FP16 requested: the CPU runs FP32 (ONNX Runtime's CPU kernels compute in fp32)")
+        _once("fp16", "FP16 requested: ONNX Runtime's CPU kernels compute FP16 layers in fp32 on their weights "
+                      "rounded to fp16 (activations are not rounded; the numpy backend rounds them as the GPU does), "
+                      "so outputs differ from FP32 by fp16-sized amounts (1e-4 to 1e-3 relative), not fp32's")
     elif layer.precision == "FP8":
         _once("fp8", "FP8 requested: the CPU runs FP32 (no FP8 kernels on ONNX Runtime's CPU; the numpy backend "
                      "computes FP8 as the GPU does)")
