@@ -212,7 +212,7 @@ def _weight(ref, path: str, blob_bytes: int) -> None:
         _fail(f"{path}.nbytes", f"is {nbytes}, but a {ref['dtype']} array of shape {shape} takes {expected}")
 
 
-def _check_header(header: dict, blob_bytes: int, backend: Optional[str]) -> None:
+def _check_header(header: dict, blob_bytes: int, backend: Optional[str] = None) -> None:
     """Types and ranges of every field deserialize() reads; PlanError names the first bad one."""
     _of(header.get("name"), str, "name")
     _dtype(header.get("precision"), "precision", PRECISIONS)
