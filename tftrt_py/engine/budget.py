@@ -147,9 +147,10 @@ def _device_free() -> Optional[int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _bad_setting(name: str, text: str, fallback: str) -> None:
-    logger.warning("%s=%r is not a number of %s; using %s", name, text,
-                   "bytes" if name == MAX_ENGINE_BYTES_ENV else "multiply-adds", fallback)
+def _bad_setting(name: str, text: str) -> None:
+    """Say once per value that `name` is malformed."""
+    logger.warning("%s=%r is not a number of %s; using the default", name, text,
+                   "bytes" if name == MAX_ENGINE_BYTES_ENV else "multiply-adds")
 
 
 def _setting(name: str) -> Optional[int]:
@@ -162,7 +163,7 @@ def _setting(name: str) -> Optional[int]:
     except ValueError:
         value = -1
     if value < 0:
-        _bad_setting(name, text, "the default")
+        _bad_setting(name, text)
         return None
     return value
 
@@ -194,4 +195,5 @@ def engine_work_limit() -> Limit:
 
 
 def max_engine_work() -> int:
+    """The work one engine may declare (see :func:`engine_work_limit`)."""
     return engine_work_limit().value
