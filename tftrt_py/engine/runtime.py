@@ -253,6 +253,15 @@ class Engine:
             last[t.name] = len(self.network.layers)
         return last
 
+    def for_batch(self, batch: int) -> "Engine":
+        """This row-wise engine built for `batch` rows: its optimized network re-batched (:func:`rebatched`: the
+        same layers, precisions and ranges), compiled by the same backend; NetworkError where the network's
+        params fix the batch."""
+        engine = Engine(rebatched(self.network, batch), precision=self.precision, backend=self.backend_name,
+                        build_config=self.build_config, device=self.device, profile=self.profile)
+        engine.binding = getattr(self, "binding", None)
+        return engine
+
     # -- API --------------------------------------------------------------
     def create_execution_context(self) -> "ExecutionContext":
         return ExecutionContext(self)

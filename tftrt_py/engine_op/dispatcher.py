@@ -49,7 +49,7 @@ from tftrt_py.engine_op.binding import segment_binding
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration
 from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
-from tftrt_py.engine_op.pool import ContextPool
+from tftrt_py.engine_op.buckets import serving_pool
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
 __all__ = ["create", "run", "replay", "release", "warn", "pin", "EngineOp", "engine_ops", "stats", "FALLBACK_ENV",
@@ -230,12 +230,12 @@ class EngineOp:
                 return
             key = engine.profile.key
             if key not in self.cache.keys():
-                self._insert(key, ProfileEngine(engine.profile, self._specialiser(engine.profile)))
+                self._insert(key, self._profile_engine(engine.profile))
             self.cache.get(key).add(engine)
 
     def _insert(self, key, engine) -> None:
         evicted = self.cache.insert(key, engine)
-        self._contexts[key] = engine if isinstance(engine, ProfileEngine) else ContextPool(engine)
+        self._contexts[key] = engine if isinstance(engine, ProfileEngine) else serving_pool(engine)
         self._contexts[key].profiler = self.profiler
         if evicted is not None:
             self.revoke_replays()
@@ -324,7 +324,16 @@ class EngineOp:
             return [e for entry in self.cache.engines()
                     for e in (entry.engines() if isinstance(entry, ProfileEngine) else [entry])]
 
+    @property
+    def batch_copies(self) -> int:
+        """Copies of this op's row-wise engines built for smaller batches (see engine_op.buckets)."""
+        with self._lock:
+            return sum(entry.copies for entry in self._contexts.values())
+
     # -- shape profiles -----------------------------------------------------
+    def _profile_engine(self, profile) -> ProfileEngine:
+        return ProfileEngine(profile, self._specialiser(profile))
+
     def _specialiser(self, profile):
         """The function a profile engine calls to build an engine for concrete shapes inside `profile`."""
         def specialise(shapes):
@@ -346,7 +355,7 @@ class EngineOp:
             for profile in profiles:
                 if profile.key in self.cache.keys():
                     continue
-                entry = ProfileEngine(profile, self._specialiser(profile))
+                entry = self._profile_engine(profile)
                 try:
                     entry.context_for(profile.opt)
                 except EngineError as exc:
@@ -427,12 +436,11 @@ class EngineOp:
                     _COLLECTING.get(_text(self.segment_key)) is not None:
                 return None
             key = self.cache.lookup(shapes)
-            pool = None if key is None else self._contexts.get(key)
-            if isinstance(pool, ProfileEngine):
-                try:
-                    pool = pool.context_for(shapes)
-                except EngineError:
-                    return None
+            entry = None if key is None else self._contexts.get(key)
+            try:  # while a better pool for these shapes is built, the kernel asks again later
+                pool = None if entry is None or entry.pending(shapes) else entry.context_for(shapes)
+            except EngineError:
+                return None
         if pool is None:
             return None
         if not pool.replays:
@@ -477,13 +485,10 @@ class EngineOp:
                 if key is None:
                     return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
                                                          f"{self.cache.failed[shapes]}", shapes)
-            context = self._contexts[key]
-            if isinstance(context, ProfileEngine):
-                try:
-                    context = context.context_for(shapes)
-                except EngineError as exc:
-                    return self.fallback("build_failed", str(exc), shapes)
-            return context
+            try:
+                return self._contexts[key].context_for(shapes)
+            except EngineError as exc:
+                return self.fallback("build_failed", str(exc), shapes)
 
     # -- INT8 calibration -----------------------------------------------------
     def _calibrate(self, arrays: List[np.ndarray]) -> Optional[List[np.ndarray]]:
@@ -685,7 +690,8 @@ def find(segment_key: str) -> Optional[EngineOp]:
 
 
 def stats() -> Dict[str, dict]:
-    """Counters (hits, builds, build failures, evictions, engine runs, fallbacks) by engine op name.
+    """Counters (hits, builds, build failures, evictions, engine runs, fallbacks) by engine op name, with the
+    engines cached and ``batch_copies``: the copies of row-wise engines built for smaller batches (engine_op.buckets).
 
     Where ops of several models (or loads) share a name, the one created last keeps the plain name and the
     others add their native segment function's name: ``"TRTEngineOp_000_000 [<function>]"``.
@@ -693,4 +699,4 @@ def stats() -> Dict[str, dict]:
     ops = list(engine_ops().values())  # in creation order
     last = {op.name: op for op in ops}
     return {(op.name if last[op.name] is op else f"{op.name} [{op.key[1]}]"):
-            dict(op.stats.as_dict(), engines=len(op.cache)) for op in ops}
+            dict(op.stats.as_dict(), engines=len(op.cache), batch_copies=op.batch_copies) for op in ops}

@@ -53,6 +53,19 @@ class ContextPool:
     def __len__(self) -> int:
         return len(self._all)
 
+    def context_for(self, shapes) -> "ContextPool":
+        """The pool serving `shapes`: this one (see buckets.BatchBuckets for an entry holding several)."""
+        return self
+
+    def pending(self, shapes) -> bool:
+        """Whether a better pool for `shapes` is being built (never, for a single pool)."""
+        return False
+
+    @property
+    def copies(self) -> int:
+        """Copies of the engine for smaller batches (none, for a single pool)."""
+        return 0
+
     def _acquire(self):
         while True:
             with self._cond:

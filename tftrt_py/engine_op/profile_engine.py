@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Tuple
 
 from tftrt_py.engine import EngineError
 from tftrt_py.engine.runtime import OptimizationProfile
-from tftrt_py.engine_op.pool import ContextPool
+from tftrt_py.engine_op.buckets import serving_pool
 
 __all__ = ["ProfileEngine"]
 
@@ -59,17 +59,30 @@ class ProfileEngine:
         with self._lock:
             return [context.engine for context in self._contexts.values()]
 
+    @property
+    def copies(self) -> int:
+        """The specialisations' copies for smaller batches (see buckets)."""
+        with self._lock:
+            return sum(context.copies for context in self._contexts.values())
+
     def add(self, engine) -> object:
         """Keep `engine` (built for shapes inside the profile) as a specialisation; its execution contexts."""
         key = tuple(t.shape for t in engine.inputs)
         with self._lock:
-            context = ContextPool(engine)
+            context = serving_pool(engine)
             context.profiler = self._profiler
             self._contexts[key] = context
             return context
 
     def context_for(self, shapes: Key):
-        """The execution context serving `shapes`, specialising first when none does (EngineError if that fails)."""
+        """The execution contexts serving `shapes`, specialising first when none does (EngineError if that fails)."""
+        return self._entry_for(shapes).context_for(shapes)
+
+    def pending(self, shapes: Key) -> bool:
+        """Whether a better pool for `shapes` is being built inside their specialisation (see buckets)."""
+        return self._entry_for(shapes).pending(shapes)
+
+    def _entry_for(self, shapes: Key):
         with self._lock:
             context = self._contexts.get(shapes)
             if context is not None:
