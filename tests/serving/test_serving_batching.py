@@ -2,6 +2,7 @@
 queue refuses; incompatible requests never merge; errors reach every request and the threads go on."""
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -81,6 +82,23 @@ def test_timeout_flushes_a_partial_batch():
         sched.stop()
     assert 0.25 <= waited < 5 and [s[1:] for s in seen] == [(1, 1)]
     np.testing.assert_array_equal(out["y"], 3 * x)
+
+
+def test_a_queue_keeps_no_run_function_once_its_batches_are_taken():
+    """An unloaded model version leaves nothing behind in the scheduler."""
+    model, (sched, _) = Model(), scheduler(batch_timeout_micros=1000)
+    try:
+        x = random_array((2, 5))
+        np.testing.assert_array_equal(sched.submit("q", model, {"x": x}).result(timeout=10)["y"], 3 * x)
+        gone = weakref.ref(model)
+        del model
+        deadline = time.monotonic() + 10
+        while gone() is not None and time.monotonic() < deadline:  # the batch thread lets go after answering
+            time.sleep(0.01)
+        assert gone() is None
+        np.testing.assert_array_equal(sched.submit("q", Model(), {"x": x}).result(timeout=10)["y"], 3 * x)
+    finally:
+        sched.stop()
 
 
 def test_full_queue_refuses_with_unavailable_and_recovers():

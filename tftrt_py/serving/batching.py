@@ -94,7 +94,9 @@ def serving_error(exc: Exception) -> ServingError:
 
 
 class BatchScheduler:
-    """Queues (one per servable signature) sharing num_batch_threads batch threads.
+    """Queues (one per servable signature) sharing num_batch_threads batch threads. A queue lives while it holds
+    batches: its run function (and so the servable behind it) is not kept once its requests are taken, and a
+    version the server unloads leaves nothing here.
 
     `on_batch(label, rows, padded_rows)` is called for each batch run (metrics).
     """
@@ -162,10 +164,12 @@ class BatchScheduler:
     def _next_batch(self):
         """(queue, batch) of the first batch ready to run, else (None, seconds until one may be)."""
         now, wait = time.monotonic(), None
-        for queue in self._queues.values():
+        for queue_id, queue in self._queues.items():
             for i, batch in enumerate(queue.batches):
                 if batch.closed or batch.deadline <= now:
                     del queue.batches[i]
+                    if not queue.batches:
+                        del self._queues[queue_id]
                     return queue, batch
                 wait = batch.deadline - now if wait is None else min(wait, batch.deadline - now)
         return None, wait
