@@ -47,6 +47,15 @@ def test_config_files(tmp_path):
     assert parse("--model_base_path=/m", f"--batching_parameters_file={batching}").batching is None
 
 
+def test_file_system_poll_wait_seconds_sets_the_poll_interval():
+    assert parse("--model_base_path=/m").file_system_poll_wait_seconds == 1  # TF Serving's default
+    assert parse("--model_base_path=/m", "--file_system_poll_wait_seconds=30").file_system_poll_wait_seconds == 30
+    assert parse("--model_base_path=/m", "--file_system_poll_wait_seconds=0").file_system_poll_wait_seconds == 0
+    for bad in ("-1", "0.5", "soon"):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args([f"--file_system_poll_wait_seconds={bad}"])
+
+
 def test_bad_command_lines():
     with pytest.raises(ToolError, match="--model_base_path"):
         parse("--port=1")

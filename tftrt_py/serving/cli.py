@@ -4,7 +4,9 @@
     tftrt-serve --model_config_file=models.config --enable_batching --batching_parameters_file=batching.config
 
 As TF Serving: --rest_api_port=0 (the default) leaves REST off; versions are the numbered folders of each base
-path. Flags of TF Serving this server does not implement are accepted and ignored with a warning.
+path, looked at again every --file_system_poll_wait_seconds (default 1; 0: only at start) to load new versions and
+unload those the version policy no longer selects. Flags of TF Serving this server does not implement are
+accepted and ignored with a warning.
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_parser", "server_from_args", "main"]
 
 #: TF Serving flags accepted so deployment scripts run unchanged, but without effect here
-IGNORED_FLAGS = ("rest_api_timeout_in_ms", "file_system_poll_wait_seconds", "model_config_file_poll_wait_seconds",
-                 "monitoring_config_file", "enable_model_warmup", "grpc_channel_arguments", "grpc_socket_path",
-                 "ssl_config_file", "platform_config_file", "saved_model_tags", "per_process_gpu_memory_fraction",
+IGNORED_FLAGS = ("rest_api_timeout_in_ms", "model_config_file_poll_wait_seconds", "monitoring_config_file",
+                 "enable_model_warmup", "grpc_channel_arguments", "grpc_socket_path", "ssl_config_file",
+                 "platform_config_file", "saved_model_tags", "per_process_gpu_memory_fraction",
                  "flush_filesystem_caches", "tensorflow_session_parallelism", "num_load_threads",
                  "num_unload_threads", "max_num_load_retries", "load_retry_interval_micros",
                  "enable_signature_method_name_check", "xla_cpu_compilation_enabled", "enable_profiler",
@@ -37,6 +39,16 @@ def _bool(text: str) -> bool:
     return value in ("true", "1")
 
 
+def _poll_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: look for versions only at start), got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tftrt-serve", description=__doc__.split("\n\n")[0],
                                 epilog="Exit codes: 0 stopped by a signal, 1 the server could not start, "
@@ -47,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_name", default="default", help="name of the model given by --model_base_path")
     p.add_argument("--model_base_path", help="folder holding the model's numbered version folders")
     p.add_argument("--model_config_file", help="text-proto ModelServerConfig (overrides --model_name/base_path)")
+    p.add_argument("--file_system_poll_wait_seconds", type=_poll_seconds, default=1,
+                   help="seconds between looks at each base path for versions to load and unload "
+                        "(default: %(default)s; 0: only at start)")
     p.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
                    help="batch predict requests (TF Serving's batching parameters)")
     p.add_argument("--batching_parameters_file", help="text-proto BatchingParameters (with --enable_batching)")
@@ -82,7 +97,8 @@ def server_from_args(args: argparse.Namespace):
         logger.warning("--batching_parameters_file is ignored without --enable_batching")
     batching = read_batching_parameters_file(args.batching_parameters_file) if args.enable_batching else None
     return Server(models, grpc_port=args.port, rest_port=args.rest_api_port or None, host=args.host,
-                  batching=batching, grpc_threads=args.grpc_max_threads, rest_threads=args.rest_api_num_threads)
+                  batching=batching, grpc_threads=args.grpc_max_threads, rest_threads=args.rest_api_num_threads,
+                  file_system_poll_wait_seconds=args.file_system_poll_wait_seconds)
 
 
 def _set_tf_threads(args: argparse.Namespace) -> None:

@@ -1,5 +1,6 @@
 """Served models: versions found under each base path, loaded with tf.saved_model.load (engine op registered
-first), their signatures as the SavedModel declares them, status and lookup by version or label."""
+first), their signatures as the SavedModel declares them, status and lookup by version or label; versions load and
+unload as the base path's folders come and go."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,8 @@ import gc
 import logging
 import os
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+import weakref
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -122,9 +124,9 @@ class Servable:
         return found
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class VersionStatus:
-    """TF Serving's ModelVersionStatus: state START/LOADING/AVAILABLE/END, with the load error if any."""
+    """TF Serving's ModelVersionStatus: state START/LOADING/AVAILABLE/UNLOADING/END, with the load error if any."""
 
     version: int
     state: str = "START"
@@ -132,55 +134,172 @@ class VersionStatus:
 
 
 def _versions(base_path: str) -> List[int]:
-    """Numbered folders holding a SavedModel under `base_path`."""
-    if not os.path.isdir(base_path):
-        return []
+    """Numbered folders holding a SavedModel under `base_path` (OSError when it cannot be listed)."""
     return sorted(int(d) for d in os.listdir(base_path) if d.isdigit()
                   and os.path.isfile(os.path.join(base_path, d, "saved_model.pb")))
 
 
+def _collect_and_freeze() -> None:
+    """One full collection over every object, frozen ones included, then freeze the survivors again.
+
+    Frozen objects (gc.freeze) are never examined by the cyclic collector: it keeps the collections that run on
+    the request path small (TF and the loaded models are ~340k objects; a full collection over them stops every
+    request for ~180 ms: batched gRPC p99 ~200 ms, frozen ~32 ms). But TF's function objects hold reference
+    cycles, so an unloaded version left frozen would never be freed, nor garbage its loading made. Unfreezing
+    for one collection after a load or an unload frees both (requests pause once, ~0.2-0.35 s on a 2-core CPU
+    host); freezing again restores the small collections.
+    """
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 class ModelManager:
-    """Loads the versions each ModelSpec's policy selects and resolves requests to servables."""
+    """Serves the versions each ModelSpec's policy selects among the numbered folders of its base path.
+
+    `load()` loads them once; `refresh()` looks again, loads the versions newly selected, then unloads those no
+    longer selected (folder gone, or a newer one takes their place), as TF Serving's availability-preserving
+    policy does: while a model has selected versions but none of them is AVAILABLE (its load failed), its newest
+    unselected version keeps serving. `start_polling(seconds)` refreshes every `seconds` on a thread of
+    its own, off the request path. A version that failed to load is tried again only once it has left the
+    selection and come back.
+    """
 
     def __init__(self, specs: Sequence[ModelSpec]):
         self.specs = {s.name: s for s in specs}
         self._servables: Dict[str, Dict[int, Servable]] = {s.name: {} for s in specs}
         self._status: Dict[str, Dict[int, VersionStatus]] = {s.name: {} for s in specs}
-        self._lock = threading.Lock()
+        self._failed: Dict[str, Set[int]] = {s.name: set() for s in specs}
+        self._unlisted: Set[str] = set()  # models whose base path could not be listed at the last refresh
+        #: weak references to unloaded servables and their signatures not freed yet (a request in flight held
+        #: one at the last collection): once one is gone, the next refresh collects again
+        self._dropped: List[weakref.ref] = []
+        self._lock = threading.Lock()  # guards _servables and _status
+        self._refreshing = threading.Lock()
+        self._stop = threading.Event()
+        self._poller: Optional[threading.Thread] = None
 
     def load(self) -> None:
-        """Load every selected version; a model none of whose versions loads is an error (ValueError). Then
-        freeze what is alive (gc.freeze): TF and the loaded models are ~340k objects, and a full garbage
-        collection over them stops every request for ~180 ms (batched gRPC load runs: p99 ~200 ms, frozen ~32 ms)."""
+        """Load every selected version; a model none of whose versions loads is an error (ValueError)."""
+        self.refresh()
         for spec in self.specs.values():
-            versions = spec.version_policy.select(_versions(spec.base_path))
-            if not versions:
+            if spec.name in self._unlisted or not self._status[spec.name]:
                 raise ValueError(f"model {spec.name!r}: no version to serve under {spec.base_path!r} (expected "
                                  f"numbered folders <base_path>/<version>/saved_model.pb)")
-            for version in versions:
-                self._load(spec.name, version, os.path.join(spec.base_path, str(version)))
             if not self._servables[spec.name]:
                 raise ValueError(f"model {spec.name!r}: no version loaded: " + "; ".join(
                     f"{s.version}: {s.error}" for s in self._status[spec.name].values()))
-        gc.collect()
-        gc.freeze()
 
-    def _load(self, name: str, version: int, path: str) -> None:
-        status = self._status[name][version] = VersionStatus(version, "LOADING")
+    def refresh(self) -> bool:
+        """Load the versions the policies newly select, then unload the versions no longer selected; True when
+        a version was loaded or unloaded. Requests are served meanwhile."""
+        with self._refreshing:
+            unloaded: List[Tuple[str, int]] = []
+            loaded = False
+            for spec in self.specs.values():
+                selected = self._selected(spec)
+                if selected is None:
+                    continue
+                loaded |= self._load_new(spec, selected)
+                unloaded += [(spec.name, v) for v in self._unload_unselected(spec.name, selected)]
+            if loaded or unloaded or any(ref() is None for ref in self._dropped):
+                _collect_and_freeze()
+                self._dropped = [ref for ref in self._dropped if ref() is not None]
+            with self._lock:
+                for name, version in unloaded:
+                    self._status[name][version] = VersionStatus(version, "END")
+            for name, version in unloaded:
+                logger.info("model %s version %d unloaded", name, version)
+            return loaded or bool(unloaded)
+
+    def _selected(self, spec: ModelSpec) -> Optional[Set[int]]:
+        """The versions `spec`'s policy selects now; None when its base path cannot be listed (TF Serving
+        keeps what it serves then)."""
+        try:
+            found = _versions(spec.base_path)
+        except OSError as exc:
+            if spec.name not in self._unlisted:
+                logger.warning("model %s: cannot list %s (%s): its versions stay as they are", spec.name,
+                               spec.base_path, exc)
+            self._unlisted.add(spec.name)
+            return None
+        self._unlisted.discard(spec.name)
+        return set(spec.version_policy.select(found))
+
+    def _load_new(self, spec: ModelSpec, selected: Set[int]) -> bool:
+        """Load the selected versions not loaded yet (newest first, as TF Serving); True when one loaded."""
+        failed = self._failed[spec.name]
+        failed &= selected  # a failed version that left the selection is tried again when it comes back
+        with self._lock:
+            new = selected - set(self._servables[spec.name]) - failed
+        loaded = False
+        for version in sorted(new, reverse=True):
+            if self._stop.is_set():
+                break
+            if self._load(spec.name, version, os.path.join(spec.base_path, str(version))):
+                loaded = True
+            else:
+                failed.add(version)
+        return loaded
+
+    def _load(self, name: str, version: int, path: str) -> bool:
+        with self._lock:
+            self._status[name][version] = VersionStatus(version, "LOADING")
         try:
             servable = Servable(name, version, path)
         except Exception as exc:  # a broken version is reported in its status, the others still serve
             logger.error("model %s version %d failed to load from %s: %s", name, version, path, exc)
-            status.state, status.error = "END", f"{type(exc).__name__}: {exc}"
-            return
+            with self._lock:
+                self._status[name][version] = VersionStatus(version, "END", f"{type(exc).__name__}: {exc}")
+            return False
         with self._lock:
             self._servables[name][version] = servable
-        status.state = "AVAILABLE"
+            self._status[name][version] = VersionStatus(version, "AVAILABLE")
         logger.info("model %s version %d loaded from %s", name, version, path)
+        return True
+
+    def _unload_unselected(self, name: str, selected: Set[int]) -> List[int]:
+        """Stop serving the loaded versions `selected` lacks (but the newest of them while selected versions
+        exist and none is AVAILABLE); the versions unloaded. Requests resolve them no more; what the server
+        held of them goes with the references dropped here, once requests in flight finish."""
+        with self._lock:
+            loaded = self._servables[name]
+            going = sorted(set(loaded) - selected)
+            if going and selected and not selected & set(loaded):
+                going.pop()  # availability: the newest unselected version serves until a selected one can
+            for version in going:
+                servable = loaded.pop(version)
+                self._status[name][version] = VersionStatus(version, "UNLOADING")
+                self._dropped += [weakref.ref(servable)] + [weakref.ref(s) for s in servable.signatures.values()]
+        return going
+
+    def start_polling(self, seconds: float) -> None:
+        """Refresh every `seconds` on a daemon thread until stop_polling()."""
+        if seconds <= 0:
+            raise ValueError(f"poll interval must be > 0 seconds, got {seconds}")
+        self._stop.clear()
+        self._poller = threading.Thread(target=self._poll, args=(seconds,), name="tftrt-serve-poll", daemon=True)
+        self._poller.start()
+
+    def stop_polling(self) -> None:
+        """Stop the poll thread (a load in progress finishes first; versions not yet started are left)."""
+        if self._poller is not None:
+            self._stop.set()
+            self._poller.join()
+            self._poller = None
+            self._stop.clear()
+
+    def _poll(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            try:
+                self.refresh()
+            except Exception:  # a bug here must not end the polling: the next poll tries again
+                logger.exception("refreshing the served model versions failed")
 
     @property
     def ready(self) -> bool:
-        return all(self._servables.values())
+        with self._lock:
+            return all(self._servables.values())
 
     def _version_for(self, name: str, version: Optional[int], label: Optional[str]) -> Optional[int]:
         if name not in self.specs:
@@ -205,9 +324,11 @@ class ModelManager:
         raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {request}")
 
     def status(self, name: str, version: Optional[int] = None, label: Optional[str] = None) -> List[VersionStatus]:
-        """Every version's status, or the one asked for (NOT_FOUND when it was never selected)."""
+        """Every version's status, or the one asked for (NOT_FOUND when it was never selected); an unloaded
+        version stays END."""
         version = self._version_for(name, version, label)
-        statuses = self._status[name]
+        with self._lock:
+            statuses = dict(self._status[name])
         if version is None:
             return [statuses[v] for v in sorted(statuses)]
         if version not in statuses:
