@@ -1,6 +1,7 @@
 """Row-wise engines serve a small batch at about its own size: a copy of the engine built for the batch's bucket
-(the next power of two) serves it once built in the background; until then, and for batches near the engine's,
-the engine itself serves them padded. The copies take no engine-cache slot."""
+(the next power of two) serves it (on the CPU the first such call waits for the copy; on a GPU the engine serves
+it padded until the copy is ready); batches near the engine's run on the engine, padded. The copies take no
+engine-cache slot."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,19 +28,27 @@ def engine(batch, backend="numpy"):
     return Builder(BuilderConfig(backend=backend)).build_engine(conv_relu_pool_net(batch))
 
 
-def test_a_small_batch_runs_on_the_engine_until_its_copy_is_built_then_on_the_copy():
+def test_on_the_cpu_a_small_batch_waits_for_its_copy():
     buckets = serving_pool(engine(64))
     assert isinstance(buckets, BatchBuckets)
     x = np.random.default_rng(0).standard_normal((64, 8, 8, 3)).astype("float32")
     full = buckets.execute_v2([x])[0]
-    first = buckets.context_for([(3, 8, 8, 3)])
-    assert first.engine.max_batch_size == 64  # the copy is being built meanwhile
-    buckets.wait()
     copy = buckets.context_for([(3, 8, 8, 3)])
     assert copy.engine.max_batch_size == 4 and buckets.copies == 1 and not buckets.pending([(3, 8, 8, 3)])
     assert copy.engine.binding == getattr(buckets.engine, "binding", None)
     np.testing.assert_allclose(buckets.execute_v2([x[:3]])[0], full[:3], rtol=1e-6, atol=1e-6)
     assert buckets.context_for([(40, 8, 8, 3)]).engine.max_batch_size == 64  # within twice: no copy
+    assert buckets.copies == 1
+
+
+def test_on_a_gpu_a_small_batch_runs_padded_until_its_copy_is_built():
+    big = engine(64)
+    big.device = "NVIDIA H100 80GB HBM3"  # builds tune kernels there: calls do not wait for them
+    buckets = serving_pool(big)
+    first = buckets.context_for([(1, 8, 8, 3)])
+    assert first.engine is big
+    buckets.wait()
+    assert buckets.context_for([(1, 8, 8, 3)]).engine.max_batch_size == 1
 
 
 def test_copies_are_built_by_the_engines_backend_and_match_it():

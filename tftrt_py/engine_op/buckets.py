@@ -3,10 +3,12 @@
 A row-wise engine built for B rows serves any batch up to B, but its kernels run all B rows: a batch-1 request
 served by a batch-512 engine costs the batch-512 time. TensorRT's implicit batch runs the rows it is given.
 Here, a batch b no more than half the engine's gets a copy of the engine built for the next power of two
-(``Engine.for_batch``: the same optimized network re-batched, compiled by the same backend). The first such batch
-starts that build in a background thread and is served by the engine itself (padded), as are its like until the
-copy is ready, so no request waits for a build; then batches up to the bucket are padded to it, and a request
-costs at most about twice its own rows. The copies belong to the engine's cache entry: they take no cache slot (``maximum_cached_engines`` keeps
+(``Engine.for_batch``: the same optimized network re-batched, compiled by the same backend) the first time such a
+batch arrives; then batches up to the bucket are padded to it, and a request costs at most about twice its own
+rows. On the CPU that first request waits for the copy: making ONNX Runtime sessions costs less than running the
+engine's whole batch (Keras ResNet50 at 64x64: a batch-512 run takes seconds). On a GPU a build tunes kernels
+(seconds) while a padded run takes milliseconds, so the copy is built in a background thread and the engine
+serves such batches padded until it is ready. The copies belong to the engine's cache entry: they take no cache slot (``maximum_cached_engines`` keeps
 TF-TRT's meaning), are not saved with the model (they are made again on demand) and go with the entry.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ class BatchBuckets:
 
     def __init__(self, engine):
         self.engine = engine
+        self._wait = engine.device == "cpu"  # see the module docstring
         self._pools: Dict[int, ContextPool] = {engine.max_batch_size: ContextPool(engine)}
         self._failed: Dict[int, str] = {}
         self._building: Dict[int, threading.Thread] = {}
@@ -53,8 +56,8 @@ class BatchBuckets:
         return sum(len(pool) for pool in list(self._pools.values()))
 
     def context_for(self, shapes) -> ContextPool:
-        """The pool serving input `shapes` (their batch is at most the engine's): the copy for the batch's bucket
-        when built, else the engine's own (padding the batch), starting the copy's build when none was tried."""
+        """The pool serving input `shapes` (their batch is at most the engine's): the copy for the batch's bucket,
+        its build started when none was tried (and waited for on the CPU), else the engine's own (padding)."""
         batch = shapes[0][0] if shapes and shapes[0] else self.engine.max_batch_size
         bucket = bucket_for(batch, self.engine.max_batch_size)
         pool = self._pools.get(bucket)
@@ -66,6 +69,9 @@ class BatchBuckets:
                                           name=f"tftrt-batch-{bucket}-{self.engine.name}")
                 self._building[bucket] = thread
                 thread.start()
+            thread = self._building.get(bucket)
+        if thread is not None and self._wait:
+            thread.join()
         return self._pools.get(bucket) or self._pools[self.engine.max_batch_size]
 
     def pending(self, shapes) -> bool:
