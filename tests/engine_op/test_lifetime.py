@@ -54,6 +54,7 @@ def load_call_drop(path, key, x):
     return refs
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux)")
 def test_load_call_drop_cycles_free_every_engine_op_and_keep_memory_flat(converted):
     path, key = converted

@@ -1,4 +1,4 @@
-"""Model zoo (issue 12 item 8): small keras-hub and Keras models with random weights, converted in FP32 and FP16,
+"""Model zoo: small keras-hub and Keras models with random weights, converted in FP32 and FP16,
 built for their shapes, saved, reloaded in a fresh process and served fresh inputs. Each must match native TF
 (FP32 max abs error <= 1e-4, relative past an output magnitude of 1, or twice the difference between TF's own oneDNN
 and Eigen kernels where they differ more; FP16 <= 1e-2 of the output's scale, or twice Keras mixed_float16's own

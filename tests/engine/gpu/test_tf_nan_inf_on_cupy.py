@@ -1,14 +1,17 @@
 """The NaN/Inf suite (tests/reliability/test_nan_inf.py: a TF function per layer kind on inputs holding NaN, ±Inf
 and overflowing ±3e38, TF on the CPU as the reference) with its engines on cupy: FP32 as TensorFlow within the
-GPU's 1e-4, FP16 with NaN and Inf where TensorFlow has them."""
+GPU's 1e-4, FP16 with NaN and Inf where TensorFlow has them. Needs TensorFlow beside the GPU (its CPU build
+computes the references); tests/engine/gpu/test_nan_inf.py holds cupy to the numpy backend without it."""
 import functools
 
 import pytest
 
-import support
-from gpu_helpers import GPU, TOL, healthy_gpu  # noqa: F401 (autouse fixture)
-from reliability import test_nan_inf as suite
-from tftrt_py.engine.builder import BuilderConfig
+pytest.importorskip("tensorflow")
+
+import support  # noqa: E402
+from gpu_helpers import GPU, TOL, healthy_gpu  # noqa: F401,E402 (autouse fixture)
+from reliability import test_nan_inf as suite  # noqa: E402
+from tftrt_py.engine.builder import BuilderConfig  # noqa: E402
 
 pytestmark = GPU
 
