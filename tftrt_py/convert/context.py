@@ -17,7 +17,8 @@ from tftrt_py.convert.graph import GraphView, NodeView, split_ref, tensor_ref
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.errors import NetworkError
-from tftrt_py.engine.network import Layer, Network, Tensor, dtype_name
+from tftrt_py.engine.network import Layer, Network, Tensor
+from tftrt_py.engine.types import dtype_name
 
 __all__ = ["InputInfo", "Weights", "shape_of", "ValidationContext", "ConversionContext"]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 import collections
 import numbers
 
-from tftrt_py.engine.builder import PRECISIONS
-from tftrt_py.engine.builder.precision import QUANTIZED
+from tftrt_py.engine.types import PRECISIONS, QUANTIZED
 
 __all__ = ["TrtPrecisionMode", "TrtConversionParams", "DEFAULT_TRT_CONVERSION_PARAMS",
            "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "CALIBRATION_ALGORITHMS", "check_conversion_params",

@@ -15,9 +15,9 @@ from typing import Callable, Dict, List, NamedTuple, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.engine.errors import NetworkError
-from tftrt_py.engine.network import DTYPES
 from tftrt_py.engine.params import (RANK, SPATIAL, axes, axis, boolean, integer, ints, list_of, number, one_of,
                                     optional, permutation, record)
+from tftrt_py.engine.types import DTYPES
 
 __all__ = ["register", "get", "kinds", "ELEMENTWISE_OPS", "UNARY_OPS", "ACTIVATIONS", "REDUCE_OPS",
            "conv_output_size", "volume", "ELEMENT_COST", "WINDOW_COST"]

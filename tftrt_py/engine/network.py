@@ -15,26 +15,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.engine.errors import NetworkError
+from tftrt_py.engine.types import dtype_name
 
-__all__ = ["Tensor", "Layer", "Network", "DTYPES"]
-
-#: Engine dtypes by name; plans and bindings use these names.
-DTYPES = {
-    "float32": np.float32,
-    "float16": np.float16,
-    "int32": np.int32,
-    "int64": np.int64,
-    "int8": np.int8,
-    "bool": np.bool_,
-}
-
-
-def dtype_name(dtype) -> str:
-    name = np.dtype(dtype).name
-    if name not in DTYPES:
-        raise NetworkError(f"dtype {name} is not supported by the engine (supported: {', '.join(DTYPES)})")
-    return name
-
+__all__ = ["Tensor", "Layer", "Network"]
 
 @dataclasses.dataclass
 class Tensor:

@@ -27,9 +27,9 @@ import numpy as np
 from tftrt_py.engine import budget
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine import params as param_schemas
-from tftrt_py.engine.builder import PRECISIONS
 from tftrt_py.engine.errors import BackendError, PlanError
-from tftrt_py.engine.network import DTYPES, Layer, Network, Tensor, dtype_name
+from tftrt_py.engine.network import Layer, Network, Tensor
+from tftrt_py.engine.types import DTYPES, PRECISIONS, dtype_name
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "serialize", "deserialize", "read_header"]
 

@@ -42,9 +42,9 @@ from tftrt_py.convert.params import DEFAULT_CALIBRATORS
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
 from tftrt_py.convert.variables import weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError, Runtime
-from tftrt_py.engine.builder.precision import QUANTIZED
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine.replay import RUNS
+from tftrt_py.engine.types import QUANTIZED
 from tftrt_py.engine_op.binding import segment_binding
 from tftrt_py.engine_op.cache import EngineCache, read_asset, unpack_plans
 from tftrt_py.engine_op.calibration import OpCalibration

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tftrt_py.convert.params import CALIBRATION_ALGORITHMS, quantized
-from tftrt_py.engine.builder import PRECISIONS
+from tftrt_py.engine.types import PRECISIONS
 from tftrt_py.tools.cli import ToolError, add_common_flags, one_line, run_tool, shape_str
 from tftrt_py.tools.export import load_meta_graph
 from tftrt_py.tools.inputs import bind, load_arrays

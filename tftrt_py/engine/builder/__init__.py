@@ -15,13 +15,11 @@ from tftrt_py.engine.builder.precision import assign_precisions
 from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, gemm, horizontal, match, mlp,
                                              normalization, reduce, shuffle)
 from tftrt_py.engine.errors import BuildError, EngineError
+from tftrt_py.engine.types import PRECISIONS
 
-__all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES", "PRECISIONS"]
+__all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES"]
 
 logger = logging.getLogger(__name__)
-
-#: FP8 (E4M3 Convolution, MatrixMultiply and Attention layers, see precision.py) is our extension.
-PRECISIONS = ("FP32", "FP16", "INT8", "FP8")
 
 #: (name, pass) in the order they run; the whole list repeats until no pass changes anything.
 #: Biases and scales fold into a layer before its residual sum and activation do (they must not

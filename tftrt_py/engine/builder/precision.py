@@ -34,23 +34,18 @@ import numpy as np
 from tftrt_py.engine.builder.fusions.match import gemm_residual
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.network import Layer, Network, Tensor
+from tftrt_py.engine.types import FLOATS, QUANTIZED
 
-__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "RANGED_ONLY_KINDS", "QUANTIZED",
+__all__ = ["assign_precisions", "fp32_reason", "int8_inputs", "INT8_KINDS", "RANGED_ONLY_KINDS",
            "LARGE_REDUCTION", "display_name"]
 
 logger = logging.getLogger(__name__)
-
-FLOATS = ("float32", "float16")
 
 #: Layer kinds with int8 (and fp8) kernels (TensorRT's int8 convolution, GEMM and attention).
 INT8_KINDS = ("Convolution", "MatrixMultiply", "Attention")
 
 #: Of INT8_KINDS, those that run as in FP16 where one of their int8 inputs lacks a range (no error).
 RANGED_ONLY_KINDS = ("Attention",)
-
-#: Precisions whose INT8_KINDS layers quantize their operands with dynamic ranges (calibration or QDQ ops);
-#: the other layers of such engines run as in FP16.
-QUANTIZED = ("INT8", "FP8")
 
 #: Sum-like reductions over more elements than this keep fp32 (fp16 sums lose precision and overflow).
 LARGE_REDUCTION = 256
