@@ -43,7 +43,7 @@ def last_layer_alone(precision: str, calib, test) -> float:
     """Relative L2 error of the logits when only the final Dense layer runs in `precision` (INT8 or FP8)."""
     import keras
 
-    from tftrt_py.engine.backends.numpy_precision import FORMATS, quantize, quantize_per_channel
+    from tftrt_py.engine.quantization import FORMATS, quantize, quantize_per_channel
 
     model = resnet50_v15.build()
     features = keras.Model(model.input, model.get_layer("avgpool").output)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tftrt_py.engine import Builder, BuilderConfig, Engine, Network, NetworkError, Runtime
-from tftrt_py.engine.backends.numpy_precision import round_fp16
+from tftrt_py.engine.quantization import round_fp16
 
 RNG = np.random.default_rng(5)
 

@@ -8,7 +8,7 @@ import pytest
 from fusion_nets import add, const, conv, rand
 from networks import quantized_attention_net
 from tftrt_py.engine import Builder, BuilderConfig, Network, Runtime
-from tftrt_py.engine.backends import numpy_precision
+from tftrt_py.engine import quantization
 from tftrt_py.engine.builder import precision
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.plan import read_header
@@ -341,7 +341,7 @@ def test_fp8_convolution_reads_a_residual_with_a_range_rounded_to_its_e4m3_grid(
     saturated at 448), so the output equals that of the rounded residual read without a range."""
     v, res = rand(1, 4, 4, 3), rand(1, 4, 4, 3) * 2
     res.flat[0], res.flat[1] = 1.0625 * 0.25, 200.0  # a tie between 1 and 1.125 steps (to 1), a value past 448 steps
-    rounded = numpy_precision.round_e4m3(res.astype(np.float64) / 0.25)
+    rounded = quantization.round_e4m3(res.astype(np.float64) / 0.25)
     assert rounded.flat[0] == 1.0 and rounded.flat[1] == 448.0
     engine, k = _conv_with_residual(448 * 0.25, "FP8")
     plain, _ = _conv_with_residual(None, "FP8", k)
@@ -373,10 +373,10 @@ def test_quantized_max_pool_output_takes_its_input_range(mode):
 
 
 def test_quantize_rounds_half_to_even_and_clamps():
-    q, scale = numpy_precision.quantize(np.array([0.5, 1.5, 2.5, -2.5, 400.0, -400.0]), 127.0)
+    q, scale = quantization.quantize(np.array([0.5, 1.5, 2.5, -2.5, 400.0, -400.0]), 127.0)
     assert scale == 1.0 and q.tolist() == [0, 2, 2, -2, 127, -127]
     w = np.array([[1.0, -0.5], [-2.0, 0.25]])
-    qw, sw = numpy_precision.quantize_per_channel(w, axis=-1)
+    qw, sw = quantization.quantize_per_channel(w, axis=-1)
     assert sw.ravel().tolist() == [2.0 / 127, 0.5 / 127] and qw.tolist() == [[64, -127], [-127, 64]]
 
 

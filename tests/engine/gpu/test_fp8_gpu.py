@@ -241,7 +241,7 @@ def test_fp8_quantize_step_rounds_like_numpy():
 
     from tftrt_py.engine.backends.cupy.ops import fp8
     from tftrt_py.engine.backends.cupy.ops.int8 import QuantizeOp
-    from tftrt_py.engine.backends.numpy_precision import round_e4m3
+    from tftrt_py.engine.quantization import round_e4m3
 
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((64, 48)) * 200).astype(np.float16)

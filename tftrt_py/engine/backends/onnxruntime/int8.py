@@ -34,13 +34,13 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_precision import _scale, quantize_per_channel
 from tftrt_py.engine.backends.onnxruntime import nn
 from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, Graph, onnx_dtype
 from tftrt_py.engine.backends.onnxruntime.pointwise import BIASED, biased_activation
 from tftrt_py.engine.backends.onnxruntime.registry import LOWERINGS, weight
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.network import Layer, Tensor
+from tftrt_py.engine.quantization import quantize_per_channel, scale as range_scale
 
 __all__ = ["INT8_LOWERINGS", "EMULATED", "nonnegative"]
 
@@ -71,7 +71,7 @@ def _int8(kind: str):
 def _range_scale(t: Tensor, layer: Layer) -> float:
     if t.dynamic_range is None:
         raise BackendError(f"INT8 layer {layer.name!r}: its tensor {t.name!r} has no dynamic range")
-    return _scale(t.dynamic_range)
+    return range_scale(t.dynamic_range)
 
 
 def _activation(layer: Layer) -> Optional[dict]:

@@ -33,8 +33,8 @@ from tftrt_py.engine.backends.cupy.ops.int8 import (INT8, CudnnInt8ConvOp, Dequa
                                                     QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, conv_channels,
                                                     matmul_dequant, out_scale)
 from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
-from tftrt_py.engine.backends.numpy_precision import E4M3_MAX, FORMATS, quantize_per_channel
 from tftrt_py.engine.errors import BuildError
+from tftrt_py.engine.quantization import E4M3_MAX, FORMATS, quantize_per_channel
 
 __all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "FP8", "QUANT_FORMATS", "check_device", "e4m3_bytes",
            "fp8_conv_candidates", "fp8_matmul_candidates", "matmul_constant"]
