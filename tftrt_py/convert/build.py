@@ -17,10 +17,11 @@ import numpy as np
 
 from tftrt_py.calibration.collector import CalibrationEngine
 from tftrt_py.calibration.ranges import apply_ranges
-from tftrt_py.convert.context import ConversionContext, Weights
+from tftrt_py.convert.context import ConversionContext
 from tftrt_py.convert.errors import ConversionError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, tensor_ref
 from tftrt_py.convert.ops import get_converter
+from tftrt_py.convert.values import Weights
 from tftrt_py.engine import Builder, BuilderConfig, EngineError, Network
 from tftrt_py.engine.errors import MissingDynamicRangeError
 

@@ -8,105 +8,21 @@ whose inputs are all constants is folded in numpy into :class:`Weights` instead 
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple, Union
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tftrt_py.convert.graph import GraphView, NodeView, split_ref, tensor_ref
+from tftrt_py.convert.ops import find_converter
+from tftrt_py.convert.ops.identity import PASS_THROUGH
+from tftrt_py.convert.values import InputInfo, Value, Weights
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.errors import NetworkError
 from tftrt_py.engine.network import Layer, Network, Tensor
 from tftrt_py.engine.types import dtype_name
 
-__all__ = ["InputInfo", "Weights", "shape_of", "ValidationContext", "ConversionContext"]
-
-
-@dataclasses.dataclass(frozen=True)
-class InputInfo:
-    dtype: str
-    shape: Optional[Tuple[Optional[int], ...]]  # None: unknown rank
-    value: Optional[np.ndarray] = None  # set when the input is a constant
-    static: bool = False  # the value is known when building (a constant or computed from constants/shapes)
-
-    @property
-    def rank(self) -> Optional[int]:
-        return None if self.shape is None else len(self.shape)
-
-
-class Weights:
-    """A constant operand known at build time (from a Const node or folded shape arithmetic).
-
-    `batch_source`: the engine tensor whose dim 0 (its batch, or a multiple of it) the value was computed
-    from, if any. How the value depends on that dim 0 decides how :meth:`ConversionContext.as_tensor`
-    emits it:
-
-    - `rows`: it is one row, computed without the batch, repeated along dim 0 (whose size is the
-      source's): emitted as that row broadcast over the source's rows, so the engine stays row-wise;
-    - `entries` (bools shaped like the value): the entries that are the source's dim 0 itself (a
-      measured shape passed on unchanged), the others computed without it; Fill, BroadcastTo and Tile
-      read them to make `rows` values;
-    - neither: any other way; the value pins the engine to the batch it was built for.
-    """
-
-    def __init__(self, value, batch_source: Optional[Tensor] = None, entries=None, rows: bool = False):
-        self.value = np.asarray(value)
-        if entries is not None and not np.any(entries):
-            batch_source = None  # no entry is the batch: the value does not depend on it
-        self.batch_source = batch_source
-        self.entries = None if batch_source is None or entries is None else np.asarray(entries, np.bool_)
-        self.rows = batch_source is not None and rows
-        if self.rows and (not self.value.ndim or self.value.shape[0] != batch_source.shape[0]):
-            raise ValueError(f"rows of {batch_source.name} need dim 0 = {batch_source.shape[0]}, got {self.shape}")
-
-    @classmethod
-    def derived(cls, value, *operands) -> "Weights":
-        """Weights computed from `operands` in any way: pinned to the batch source of the first that has one."""
-        return cls(value, next((v.batch_source for v in operands if isinstance(v, Weights) and v.batch_source
-                                is not None), None))
-
-    @classmethod
-    def sized(cls, value, shape: "Weights", used=None) -> "Weights":
-        """`value`, whose entries are computed without the batch, shaped by the shape vector `shape` on the dims
-        `used` (all by default): rows when only dim 0 is the batch, pinned when other used dims depend on it."""
-        used = np.ones(shape.shape, np.bool_) if used is None else np.asarray(used, np.bool_)
-        depends = shape.depends() & used
-        if not depends.any():
-            return cls(value)
-        rows = shape.entries is not None and depends[0] and not depends[1:].any()
-        return cls(value, shape.batch_source, rows=rows)
-
-    def depends(self) -> np.ndarray:
-        """Per entry, whether it may depend on the batch."""
-        if self.batch_source is None:
-            return np.zeros(self.shape, np.bool_)
-        return self.entries if self.entries is not None else np.ones(self.shape, np.bool_)
-
-    @property
-    def dtype(self) -> str:
-        return self.value.dtype.name
-
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return self.value.shape
-
-    @property
-    def rank(self) -> int:
-        return self.value.ndim
-
-
-Value = Union[Tensor, Weights]
-
-
-def shape_of(value: Value) -> Weights:
-    """The shape of `value` as int32 Weights: dim 0 of a tensor, or of rows, is the batch entry; other
-    Weights have a shape computed without the batch unless they are pinned."""
-    shape = np.asarray(value.shape, np.int32)
-    if isinstance(value, Tensor) or value.rows:
-        source = value if isinstance(value, Tensor) else value.batch_source
-        return Weights(shape, source, entries=np.arange(shape.size) == 0)
-    return Weights(shape, value.batch_source if value.entries is None else None)
+__all__ = ["ValidationContext", "ConversionContext"]
 
 
 class ValidationContext:
@@ -130,8 +46,6 @@ class ValidationContext:
     def const_value(self, ref: str) -> Optional[np.ndarray]:
         """The value of `ref` when it is a Const, possibly through pass-through ops (a frozen variable's
         Identity), else None."""
-        from tftrt_py.convert.ops.identity import PASS_THROUGH
-
         name, port = split_ref(ref)
         node = self.graph.nodes[name]
         while node.op in PASS_THROUGH and node.name not in self.native and port < len(node.inputs):
@@ -142,8 +56,6 @@ class ValidationContext:
     def is_static(self, ref: str) -> bool:
         """Whether the tensor `ref` is known when building: a Const, the output of a converter with
         ``static_outputs`` (Shape, Size, Rank), or a convertible node whose inputs are all known."""
-        from tftrt_py.convert.ops.registry import find_converter
-
         stack = [split_ref(ref)[0]]
         while stack:
             name = stack[-1]

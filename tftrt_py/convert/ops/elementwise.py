@@ -1,8 +1,8 @@
 """Element-wise ops with numpy broadcasting: binary ops as one ElementWise layer each, AddN as a
 chain of sums, ClipByValue as a clip Activation (scalar constant bounds) or a min then a max."""
-from tftrt_py.convert.context import Weights
 from tftrt_py.convert.ops.base import FLOAT_INT, INT64, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights
 
 __all__ = ["ElementWiseConverter", "IntElementWiseConverter", "AddNConverter", "ClipByValueConverter",
            "Int64ElementWiseConverter",

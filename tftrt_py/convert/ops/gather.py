@@ -6,9 +6,9 @@ dims of params and the gathered axis flatten into one, and each row's indices ar
 """
 import numpy as np
 
-from tftrt_py.convert.context import Weights
 from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, WEIGHT, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights
 
 __all__ = ["GatherConverter"]
 

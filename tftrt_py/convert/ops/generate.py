@@ -7,10 +7,10 @@ tf.shape(x)[0], or like a tensor), they are rows of it: the engine stays row-wis
 """
 import numpy as np
 
-from tftrt_py.convert.context import Weights, shape_of
 from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.convert.ops.base import ANY, FLOAT_INT, FLOAT_INT_BOOL, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights, shape_of
 
 __all__ = ["FillConverter", "RangeConverter", "LikeConverter", "LIKE"]
 

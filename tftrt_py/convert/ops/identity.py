@@ -1,7 +1,7 @@
 """Const and the pass-through ops: they add no layers, only forward values."""
-from tftrt_py.convert.context import Weights
 from tftrt_py.convert.ops.base import EXACT_INT64, NO_PRECISION, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights
 
 __all__ = ["ConstConverter", "PassThroughConverter"]
 

@@ -1,4 +1,7 @@
-"""The op converter registry: TF op type -> converter. The only list of supported ops."""
+"""The op converter registry: TF op type -> converter. The only list of supported ops.
+
+Importing this module imports its package, tftrt_py.convert.ops, which registers every converter.
+"""
 from __future__ import annotations
 
 from typing import Dict, List, Optional
@@ -26,7 +29,6 @@ def register(*op_types: str):
 
 
 def find_converter(op_type: str) -> Optional[object]:
-    _load_all()
     return _REGISTRY.get(op_type)
 
 
@@ -38,9 +40,4 @@ def get_converter(op_type: str):
 
 
 def registered_ops() -> List[str]:
-    _load_all()
     return sorted(_REGISTRY)
-
-
-def _load_all() -> None:
-    import tftrt_py.convert.ops  # noqa: F401  (importing the package registers every module)

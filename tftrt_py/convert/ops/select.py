@@ -2,10 +2,10 @@
 MatrixBandPart as a Select between x and 0 with a constant band mask (exact)."""
 import numpy as np
 
-from tftrt_py.convert.context import Weights
 from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights
 
 __all__ = ["SelectConverter", "BandPartConverter"]
 

@@ -7,9 +7,9 @@ engine to its batch; as the dims of Fill, BroadcastTo or Tile they make rows of 
 """
 import numpy as np
 
-from tftrt_py.convert.context import Weights, shape_of
 from tftrt_py.convert.ops.base import FLOAT_INT_BOOL, NO_PRECISION, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights, shape_of
 
 __all__ = ["ShapeInfoConverter", "SHAPE_INFO"]
 

@@ -7,10 +7,10 @@ follows that batch and the engine stays row-wise; a batch anywhere else pins the
 """
 import numpy as np
 
-from tftrt_py.convert.context import Weights
 from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, STATIC, OpConverter
 from tftrt_py.convert.ops.registry import register
+from tftrt_py.convert.values import Weights
 
 __all__ = ["TileConverter", "BroadcastToConverter"]
 
