@@ -94,8 +94,8 @@ def main():
     from tftrt_py.engine.backends import get_backend
     from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, triton_conv
     from tftrt_py.engine.backends.cupy.ops.matmul import matmul_candidates
-    from tftrt_py.engine.backends.cupy.program import FORMATS, quant_plan
-    from tftrt_py.engine.backends.cupy.ops.int8 import QuantizeOp, quantized_shape
+    from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, QuantizeOp, quantized_shape
+    from tftrt_py.engine.backends.cupy.program import quant_plan
     from tftrt_py.engine.backends.cupy.tactics import Tuner
 
     if args.tiles:

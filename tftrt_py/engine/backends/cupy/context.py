@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.cublas import Cublas
 from tftrt_py.engine.backends.cupy.memory import Ledger
 
 __all__ = ["RunContext", "CUBLAS_WORKSPACE"]
@@ -34,8 +35,6 @@ class RunContext:
                 self.cudnn = mod.create_handle()
                 mod.set_stream(self.cudnn, self.stream.ptr)
             if cublas:
-                from tftrt_py.engine.backends.cupy.cublas import Cublas
-
                 self._cublas_ws = self._alloc(cublas_workspace)
                 self.cublas = Cublas(self.stream.ptr, self._cublas_ws.data.ptr, cublas_workspace)
             self.ensure_workspace(workspace)

@@ -5,7 +5,7 @@ Inside the engine every float tensor is stored in its layer's compute dtype (flo
 layers); bindings keep their network dtype and casts are inserted where they meet. INT8 layers (convolutions,
 matrix multiplies, attention) read their activation operands through quantize steps (one per tensor, shared by
 its readers), or straight from an int8 producer when only int8 layers read the tensor, itself or through reshape
-views (ops/int8.py); FP8 layers likewise with E4M3 bytes (ops/fp8.py). Each quantized layer runs so only where
+views (ops/quant.py); FP8 layers likewise with E4M3 bytes. Each quantized layer runs so only where
 that is faster than FP16 (keep_faster_quantized). Tensors that are a view of another (reshapes, order-keeping
 transposes, same-dtype identities) take no memory. Activations share one arena per execution context, laid out
 by lifetime.
@@ -24,10 +24,10 @@ import numpy as np
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec
-from tftrt_py.engine.backends.cupy.ops import attention, fp8, triton_conv
+from tftrt_py.engine.backends.cupy.ops import attention, fp8, int8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.base import align
-from tftrt_py.engine.backends.cupy.ops.int8 import PAD, QuantizeOp, matmul_constant, padded, quantized_shape
+from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, PAD, QuantizeOp, padded, quantized_shape
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.backends.numpy_precision import cached
 from tftrt_py.engine.errors import BackendError, MissingDynamicRangeError
@@ -155,9 +155,6 @@ def storage_dtype(tensor, layer, precision: str) -> str:
 QUANT_KINDS = ("Convolution", "MatrixMultiply", "Attention")
 
 
-FORMATS = fp8.QUANT_FORMATS  # how each quantized precision stores its operands (ops/int8.py)
-
-
 def _constant(t) -> bool:
     return t.producer is not None and t.producer.kind == "Constant"
 
@@ -239,7 +236,7 @@ def _quantized_constant(value: np.ndarray, fmt: str, role: str, transposed: bool
     """A constant operand quantized (int8.matmul_constant, fp8.matmul_constant) once per format and layout while
     the weights live, read-only: a build asks quant_plan for a layer's plan several times (prefetch, timing, the
     program), and quantizing BERT-base's 48 weight matrices to E4M3 each time took an FP8 build seconds."""
-    quantize = fp8.matmul_constant if fmt == "FP8" else matmul_constant
+    quantize = fp8.matmul_constant if fmt == "FP8" else int8.matmul_constant
 
     def make(v):
         q, s = quantize(v, role, transposed, kp)

@@ -39,11 +39,10 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import _device, kernels
+from tftrt_py.engine.backends.cupy import _device, kernels, triton
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.conv import CudnnGraph, cudnn_graph_cache
-from tftrt_py.engine.backends.cupy.ops.fp8 import QUANT_FORMATS
-from tftrt_py.engine.backends.cupy.ops.int8 import out_scale
+from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, out_scale
 from tftrt_py.engine.backends.cupy.ops.reduce import BLOCK_REDUCE, row_block
 from tftrt_py.engine.backends.cupy.ops.triton_conv import QUANTIZED_POINTERS
 from tftrt_py.engine.errors import BackendError
@@ -650,8 +649,6 @@ _I32 = 2 ** 31
 
 def quantized_reason(layer) -> Optional[str]:
     """Why the quantized attention kernel cannot run this INT8 or FP8 Attention layer, or None."""
-    from tftrt_py.engine.backends.cupy import triton
-
     heads, (q, k, v) = layer.params.get("heads"), layer.inputs[:3]
     (cq, wq), (ck, wk), (cv, wv) = attention_columns(layer)
     if not triton.available():
@@ -684,7 +681,7 @@ class QuantizedAttentionOp(Op):
         self.device_bytes = int(self.mask.offsets.nbytes) if self.mask else 0
         s_q, s_k, s_v = (np.float64(s) for s in spec.quant["scales"])
         log2e = np.log2(np.e)
-        y_scale = out_scale(spec, QUANT_FORMATS[fmt])
+        y_scale = out_scale(spec, FORMATS[fmt])
         mask_value = max(float(_mask_value(spec)) * log2e, float(-np.finfo(np.float32).max))  # finite: see kernel
         self.scalars = [kernels.i32(v) for v in (g.sq, g.sk, g.heads, *(s[-1] for s in spec.in_shapes[:3]))] + [
             np.float32(s_q * s_k * g.scale * log2e), np.float32(s_v),
@@ -704,8 +701,6 @@ class QuantizedAttentionOp(Op):
 
 def quantized_kernel_request(fmt: str, spec: Spec, mask: Optional[MaskView], tile, capability: int):
     """The Triton compile request of one tile for this INT8 or FP8 Attention (triton.request)."""
-    from tftrt_py.engine.backends.cupy import triton
-
     q = QUANTIZED_POINTERS[fmt]
     out = 0 if spec.out_dtypes[0] == "float16" else 1
     params = {"q": q, "k": q, "v": q, "y": "*fp16" if out == 0 else q, "mask": "*i8", "moff": "*i64", "si": "i32",
@@ -718,11 +713,10 @@ def quantized_kernel_request(fmt: str, spec: Spec, mask: Optional[MaskView], til
                           ("ldq", "ldk", "ldv"), warps, 2)
 
 
+@register("Attention", formats=("INT8", "FP8"))
 def quantized_candidates(spec: Spec) -> List[Op]:
     """The quantized attention kernel in each tile of QUANTIZED_TILES (the recorded one alone where it is one of
     them); a BackendError where quantized_reason says it cannot run (program.quantized_layers keeps those FP16)."""
-    from tftrt_py.engine.backends.cupy import triton
-
     fmt = spec.quant["format"]
     reason = quantized_reason(spec.layer)
     if reason is not None:

@@ -2,23 +2,41 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Op", "Spec", "BuildOptions", "register", "FACTORIES", "align"]
+__all__ = ["Op", "Spec", "BuildOptions", "register", "FACTORIES", "QUANTIZED_FACTORIES", "quantized_candidates",
+           "align"]
+
+Factory = Callable[["Spec"], List["Op"]]
 
 #: kind -> factory(spec) -> candidate ops (fastest wins at build time).
-FACTORIES: Dict[str, Callable[["Spec"], List["Op"]]] = {}
+FACTORIES: Dict[str, Factory] = {}
+#: (kind, quantized format: "INT8" or "FP8") -> factory of the candidates of a quantized layer (``spec.quant``).
+QUANTIZED_FACTORIES: Dict[Tuple[str, str], Factory] = {}
 
 
-def register(*kinds: str):
+def register(*kinds: str, formats: Sequence[str] = ()):
+    """Register a candidates factory for layers of `kinds`; with `formats`, for those layers quantized in each
+    format instead."""
     def wrap(fn):
         for kind in kinds:
-            FACTORIES[kind] = fn
+            if formats:
+                QUANTIZED_FACTORIES.update({(kind, fmt): fn for fmt in formats})
+            else:
+                FACTORIES[kind] = fn
         return fn
 
     return wrap
+
+
+def quantized_candidates(spec: "Spec") -> List["Op"]:
+    """The candidates of a quantized layer (``spec.quant``, its format INT8 unless named): the factory registered
+    for its kind and format, none where there is no such factory."""
+    factory = QUANTIZED_FACTORIES.get((spec.layer.kind, spec.quant.get("format", "INT8")))
+    return factory(spec) if factory is not None else []
 
 
 def align(n: int, to: int = 256) -> int:
@@ -83,7 +101,7 @@ class Spec:
     options: BuildOptions
     #: The tactic recorded for this layer by an earlier build on this GPU (try it first).
     prefer: Optional[Dict[str, Any]] = None
-    #: INT8 layers (see ops/int8.py): convolutions the input scale ``in_scale``, matrix multiplies the
+    #: INT8 and FP8 layers (see ops/quant.py): convolutions the input scale ``in_scale``, matrix multiplies the
     #: operands (``a``, ``b``), padded reduction dim ``kp`` and dequantization scales ``dq``; ``dual_scale``
     #: when the layer also writes its output as int8 (a second output).
     quant: Optional[Dict[str, Any]] = None
@@ -98,8 +116,6 @@ class Spec:
 
     def signature(self) -> str:
         """What determines the tactic choice: kind, shapes, dtypes, params and weight shapes."""
-        import json
-
         layer = self.layer
         return json.dumps([layer.kind, self.in_shapes, self.in_dtypes, self.out_dtypes, layer.params,
                            {k: list(v.shape) for k, v in sorted(layer.weights.items())}], sort_keys=True,

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, pad3, register
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, pad3, quantized_candidates, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
 
 __all__ = ["ConvGeom", "CudnnGraph", "CudnnConvGraph", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
@@ -422,10 +422,8 @@ def _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_
 
 @register("Convolution")
 def conv_candidates(spec: Spec) -> List[Op]:
-    if spec.quant is not None:
-        from tftrt_py.engine.backends.cupy.ops.int8 import int8_conv_candidates
-
-        return int8_conv_candidates(spec)
+    if spec.quant is not None:  # an INT8 or FP8 layer
+        return quantized_candidates(spec)
     layer, dtype, opts = spec.layer, spec.cdt, spec.options
     cupy = _device.require()
     geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])

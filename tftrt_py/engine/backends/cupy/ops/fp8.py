@@ -1,19 +1,19 @@
 """FP8 (E4M3) Convolution and MatrixMultiply on the cupy backend, and which GPUs may build them.
 
-The contract is INT8's (ops/int8.py) with E4M3FN values for integers (numpy_precision.py computes the same
+The contract is INT8's (ops/quant.py) with E4M3FN values for integers (numpy_precision.py computes the same
 on the CPU): an activation operand is quantized with its tensor's scale dynamic_range / 448, rounded to
 nearest even and saturated to +-448 (``cvt.rn.satfinite.e4m3x2.f32``, one kernel step shared by every FP8
-reader of a tensor, :data:`E4M3_Q` in int8's QuantizeOp); constant weights per output channel (max abs / 448);
+reader of a tensor: quant.QuantizeOp with quant.E4M3_Q); constant weights per output channel (max abs / 448);
 products summed in fp32, then ``act(sum * s_x * s_w[c] + bias + residual)`` in fp32, written as fp16.
 
 * Convolution: our Triton kernel (triton_conv.py, int8's with E4M3 operands and fp32 sums), which also reads
   and writes E4M3 tensors between FP8 layers and quantized residuals; a cuDNN graph (E4M3 image and filter, fp32
   accumulation) with the per-channel dequantize, bias, residual and activation fused on its output (int8's graph
   with FP8 operands); where neither serves (a quantized output or residual without Triton), cuDNN's graph
-  writing fp32 sums and int8's epilogue kernel.
+  writing fp32 sums and the epilogue kernel.
 * MatrixMultiply: our Triton kernel as a GEMM (activations times constant weights: the whole epilogue inside, E4M3
   in and out between FP8 layers), or cuBLASLt's E4M3 GEMM writing fp32 sums (it takes one scale per operand),
-  then int8's epilogue kernel applies the per-channel scales, bias and activation.
+  then the epilogue kernel (quant.Dequant) applies the per-channel scales, bias and activation.
 
 E4M3 bytes are stored as uint8 (cupy has no float8 type). FP8 needs compute capability 8.9 or later (Ada,
 Hopper): building an FP8 engine on an older GPU is a BuildError saying what to use instead.
@@ -27,43 +27,22 @@ from typing import List, Tuple
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.cupy.ops.int8 import (INT8, CudnnInt8ConvOp, Dequant, LtInt8MatMulOp, QuantFormat,
-                                                    QuantizeAfterOp, QuantizeOp, _cudnn_int8_graph, conv_channels,
-                                                    matmul_dequant, out_scale)
+from tftrt_py.engine.backends.cupy.ops.int8 import CudnnInt8ConvOp, LtInt8MatMulOp, _cudnn_int8_graph
+from tftrt_py.engine.backends.cupy.ops.quant import (E4M3_Q, FP8, Dequant, QuantizeAfterOp, QuantizeOp,
+                                                     matmul_dequant, out_scale)
 from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
 from tftrt_py.engine.errors import BuildError
-from tftrt_py.engine.quantization import E4M3_MAX, FORMATS, quantize_per_channel
+from tftrt_py.engine.quantization import FORMATS, quantize_per_channel
 
-__all__ = ["MIN_CAPABILITY", "E4M3_MAX", "E4M3_Q", "FP8", "QUANT_FORMATS", "check_device", "e4m3_bytes",
-           "fp8_conv_candidates", "fp8_matmul_candidates", "matmul_constant"]
+__all__ = ["MIN_CAPABILITY", "check_device", "e4m3_bytes", "fp8_conv_candidates", "fp8_matmul_candidates",
+           "matmul_constant"]
 
 logger = logging.getLogger(__name__)
 
 #: The oldest GPU generation with FP8 tensor cores (Ada Lovelace, sm_89).
 MIN_CAPABILITY: Tuple[int, int] = (8, 9)
-
-#: int8.QuantizeOp's rounding for FP8: the E4M3FN byte of v / s (nearest even, saturated, NaN kept), and the
-#: value of an E4M3FN byte.
-E4M3_Q = r"""
-__device__ __forceinline__ int tt_q(float v, float s) {
-  unsigned short h;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(v / s));
-  return h & 0xff;
-}
-__device__ __forceinline__ float tt_v(int q) {
-  unsigned int h2; float f;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)(q & 0xff)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xffff)));
-  return f;
-}
-"""
-
-#: FP8's storage here: E4M3 bytes as uint8, input channels of convolutions padded as INT8's (int8.conv_channels).
-FP8 = QuantFormat("FP8", "uint8", E4M3_MAX, E4M3_Q, conv_channels)
-#: How each quantized precision stores its operands here (ops/int8.py's QuantFormat), by precision name.
-QUANT_FORMATS = {"INT8": INT8, "FP8": FP8}
 
 
 def _capability(text: str) -> Tuple[int, int]:
@@ -113,6 +92,7 @@ def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):
     return np.ascontiguousarray(q), s
 
 
+@register("Convolution", formats=("FP8",))
 def fp8_conv_candidates(spec: Spec) -> List[Op]:
     """Our Triton kernel's tiles, the plans of cuDNN's FP8 graph with dequantize, bias, residual and activation
     fused (float outputs and residuals), or else cuDNN's graph writing fp32 sums and the epilogue kernel; none
@@ -169,6 +149,7 @@ class LtFp8MatMulOp(LtInt8MatMulOp):
     OPERANDS, ACC, FORMAT = "float8_e4m3", "float32", FP8
 
 
+@register("MatrixMultiply", formats=("FP8",))
 def fp8_matmul_candidates(spec: Spec) -> List[Op]:
     """Our Triton kernel's E4M3 GEMMs (triton_conv.triton_matmul_candidates) and cuBLASLt's first E4M3 GEMM
     algorithms for this product; none (the layer then runs in FP16) where neither has a kernel for it."""

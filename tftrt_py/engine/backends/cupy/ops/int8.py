@@ -1,280 +1,42 @@
-"""INT8 Convolution and MatrixMultiply: int8 x int8 products accumulated in int32 (cuDNN int8 graphs,
-cuBLAS or cuBLASLt int8 GEMMs with both operands K-contiguous), dequantized, biased, summed and activated in fp32.
-
-The contract (numpy_precision.py computes the same on the CPU): an activation operand is quantized
-with its tensor's symmetric scale s_x = dynamic_range / 127, ``q = clamp(rint(x / s_x), -127, 127)``
-(round half to even); a constant operand (weights) per output channel, s_w[c] = max|w[..., c]| / 127
-(a scale of 0 counts as 1); ``y = act(acc * s_x * s_w[c] + bias + residual)`` in fp32, rounded to fp16
-(also before an int8 output is requantized).
-
-Quantizing is a step of its own (:class:`QuantizeOp`, shared by every int8 reader of a tensor, with
-channels zero-padded to a multiple of 16); a tensor that only int8 layers read is written as int8
-directly by its int8 producer (``out_scale``), so it never exists in float; a convolution output that
-int8 layers and others (a residual sum) read is written twice by its producer, in fp16 and as int8
-(``dual_scale``).
+"""INT8 Convolution and MatrixMultiply: int8 x int8 products accumulated in int32 (cuDNN int8 graphs, our Triton
+kernel, cuBLAS or cuBLASLt int8 GEMMs with both operands K-contiguous), dequantized, biased, summed and activated in
+fp32 (the contract and the quantize step: ops/quant.py). Registered for (kind, "INT8"); fp8.py builds its cuDNN
+graphs and cuBLASLt GEMMs from these with E4M3 operands.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
-from typing import Callable, List, Optional, Tuple
+import threading
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import _device, kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align
+from tftrt_py.engine.backends.cupy import _device, cublaslt, kernels
+from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.conv import (CudnnConvGraph, ConvGeom, _cudnn_activation, cudnn_graph_cache,
                                                     im2col_kernel, nhwc_dims)
-from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE, PREAMBLE, activation_expr
+from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
+from tftrt_py.engine.backends.cupy.ops.quant import (INT8, PAD, Dequant, QuantizeAfterOp, QuantizeOp, matmul_dequant,
+                                                     out_scale, padded)
+from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
+from tftrt_py.engine.quantization import FORMATS, QMAX, quantize_per_channel
 
-__all__ = ["QMAX", "PAD", "INT8", "QuantFormat", "conv_channels", "tensor_scale", "quantize_weights", "QuantizeOp",
-           "int8_conv_candidates", "int8_matmul_candidates", "matmul_dequant", "padded"]
+__all__ = ["INT8_FUSIONS", "DUAL_FUSIONS", "quantize_weights", "CudnnInt8ConvGraph", "CudnnInt8ConvOp",
+           "GemmInt8ConvOp", "int8_conv_candidates", "Int8MatMulOp", "LtInt8MatMulOp", "int8_matmul_candidates",
+           "matmul_constant"]
 
 logger = logging.getLogger(__name__)
-
-QMAX = 127
-#: Quantized operands have their reduction (channel) dim zero-padded to a multiple of this.
-PAD = 16
-
-
-def padded(n: int, to: int = PAD) -> int:
-    return -(-int(n) // to) * to
-
-
-def conv_channels(c: int) -> int:
-    """Channels of a convolution's quantized input: a multiple of 16, or of 4 below 16 (an RGB image
-    becomes 4 channels: 4 bytes a pixel, which the GEMM path's im2col moves as one word)."""
-    return padded(c, 4) if c < PAD else padded(c)
-
-
-def tensor_scale(dynamic_range: float, qmax: float = QMAX) -> np.float32:
-    """The symmetric per-tensor scale of a tensor with this dynamic range (1 for an empty range); `qmax`: the
-    largest quantized magnitude (448 for FP8)."""
-    amax = float(dynamic_range)
-    return np.float32(amax / qmax if amax > 0 and np.isfinite(amax) else 1.0)
 
 
 def quantize_weights(w: np.ndarray, axis: int = -1) -> Tuple[np.ndarray, np.ndarray]:
     """(int8 weights, float32 scale per index of `axis`): s = max|w| over the other axes / 127 (1 where
     that is 0), computed in float64."""
-    w = np.asarray(w, np.float64)
-    axis = axis % w.ndim
-    amax = np.max(np.abs(w), axis=tuple(a for a in range(w.ndim) if a != axis), keepdims=True)
-    scale = np.where(amax > 0, amax / QMAX, 1.0)
-    q = np.clip(np.rint(w / scale), -QMAX, QMAX)
-    return q.astype(np.int8), scale.reshape(-1).astype(np.float32)
-
-
-# -- quantize step -----------------------------------------------------------------------------------
-#: tt_q(v, s): the quantized byte of v with scale s (in the low 8 bits); tt_v(q): the value of byte q (before
-#: its scale). fp8.py has the E4M3 ones. The int8 one clamps, then rounds to nearest even by adding 1.5 * 2**23 (the
-#: sum's low bits are the integer): rintf and the float-to-int conversion run at a quarter of the rate of adds, and
-#: a quantize step is bound by its instructions (a [4096, 768] fp16 tensor: 5.3 us, FP8's step 4.0).
-INT8_Q = r"""
-__device__ __forceinline__ int tt_q(float v, float s) {
-  if (!(s > 0.0f)) return 0;
-  return __float_as_int(fminf(fmaxf(v / s, -127.0f), 127.0f) + 12582912.0f) - 0x4B400000;
-}
-__device__ __forceinline__ float tt_v(int q) { return (float)(signed char)q; }
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantFormat:
-    """How a quantized precision stores its operands here: storage dtype, largest magnitude (a tensor's range
-    maps to it), the device functions tt_q/tt_v that round to and read its bytes, the padding of a convolution's
-    input channels."""
-
-    name: str
-    storage: str
-    qmax: float
-    qfunc: str
-    channels: Callable[[int], int]
-
-    def scale(self, dynamic_range: float) -> np.float32:
-        return tensor_scale(dynamic_range, self.qmax)
-
-
-INT8 = QuantFormat("INT8", "int8", QMAX, INT8_Q, conv_channels)
-_QUANTIZE = r"""
-extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict__ q, float s, long long groups) {
-  // one thread per 4 output bytes (VEC8: 8): q is [OUTER, D1, D2P] (D2P % 4 == 0) read from x [OUTER, D2, D1]
-  // (TRANSPOSE) or x [OUTER, D1, D2]; padding bytes are 0.
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < groups;
-       i += (long long)gridDim.x * blockDim.x) {
-#if VEC8  // fp16, no padding, no transpose, 8 | D2: eight halves in one 16-byte load, two words stored
-    uint4 h = reinterpret_cast<const uint4*>(x)[i];
-    unsigned int hw[4] = {h.x, h.y, h.z, h.w}, words[2] = {0, 0};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      unsigned short b = (unsigned short)((hw[j / 2] >> (16 * (j % 2))) & 0xffff);
-      words[j / 4] |= ((unsigned int)(tt_q(ld(b), s) & 0xff)) << (8 * (j % 4));
-    }
-    reinterpret_cast<uint2*>(q)[i] = make_uint2(words[0], words[1]);
-#else
-    unsigned int word = 0;
-#if VEC4  // fp16, no padding, no transpose: four consecutive halves in one 8-byte load
-    uint2 h = reinterpret_cast<const uint2*>(x)[i];
-    unsigned short hs[4] = {(unsigned short)(h.x & 0xffff), (unsigned short)(h.x >> 16),
-                            (unsigned short)(h.y & 0xffff), (unsigned short)(h.y >> 16)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) word |= ((unsigned int)(tt_q(ld(hs[j]), s) & 0xff)) << (8 * j);
-#else
-    long long e = i * 4;
-    int c0 = e % D2P; long long r = e / D2P;
-    int d1 = r % D1; long long o = r / D1;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int c = c0 + j;
-      int v = 0;
-      if (c < D2) v = tt_q(ld(TRANSPOSE ? x[(o * D2 + c) * D1 + d1] : x[(o * D1 + d1) * D2 + c]), s);
-      word |= ((unsigned int)(v & 0xff)) << (8 * j);
-    }
-#endif
-    q[i] = (int)word;
-#endif
-  }
-}
-"""
-
-
-def _vector(dtype: str, d2: int, d2p: int, transpose: bool) -> int:
-    """Halves a thread of the quantize kernel reads in one load where fp16 rows are read as they are (8 or 4), else 1
-    (element by element, 4 a thread)."""
-    if dtype != "float16" or transpose or d2 != d2p:
-        return 1
-    return 8 if d2 % 8 == 0 else 4
-
-
-def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q):
-    vec = _vector(dtype, d2, d2p, transpose)
-    head = (f"#define T {kernels.raw_type(dtype)}\n#define D1 {d1}\n#define D2 {d2}\n#define D2P {d2p}\n"
-            f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec == 4)}\n#define VEC8 {int(vec == 8)}\n")
-    return kernels.raw_kernel(head + qfunc + _QUANTIZE, "tt_quantize")
-
-
-class QuantizeOp(Op):
-    """x (float) -> int8 with scale `s`; the last dim zero-padded to `last_padded`; with `transpose` the
-    last two dims are swapped first (a [.., K, N] operand becomes K-contiguous [.., N, K]). `qfunc`: the
-    rounding (int8, or fp8.E4M3_Q: E4M3 bytes)."""
-
-    def __init__(self, shape, dtype: str, scale: float, last_padded: int, transpose: bool = False,
-                 qfunc: str = INT8_Q):
-        shape = tuple(int(d) for d in shape)
-        if transpose:
-            d2, d1 = shape[-2], shape[-1]
-            outer = int(np.prod(shape[:-2], dtype=np.int64))
-        else:
-            d1, d2 = (shape[-2] if len(shape) > 1 else 1), shape[-1]
-            outer = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 1 else 1
-        self.scale = np.float32(scale)
-        self.groups = outer * d1 * last_padded // max(4, _vector(dtype, d2, last_padded, transpose))
-        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc)
-        self.tactic = {"op": "quantize", "scale": float(self.scale), "transpose": bool(transpose)}
-
-    def run(self, rc, ins, outs):
-        kernels.launch(self.kernel, self.groups, (ins[0], outs[0], self.scale, kernels.i64(self.groups)))
-
-
-def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[int, ...]:
-    shape = tuple(shape)
-    if transpose:
-        return shape[:-2] + (shape[-1], last_padded)
-    return shape[:-1] + (last_padded,)
-
-
-# -- int32 (fp32) accumulators -> output ---------------------------------------------------------------
-def quantized_epilogue(fmt: QuantFormat, out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation,
-                       dual: bool = False, acc_dtype: str = "int32", residual_scaled: bool = False):
-    """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (`fmt`'s storage:
-    requantized with the output's scale, ``sy``); `dual` also stores it requantized with scale ``sq`` in
-    ``yq``. With `residual_scaled` the residual has the scale ``rs``: a quantized residual is dequantized, a
-    float one rounded to its quantized grid (int8: clamp(rint(res / rs), -127, 127) * rs). Call as kernel(acc,
-    dq[, bias][, res][, rs][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
-    params, e = [f"{acc_dtype} acc", "float32 dq"], "((float)acc * dq)"
-    if has_bias:
-        params.append("float32 bias")
-        e = f"({e} + bias)"
-    if residual_dtype:
-        params.append(f"{residual_dtype} res")
-        r = "(float)res"
-        if residual_scaled:
-            params.append("float32 rs")
-            r = "(tt_v(res) * rs)" if residual_dtype == fmt.storage else f"(tt_v(tt_q({r}, rs)) * rs)"
-        e = f"({e} + {r})"
-    e = activation_expr(e, activation)
-    outs = f"{out_dtype} y"
-    if out_dtype == fmt.storage:
-        params.append("float32 sy")
-        body = f"float v = tt_fp16({e}); y = tt_q(v, sy);"
-    else:
-        body = f"float v = {e}; y = ({C_TYPE[out_dtype]})(v);"
-    if dual:
-        params.append("float32 sq")
-        outs += f", {fmt.storage} yq"
-        body += " yq = tt_q(tt_fp16(v), sq);"
-    return kernels.elementwise(", ".join(params), outs, body, f"tt_{acc_dtype}_epilogue", PREAMBLE + _FP16 + fmt.qfunc)
-
-
-#: Round a float to the nearest fp16 value (cupy's float16 type exists only in kernels with fp16 arguments).
-_FP16 = r"""
-__device__ __forceinline__ float tt_fp16(float f) {
-  unsigned short h; float r;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-  return r;
-}
-"""
-
-
-@dataclasses.dataclass
-class Dequant:
-    """What turns int32 (FP8: fp32) accumulators into the output: per-channel dq, bias, activation, output scale."""
-
-    dq: object          # cupy float32 [Cout] (matrix multiplies with a constant A: [M, N])
-    bias: object        # cupy float32 [Cout] or None
-    activation: Optional[dict]
-    out_dtype: str
-    out_scale: Optional[np.float32]
-    residual_dtype: Optional[str]
-    #: Also write the output requantized with this scale (a second, quantized output).
-    dual_scale: Optional[np.float32] = None
-    acc_dtype: str = "int32"
-    #: The residual's scale (a quantized convolution's quantized residual, see program.quantized_residual).
-    res_scale: Optional[np.float32] = None
-    fmt: QuantFormat = INT8
-
-    def __post_init__(self):
-        self.kernel = quantized_epilogue(self.fmt, self.out_dtype, self.bias is not None, self.residual_dtype,
-                                         self.activation, self.dual_scale is not None, self.acc_dtype,
-                                         self.res_scale is not None)
-
-    @property
-    def requant_scale(self) -> Optional[np.float32]:
-        """The scale of the quantized values this layer writes (its quantized output or its second output)."""
-        return self.out_scale if self.out_dtype == self.fmt.storage else self.dual_scale
-
-    def run(self, acc, res, y, yq=None) -> None:
-        args = [acc, self.dq] + ([self.bias] if self.bias is not None else []) + ([res] if res is not None else [])
-        if res is not None and self.res_scale is not None:
-            args.append(self.res_scale)
-        if self.out_dtype == self.fmt.storage:
-            args.append(self.out_scale)
-        if self.dual_scale is not None:
-            args.append(self.dual_scale)
-        self.kernel(*args, y, *([yq] if self.dual_scale is not None else []))
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.dq.nbytes) + (int(self.bias.nbytes) if self.bias is not None else 0)
-
-
-def out_scale(spec: Spec, fmt: QuantFormat) -> Optional[np.float32]:
-    """The scale of a layer's quantized output (None for a float one)."""
-    if spec.out_dtypes[0] != fmt.storage:
-        return None
-    return fmt.scale(spec.layer.outputs[0].dynamic_range)
+    q, s = quantize_per_channel(w, axis, FORMATS["INT8"])
+    return q.astype(np.int8), s.reshape(-1).astype(np.float32)
 
 
 # -- cuDNN int8 convolution ---------------------------------------------------------------------------
@@ -293,8 +55,6 @@ class CudnnInt8ConvGraph(CudnnConvGraph):
 
     def __init__(self, geom: ConvGeom, fusion: str, bias: bool, residual: Optional[Tuple[int, str]], activation,
                  out_dtype: str, max_workspace: int, handle, fp8: bool = False):
-        import threading
-
         dual = fusion.endswith("+q")
         cudnn = _device.cudnn_module()
         dt = cudnn.data_type
@@ -412,23 +172,8 @@ class CudnnInt8ConvOp(Op):
             self.deq.run(acc, ins[1] if self.has_residual else None, outs[0], outs[1] if len(outs) > 1 else None)
 
 
-class QuantizeAfterOp(Op):
-    """A single-output convolution, then its output quantized into the second output (dual layers)."""
-
-    def __init__(self, inner: Op, quantize: "QuantizeOp"):
-        self.inner, self.quantize = inner, quantize
-        self.workspace, self.device_bytes = inner.workspace, inner.device_bytes
-        self.tactic = dict(inner.tactic, dual="kernel")
-
-    def run(self, rc, ins, outs):
-        self.inner.run(rc, ins, outs[:1])
-        self.quantize.run(rc, outs[:1], outs[1:])
-
-
 def _cudnn_int8_graph(geom, fusion, bias, residual, activation, out_dtype, opts, fp8: bool = False
                       ) -> CudnnInt8ConvGraph:
-    import json
-
     key = json.dumps(["fp8" if fp8 else "int8", dataclasses.astuple(geom), fusion, bias, residual, activation,
                       out_dtype, opts.max_workspace, _device.device_name()], sort_keys=True, default=str)
     return cudnn_graph_cache(key, lambda: CudnnInt8ConvGraph(geom, fusion, bias, residual, activation, out_dtype,
@@ -476,15 +221,10 @@ def _conv_weights(kernel: np.ndarray, cp: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.moveaxis(q, -1, 0)), s
 
 
+@register("Convolution", formats=("INT8",))
 def int8_conv_candidates(spec: Spec) -> List[Op]:
     """cuDNN int8 plans of the most fused graph that has any, our Triton kernel (triton_conv.py) and the cuBLAS
-    int8 GEMM path (FP8 layers: fp8.py's)."""
-    from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates
-
-    if spec.quant.get("format") == "FP8":
-        from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_conv_candidates
-
-        return fp8_conv_candidates(spec)
+    int8 GEMM path."""
     cupy = _device.require()
     layer, opts, quant = spec.layer, spec.options, spec.quant
     geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
@@ -542,17 +282,6 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
 
 
 # -- cuBLAS int8 matrix multiply -------------------------------------------------------------------------
-def matmul_dequant(spec: Spec, fmt: QuantFormat = INT8, acc_dtype: str = "int32") -> Dequant:
-    """A quantized MatrixMultiply's epilogue: dq [N] (or [M, N] for a constant A), bias, activation, output scale."""
-    cupy = _device.require()
-    n = spec.out_shapes[0][-1]
-    bias = spec.weights.get("bias")
-    bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (n,)).copy()) if bias is not None else None
-    dq = cupy.asarray(np.ascontiguousarray(spec.quant["dq"], np.float32))
-    return Dequant(dq, bias32, spec.params.get("activation"), spec.out_dtypes[0], out_scale(spec, fmt), None,
-                   acc_dtype=acc_dtype, fmt=fmt)
-
-
 class Int8MatMulOp(Op):
     """Batched int8 GEMM C[b] = A[b] B[b] with A [.., M, Kp] and B as [.., N, Kp] (both K-contiguous),
     int32 accumulators in the workspace, then the epilogue. Constant operands are uploaded quantized;
@@ -617,9 +346,6 @@ class LtInt8MatMulOp(Int8MatMulOp):
     OPERANDS = "int8"
 
     def __init__(self, spec: Spec, algo: int, plan=None):
-        from tftrt_py.engine.backends.cupy import cublaslt
-        from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
-
         super().__init__(spec)
         self.plan = plan or cublaslt.LtGemm(
             self.m, self.n, self.kp, self.OPERANDS, out_dtype=self.ACC, trans_b=True, lda=self.kp, ldb=self.kp, ldd=self.np,
@@ -634,16 +360,10 @@ class LtInt8MatMulOp(Int8MatMulOp):
         self.plan.run(self.algo, a, b, acc, ws.workspace_ptr, ws.workspace_bytes, rc.stream.ptr)
 
 
+@register("MatrixMultiply", formats=("INT8",))
 def int8_matmul_candidates(spec: Spec) -> List[Op]:
     """Our Triton kernel's GEMMs (triton_conv.triton_matmul_candidates), the cuBLAS int8 GEMM and cuBLASLt's first
-    algorithms (see matmul.gemm_paths); FP8 layers: fp8.py's."""
-    from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
-    from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_matmul_candidates
-
-    if spec.quant.get("format") == "FP8":
-        from tftrt_py.engine.backends.cupy.ops.fp8 import fp8_matmul_candidates
-
-        return fp8_matmul_candidates(spec)
+    algorithms (see matmul.gemm_paths)."""
     want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_gemm_int8", "cublaslt_gemm_int8")
     lt: List[Op] = []
     if want_lt:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, cublaslt
 from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, quantized_candidates, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
 
 __all__ = ["MatMulOp", "LtMatMulOp", "MLPOp", "LtMLPOp", "gemm_paths", "LT_ALGOS", "MLP_COMBINATIONS"]
@@ -231,10 +231,8 @@ def _lt_or_skip(what: str, build) -> List[Op]:
 
 @register("MatrixMultiply")
 def matmul_candidates(spec: Spec) -> List[Op]:
-    if spec.quant is not None:
-        from tftrt_py.engine.backends.cupy.ops.int8 import int8_matmul_candidates
-
-        return int8_matmul_candidates(spec)
+    if spec.quant is not None:  # an INT8 or FP8 layer
+        return quantized_candidates(spec)
     base = MatMulOp(spec)
     want_cublas, want_lt = gemm_paths(spec.prefer, "cublas_gemm", "cublaslt_gemm")
     lt = _lt_or_skip(spec.layer.name, lambda: _lt_matmul_ops(spec, base)) if want_lt else []

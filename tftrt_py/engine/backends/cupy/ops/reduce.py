@@ -9,9 +9,8 @@ import numpy as np
 
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
-from tftrt_py.engine.backends.cupy.ops.fp8 import QUANT_FORMATS
-from tftrt_py.engine.backends.cupy.ops.int8 import QuantizeOp
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE
+from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, QuantizeOp
 
 __all__ = ["ReduceOp", "StridedReduceOp", "ArgReduceOp", "SoftmaxOp", "NormalizationOp", "softmax_kernel",
            "row_block", "BLOCK_REDUCE"]
@@ -256,7 +255,7 @@ __device__ __forceinline__ float tt_row_sum(float v, float* shared) {
 }
 extern "C" __global__ void tt_row_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
                                        const float* __restrict__ b, T* __restrict__ y, float eps, long long rows
-#if QUANT  // the output also quantized (tt_q with scale qs: int8.QuantizeOp's bytes), VEC bytes a vector
+#if QUANT  // the output also quantized (tt_q with scale qs: quant.QuantizeOp's bytes), VEC bytes a vector
                                        , unsigned int* __restrict__ yq, float qs
 #endif
                                        ) {
@@ -335,13 +334,13 @@ class NormalizationOp(Op):
     of whole 16-byte vectors (and buffers aligned to them) take one pass: each element read once, kept in
     registers, written once (one warp per row up to WARP_ROW_VECTORS vectors, else one block); other rows three
     passes over memory. With ``dual_scale`` in ``spec.quant`` (INT8 and FP8 engines: quantized layers read the
-    output) the output is also written quantized, as int8.QuantizeOp would quantize it: by the one-pass kernel as
+    output) the output is also written quantized, as quant.QuantizeOp would quantize it: by the one-pass kernel as
     it writes the output, else by a quantize step after it."""
 
     def __init__(self, spec: Spec):
         cupy = _device.require()
         dual = (spec.quant or {}).get("dual_scale")
-        fmt = QUANT_FORMATS[spec.quant["format"]] if dual is not None else None
+        fmt = FORMATS[spec.quant["format"]] if dual is not None else None
         shape = spec.in_shapes[0]
         self.len = shape[-1]
         self.rows = int(np.prod(shape[:-1]))

@@ -15,11 +15,11 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy import _device, triton
 from tftrt_py.engine.backends.cupy.cublaslt import REDUCED_GELU
 from tftrt_py.engine.backends.cupy.ops.base import Op
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.cupy.ops.int8 import Dequant
+from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
 __all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
            "gemm_geom", "prefetch", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
@@ -116,8 +116,6 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
                    out_scale: Optional[float] = None):
     """The Triton compile request of one tile for this `fmt` ("INT8" or "FP8") convolution and epilogue
     (triton.request); `out_scale`: the scale of the quantized output it writes, if any."""
-    from tftrt_py.engine.backends.cupy import triton
-
     bm, bn, bk, warps, stages = kernel_tile(geom, tile)
     q = QUANTIZED_POINTERS[fmt]
     out = (2 if dual else 0) if out_dtype in _FLOATS else 1
@@ -144,8 +142,6 @@ def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability:
 def prefetch(convolutions, tiles=TILES) -> None:
     """Start compiling every tile of `tiles` for these convolutions: (format, geom, has bias, activation, residual
     (batch, dtype) or None, residual scaled, output dtype, its scale or None) each, those the kernel fits."""
-    from tftrt_py.engine.backends.cupy import triton
-
     if not triton.available():
         return
     capability = int(_device.require().cuda.Device().compute_capability)
@@ -180,8 +176,6 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
     """Each kernel of `tiles` (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
     tile when it is one of them (a plan's other values are not compiled); none where Triton is missing or the
     convolution does not fit."""
-    from tftrt_py.engine.backends.cupy import triton
-
     if not triton.available() or not fits(geom, deq.activation, residual):
         return []
     paired = pixel_pairs(fmt, geom)

@@ -1,0 +1,305 @@
+"""Quantized operands on the cupy backend: how INT8 and FP8 store them (:class:`DeviceFormat`), the quantize step
+that writes them and the epilogue that dequantizes int32 (FP8: fp32) accumulators.
+
+The contract (engine/quantization.py; numpy_precision.py computes the same on the CPU): an activation operand is
+quantized with its tensor's symmetric scale s_x = dynamic_range / qmax (127, or 448 for E4M3),
+``q = round(x / s_x)`` (int8: half to even, clamped to [-127, 127]; E4M3: nearest even, saturated); a constant
+operand (weights) per output channel; ``y = act(acc * s_x * s_w[c] + bias + residual)`` in fp32, rounded to fp16
+(also before an output is requantized).
+
+Quantizing is a step of its own (:class:`QuantizeOp`, shared by every quantized reader of a tensor, with channels
+zero-padded to a multiple of 16); a tensor that only quantized layers read is written quantized directly by its
+producer (``out_scale``), so it never exists in float; a convolution output that quantized layers and others (a
+residual sum) read is written twice by its producer, in fp16 and quantized (``dual_scale``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+from tftrt_py.engine import quantization
+from tftrt_py.engine.backends.cupy import _device, kernels
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
+from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE, PREAMBLE, activation_expr
+
+__all__ = ["PAD", "padded", "conv_channels", "INT8_Q", "E4M3_Q", "DeviceFormat", "INT8", "FP8", "FORMATS",
+           "QuantizeOp", "QuantizeAfterOp", "quantized_shape", "quantized_epilogue", "Dequant", "out_scale",
+           "matmul_dequant"]
+
+#: Quantized operands have their reduction (channel) dim zero-padded to a multiple of this.
+PAD = 16
+
+
+def padded(n: int, to: int = PAD) -> int:
+    return -(-int(n) // to) * to
+
+
+def conv_channels(c: int) -> int:
+    """Channels of a convolution's quantized input: a multiple of 16, or of 4 below 16 (an RGB image
+    becomes 4 channels: 4 bytes a pixel, which the GEMM path's im2col moves as one word)."""
+    return padded(c, 4) if c < PAD else padded(c)
+
+
+# -- device rounding ---------------------------------------------------------------------------------
+#: tt_q(v, s): the quantized byte of v with scale s (in the low 8 bits); tt_v(q): the value of byte q (before
+#: its scale). The int8 one clamps, then rounds to nearest even by adding 1.5 * 2**23 (the sum's low bits are the
+#: integer): rintf and the float-to-int conversion run at a quarter of the rate of adds, and a quantize step is
+#: bound by its instructions (a [4096, 768] fp16 tensor: 5.3 us, FP8's step 4.0).
+INT8_Q = r"""
+__device__ __forceinline__ int tt_q(float v, float s) {
+  if (!(s > 0.0f)) return 0;
+  return __float_as_int(fminf(fmaxf(v / s, -127.0f), 127.0f) + 12582912.0f) - 0x4B400000;
+}
+__device__ __forceinline__ float tt_v(int q) { return (float)(signed char)q; }
+"""
+
+#: The E4M3FN byte of v / s (nearest even, saturated, NaN kept), and the value of an E4M3FN byte.
+E4M3_Q = r"""
+__device__ __forceinline__ int tt_q(float v, float s) {
+  unsigned short h;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(v / s));
+  return h & 0xff;
+}
+__device__ __forceinline__ float tt_v(int q) {
+  unsigned int h2; float f;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)(q & 0xff)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h2 & 0xffff)));
+  return f;
+}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFormat:
+    """How a quantized precision stores its operands here: its rules (engine/quantization.py's QuantFormat: the
+    largest magnitude a tensor's range maps to), storage dtype, the device functions tt_q/tt_v that round to and
+    read its bytes, the padding of a convolution's input channels."""
+
+    name: str
+    storage: str
+    rules: quantization.QuantFormat
+    qfunc: str
+    channels: Callable[[int], int]
+
+    @property
+    def qmax(self) -> float:
+        return self.rules.qmax
+
+    def scale(self, dynamic_range: float) -> np.float32:
+        """The symmetric per-tensor scale of a tensor with this dynamic range (1 for an empty range)."""
+        return np.float32(quantization.scale(dynamic_range, self.qmax))
+
+
+INT8 = DeviceFormat("INT8", "int8", quantization.FORMATS["INT8"], INT8_Q, conv_channels)
+#: E4M3 bytes are stored as uint8 (cupy has no float8 type).
+FP8 = DeviceFormat("FP8", "uint8", quantization.FORMATS["FP8"], E4M3_Q, conv_channels)
+#: How each quantized precision stores its operands here, by precision name.
+FORMATS = {"INT8": INT8, "FP8": FP8}
+
+
+# -- quantize step -----------------------------------------------------------------------------------
+_QUANTIZE = r"""
+extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict__ q, float s, long long groups) {
+  // one thread per 4 output bytes (VEC8: 8): q is [OUTER, D1, D2P] (D2P % 4 == 0) read from x [OUTER, D2, D1]
+  // (TRANSPOSE) or x [OUTER, D1, D2]; padding bytes are 0.
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < groups;
+       i += (long long)gridDim.x * blockDim.x) {
+#if VEC8  // fp16, no padding, no transpose, 8 | D2: eight halves in one 16-byte load, two words stored
+    uint4 h = reinterpret_cast<const uint4*>(x)[i];
+    unsigned int hw[4] = {h.x, h.y, h.z, h.w}, words[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      unsigned short b = (unsigned short)((hw[j / 2] >> (16 * (j % 2))) & 0xffff);
+      words[j / 4] |= ((unsigned int)(tt_q(ld(b), s) & 0xff)) << (8 * (j % 4));
+    }
+    reinterpret_cast<uint2*>(q)[i] = make_uint2(words[0], words[1]);
+#else
+    unsigned int word = 0;
+#if VEC4  // fp16, no padding, no transpose: four consecutive halves in one 8-byte load
+    uint2 h = reinterpret_cast<const uint2*>(x)[i];
+    unsigned short hs[4] = {(unsigned short)(h.x & 0xffff), (unsigned short)(h.x >> 16),
+                            (unsigned short)(h.y & 0xffff), (unsigned short)(h.y >> 16)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) word |= ((unsigned int)(tt_q(ld(hs[j]), s) & 0xff)) << (8 * j);
+#else
+    long long e = i * 4;
+    int c0 = e % D2P; long long r = e / D2P;
+    int d1 = r % D1; long long o = r / D1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int c = c0 + j;
+      int v = 0;
+      if (c < D2) v = tt_q(ld(TRANSPOSE ? x[(o * D2 + c) * D1 + d1] : x[(o * D1 + d1) * D2 + c]), s);
+      word |= ((unsigned int)(v & 0xff)) << (8 * j);
+    }
+#endif
+    q[i] = (int)word;
+#endif
+  }
+}
+"""
+
+
+def _vector(dtype: str, d2: int, d2p: int, transpose: bool) -> int:
+    """Halves a thread of the quantize kernel reads in one load where fp16 rows are read as they are (8 or 4), else 1
+    (element by element, 4 a thread)."""
+    if dtype != "float16" or transpose or d2 != d2p:
+        return 1
+    return 8 if d2 % 8 == 0 else 4
+
+
+def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q):
+    vec = _vector(dtype, d2, d2p, transpose)
+    head = (f"#define T {kernels.raw_type(dtype)}\n#define D1 {d1}\n#define D2 {d2}\n#define D2P {d2p}\n"
+            f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec == 4)}\n#define VEC8 {int(vec == 8)}\n")
+    return kernels.raw_kernel(head + qfunc + _QUANTIZE, "tt_quantize")
+
+
+class QuantizeOp(Op):
+    """x (float) -> int8 with scale `s`; the last dim zero-padded to `last_padded`; with `transpose` the
+    last two dims are swapped first (a [.., K, N] operand becomes K-contiguous [.., N, K]). `qfunc`: the
+    rounding (INT8_Q, or E4M3_Q: E4M3 bytes)."""
+
+    def __init__(self, shape, dtype: str, scale: float, last_padded: int, transpose: bool = False,
+                 qfunc: str = INT8_Q):
+        shape = tuple(int(d) for d in shape)
+        if transpose:
+            d2, d1 = shape[-2], shape[-1]
+            outer = int(np.prod(shape[:-2], dtype=np.int64))
+        else:
+            d1, d2 = (shape[-2] if len(shape) > 1 else 1), shape[-1]
+            outer = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 1 else 1
+        self.scale = np.float32(scale)
+        self.groups = outer * d1 * last_padded // max(4, _vector(dtype, d2, last_padded, transpose))
+        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc)
+        self.tactic = {"op": "quantize", "scale": float(self.scale), "transpose": bool(transpose)}
+
+    def run(self, rc, ins, outs):
+        kernels.launch(self.kernel, self.groups, (ins[0], outs[0], self.scale, kernels.i64(self.groups)))
+
+
+def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[int, ...]:
+    shape = tuple(shape)
+    if transpose:
+        return shape[:-2] + (shape[-1], last_padded)
+    return shape[:-1] + (last_padded,)
+
+
+class QuantizeAfterOp(Op):
+    """A single-output convolution, then its output quantized into the second output (dual layers)."""
+
+    def __init__(self, inner: Op, quantize: QuantizeOp):
+        self.inner, self.quantize = inner, quantize
+        self.workspace, self.device_bytes = inner.workspace, inner.device_bytes
+        self.tactic = dict(inner.tactic, dual="kernel")
+
+    def run(self, rc, ins, outs):
+        self.inner.run(rc, ins, outs[:1])
+        self.quantize.run(rc, outs[:1], outs[1:])
+
+
+
+# -- int32 (fp32) accumulators -> output ---------------------------------------------------------------
+def quantized_epilogue(fmt: DeviceFormat, out_dtype: str, has_bias: bool, residual_dtype: Optional[str], activation,
+                       dual: bool = False, acc_dtype: str = "int32", residual_scaled: bool = False):
+    """ElementwiseKernel: y = act(acc * dq + bias + res) rounded to fp16, stored as `out_dtype` (`fmt`'s storage:
+    requantized with the output's scale, ``sy``); `dual` also stores it requantized with scale ``sq`` in
+    ``yq``. With `residual_scaled` the residual has the scale ``rs``: a quantized residual is dequantized, a
+    float one rounded to its quantized grid (int8: clamp(rint(res / rs), -127, 127) * rs). Call as kernel(acc,
+    dq[, bias][, res][, rs][, sy][, sq], y[, yq]); `acc` int32 (float32 for FP8)."""
+    params, e = [f"{acc_dtype} acc", "float32 dq"], "((float)acc * dq)"
+    if has_bias:
+        params.append("float32 bias")
+        e = f"({e} + bias)"
+    if residual_dtype:
+        params.append(f"{residual_dtype} res")
+        r = "(float)res"
+        if residual_scaled:
+            params.append("float32 rs")
+            r = "(tt_v(res) * rs)" if residual_dtype == fmt.storage else f"(tt_v(tt_q({r}, rs)) * rs)"
+        e = f"({e} + {r})"
+    e = activation_expr(e, activation)
+    outs = f"{out_dtype} y"
+    if out_dtype == fmt.storage:
+        params.append("float32 sy")
+        body = f"float v = tt_fp16({e}); y = tt_q(v, sy);"
+    else:
+        body = f"float v = {e}; y = ({C_TYPE[out_dtype]})(v);"
+    if dual:
+        params.append("float32 sq")
+        outs += f", {fmt.storage} yq"
+        body += " yq = tt_q(tt_fp16(v), sq);"
+    return kernels.elementwise(", ".join(params), outs, body, f"tt_{acc_dtype}_epilogue", PREAMBLE + _FP16 + fmt.qfunc)
+
+
+#: Round a float to the nearest fp16 value (cupy's float16 type exists only in kernels with fp16 arguments).
+_FP16 = r"""
+__device__ __forceinline__ float tt_fp16(float f) {
+  unsigned short h; float r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+  return r;
+}
+"""
+
+
+@dataclasses.dataclass
+class Dequant:
+    """What turns int32 (FP8: fp32) accumulators into the output: per-channel dq, bias, activation, output scale."""
+
+    dq: object          # cupy float32 [Cout] (matrix multiplies with a constant A: [M, N])
+    bias: object        # cupy float32 [Cout] or None
+    activation: Optional[dict]
+    out_dtype: str
+    out_scale: Optional[np.float32]
+    residual_dtype: Optional[str]
+    #: Also write the output requantized with this scale (a second, quantized output).
+    dual_scale: Optional[np.float32] = None
+    acc_dtype: str = "int32"
+    #: The residual's scale (a quantized convolution's quantized residual, see program.quantized_residual).
+    res_scale: Optional[np.float32] = None
+    fmt: DeviceFormat = INT8
+
+    def __post_init__(self):
+        self.kernel = quantized_epilogue(self.fmt, self.out_dtype, self.bias is not None, self.residual_dtype,
+                                         self.activation, self.dual_scale is not None, self.acc_dtype,
+                                         self.res_scale is not None)
+
+    @property
+    def requant_scale(self) -> Optional[np.float32]:
+        """The scale of the quantized values this layer writes (its quantized output or its second output)."""
+        return self.out_scale if self.out_dtype == self.fmt.storage else self.dual_scale
+
+    def run(self, acc, res, y, yq=None) -> None:
+        args = [acc, self.dq] + ([self.bias] if self.bias is not None else []) + ([res] if res is not None else [])
+        if res is not None and self.res_scale is not None:
+            args.append(self.res_scale)
+        if self.out_dtype == self.fmt.storage:
+            args.append(self.out_scale)
+        if self.dual_scale is not None:
+            args.append(self.dual_scale)
+        self.kernel(*args, y, *([yq] if self.dual_scale is not None else []))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.dq.nbytes) + (int(self.bias.nbytes) if self.bias is not None else 0)
+
+
+def out_scale(spec: Spec, fmt: DeviceFormat) -> Optional[np.float32]:
+    """The scale of a layer's quantized output (None for a float one)."""
+    if spec.out_dtypes[0] != fmt.storage:
+        return None
+    return fmt.scale(spec.layer.outputs[0].dynamic_range)
+
+
+def matmul_dequant(spec: Spec, fmt: DeviceFormat = INT8, acc_dtype: str = "int32") -> Dequant:
+    """A quantized MatrixMultiply's epilogue: dq [N] (or [M, N] for a constant A), bias, activation, output scale."""
+    cupy = _device.require()
+    n = spec.out_shapes[0][-1]
+    bias = spec.weights.get("bias")
+    bias32 = cupy.asarray(np.broadcast_to(bias.astype(np.float32), (n,)).copy()) if bias is not None else None
+    dq = cupy.asarray(np.ascontiguousarray(spec.quant["dq"], np.float32))
+    return Dequant(dq, bias32, spec.params.get("activation"), spec.out_dtypes[0], out_scale(spec, fmt), None,
+                   acc_dtype=acc_dtype, fmt=fmt)
