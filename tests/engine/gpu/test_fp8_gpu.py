@@ -240,7 +240,7 @@ def test_fp8_quantize_step_rounds_like_numpy():
     import cupy
 
     from tftrt_py.engine.backends.cupy.ops import fp8
-    from tftrt_py.engine.backends.cupy.ops.int8 import QuantizeOp
+    from tftrt_py.engine.backends.cupy.ops.quant import QuantizeOp
     from tftrt_py.engine.quantization import round_e4m3
 
     rng = np.random.default_rng(5)
