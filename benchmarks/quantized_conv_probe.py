@@ -137,7 +137,7 @@ def main():
     from tftrt_py.engine.backends import get_backend
     from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, triton_conv
     from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
-    from tftrt_py.engine.backends.cupy.program import FORMATS
+    from tftrt_py.engine.backends.cupy.ops.quant import FORMATS
     from tftrt_py.engine.backends.cupy.tactics import Tuner
 
     if args.l1_cached:

@@ -95,7 +95,7 @@ def main():
     from tftrt_py.engine.backends.cupy.ops import BuildOptions, Spec, triton_conv
     from tftrt_py.engine.backends.cupy.ops.matmul import matmul_candidates
     from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, QuantizeOp, quantized_shape
-    from tftrt_py.engine.backends.cupy.program import quant_plan
+    from tftrt_py.engine.backends.cupy.quant_planning import quant_plan
     from tftrt_py.engine.backends.cupy.tactics import Tuner
 
     if args.tiles:

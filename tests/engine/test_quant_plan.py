@@ -6,7 +6,7 @@ import pytest
 from tftrt_py.engine import Network
 from tftrt_py.engine.backends.cupy.ops import fp8
 from tftrt_py.engine.backends.cupy.ops.int8 import matmul_constant
-from tftrt_py.engine.backends.cupy.program import quant_plan
+from tftrt_py.engine.backends.cupy.quant_planning import quant_plan
 
 
 def dense(k=64, n=48):

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 from networks import attention_block_net
 
-from tftrt_py.engine.backends.cupy.program import _Costs, settle_quantized
+from tftrt_py.engine.backends.cupy.quant_planning import _Costs, settle_quantized
 
 INF = float("inf")
 
@@ -102,7 +102,7 @@ def stored_between(net, precision, **layer_precisions):
     """(direct, dual) of the network as the builder leaves it (then the given layers' precisions set), every
     quantized layer kept."""
     from tftrt_py.engine import Builder, BuilderConfig
-    from tftrt_py.engine.backends.cupy import program
+    from tftrt_py.engine.backends.cupy import quant_planning as program
 
     built = Builder(BuilderConfig(precision=precision)).build_engine(net).network
     for layer in built.layers:
@@ -155,7 +155,7 @@ def norm_dense_net(view_range=4.0, width=64):
 
 def duals(net, precision):
     from tftrt_py.engine import Builder, BuilderConfig
-    from tftrt_py.engine.backends.cupy import program
+    from tftrt_py.engine.backends.cupy import quant_planning as program
 
     built = Builder(BuilderConfig(precision=precision)).build_engine(net).network
     return program.normalization_duals(built, program.quantized_layers(built, precision), precision)
@@ -191,7 +191,7 @@ def test_an_attention_block_passes_quantized_values_from_projection_to_projectio
 
 def test_attention_the_backend_cannot_quantize_runs_fp16_and_its_neighbours_read_floats(monkeypatch):
     from tftrt_py.engine import Builder, BuilderConfig
-    from tftrt_py.engine.backends.cupy import program
+    from tftrt_py.engine.backends.cupy import quant_planning as program
 
     attention_kernel_available(monkeypatch, "no Triton")
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
@@ -219,7 +219,7 @@ def test_an_attention_block_pays_one_quantize_step_for_its_chain_and_one_for_q_k
     would stay fp16, but the projection's quantized output is the attention's q, k and v (one tensor through a
     view: a single step if it were not written quantized), and the attention's the output projection's operand."""
     from tftrt_py.engine import Builder, BuilderConfig
-    from tftrt_py.engine.backends.cupy import program
+    from tftrt_py.engine.backends.cupy import quant_planning as program
     from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
     attention_kernel_available(monkeypatch)

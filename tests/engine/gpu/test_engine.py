@@ -167,7 +167,7 @@ def test_bert_layer_matches_numpy(precision):
 @pytest.mark.parametrize("src, dst", [("float32", "float16"), ("float16", "float32")])
 @pytest.mark.parametrize("size, offset", [(4096, 0), (4099, 0), (4099, 1)])  # whole groups of 4, a tail, misaligned
 def test_casts_between_float32_and_float16_round_as_astype(src, dst, size, offset):
-    from tftrt_py.engine.backends.cupy.program import CastOp
+    from tftrt_py.engine.backends.cupy.ops.cast import CastOp
 
     cupy = _device.require()
     values = np.random.default_rng(size).standard_normal(size + offset) * 1e3
