@@ -124,7 +124,7 @@ def test_int8_outputs_are_clamped_in_fp16_where_127_times_their_scale_is_a_norma
 def gemm_operands(a_shape, b_shape, params=None, b_constant=True):
     """triton_conv.gemm_operands of an INT8 MatrixMultiply (program.quant_plan's quant)."""
     from tftrt_py.engine import Network
-    from tftrt_py.engine.backends.cupy.program import quant_plan
+    from tftrt_py.engine.backends.cupy.quant_planning import quant_plan
 
     rng = np.random.default_rng(0)
     net = Network("m")
