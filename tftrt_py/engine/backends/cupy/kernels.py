@@ -1,17 +1,19 @@
 """Generated CUDA kernels: source helpers and caches of compiled cupy kernels.
 
-Raw kernels see float16 as ``unsigned short`` and convert with PTX ``cvt`` (no cuda_fp16.h
-needed); Elementwise/Reduction kernels use cupy's own float16 type. Every kernel is cached by
-its generated source, which holds everything that determines it.
+Kernel sources live in this package's ``cuda/`` folder (package data, :func:`source`); each op prepends the
+``#define`` lines of its specialization. Raw kernels see float16 as ``unsigned short`` and convert with PTX
+``cvt`` (no cuda_fp16.h needed); Elementwise/Reduction kernels use cupy's own float16 type. Every kernel is cached
+by its generated source, which holds everything that determines it.
 """
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import math
 
 import numpy as np
 
-__all__ = ["raw_kernel", "elementwise", "reduction", "launch", "flit", "RAW_PRELUDE", "raw_type", "STORE_TYPE"]
+__all__ = ["source", "raw_kernel", "elementwise", "reduction", "launch", "flit", "RAW_PRELUDE", "raw_type", "STORE_TYPE"]
 
 #: Raw-kernel storage type per dtype and how to load it as float / store a float.
 STORE_TYPE = {"float32": "float", "float16": "unsigned short", "int32": "int", "int8": "signed char",
@@ -28,6 +30,12 @@ template <> __device__ __forceinline__ unsigned short st<unsigned short>(float f
 template <> __device__ __forceinline__ signed char st<signed char>(float f) { return (signed char)f; }
 #define TT_INF __int_as_float(0x7f800000)
 """
+
+
+@functools.lru_cache(maxsize=None)
+def source(name: str) -> str:
+    """The CUDA source file `name` of the package's cuda/ folder."""
+    return importlib.resources.files(__package__).joinpath("cuda", name).read_text()
 
 
 def raw_type(dtype: str) -> str:

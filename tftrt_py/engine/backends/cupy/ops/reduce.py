@@ -76,19 +76,7 @@ class ReduceOp(Op):
         self.kernel(x, out=outs[0], axis=self.axes, keepdims=self.keep)
 
 
-_STRIDED_REDUCE = r"""
-extern "C" __global__ void tt_strided_reduce(const T* __restrict__ in, TO* __restrict__ y, long long rows, int len,
-                                             long long inner) {
-  long long step = (long long)gridDim.x * blockDim.x;
-  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += step) {
-    const T* p = in + (r / inner) * len * inner + r % inner;
-    float a = IDENTITY;
-#pragma unroll 4
-    for (int l = 0; l < len; ++l) { float x = ld(p[l * inner]); float b = MAP; a = REDUCE; }
-    y[r] = st<TO>(POST);
-  }
-}
-"""
+_STRIDED_REDUCE = kernels.source("strided_reduce.cu")
 
 
 class StridedReduceOp(Op):
@@ -124,18 +112,7 @@ class StridedReduceOp(Op):
                                                     kernels.i64(self.inner)))
 
 
-_ARG_REDUCE = r"""
-extern "C" __global__ void tt_arg_reduce(const T* __restrict__ x, int* __restrict__ y, long long rows, int len,
-                                         long long inner) {
-  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
-    const T* p = x + (r / inner) * len * inner + r % inner;
-    V best = START;
-    int at = 0;
-    for (int l = 0; l < len; ++l) { V v = LOAD(p[l * inner]); if (v BETTER best) { best = v; at = l; } }
-    y[r] = at;
-  }
-}
-"""
+_ARG_REDUCE = kernels.source("arg_reduce.cu")
 #: per input dtype: (storage type, value type, load, lowest, highest)
 _ARG_TYPES = {"float32": ("float", "float", "", "-3.402823466e38f", "3.402823466e38f"),
               "float16": ("unsigned short", "float", "ld", "-3.402823466e38f", "3.402823466e38f"),
@@ -181,20 +158,7 @@ __device__ __forceinline__ float tt_block_reduce(float v, bool is_max, float* sh
 }
 """
 
-_SOFTMAX = BLOCK_REDUCE + r"""
-extern "C" __global__ void tt_softmax(const TI* __restrict__ x, TO* __restrict__ y, int len, long long inner) {
-  __shared__ float shared[32];
-  long long row = blockIdx.x;
-  long long base = (row / inner) * len * inner + row % inner;
-  float m = -TT_INF;
-  for (int l = threadIdx.x; l < len; l += blockDim.x) m = fmaxf(m, ld(x[base + l * inner]));
-  m = tt_block_reduce(m, true, shared);
-  float s = 0.0f;
-  for (int l = threadIdx.x; l < len; l += blockDim.x) s += expf(ld(x[base + l * inner]) - m);
-  s = tt_block_reduce(s, false, shared);
-  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l * inner] = st<TO>(expf(ld(x[base + l * inner]) - m) / s);
-}
-"""
+_SOFTMAX = BLOCK_REDUCE + kernels.source("softmax.cu")
 
 
 def row_block(length: int) -> int:
@@ -224,104 +188,10 @@ class SoftmaxOp(Op):
             self.kernel((self.rows,), (self.block,), (ins[0], outs[0], kernels.i32(self.len), kernels.i64(self.inner)))
 
 
-_LAYER_NORM = BLOCK_REDUCE + r"""
-extern "C" __global__ void tt_layer_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
-                                         const float* __restrict__ b, T* __restrict__ y, int len, float eps) {
-  __shared__ float shared[32];
-  long long base = (long long)blockIdx.x * len;
-  float s = 0.0f;
-  for (int l = threadIdx.x; l < len; l += blockDim.x) s += VALUE(base + l);
-  float mean = tt_block_reduce(s, false, shared) / len;
-  float q = 0.0f;
-  for (int l = threadIdx.x; l < len; l += blockDim.x) { float d = VALUE(base + l) - mean; q += d * d; }
-  float rstd = rsqrtf(tt_block_reduce(q, false, shared) / len + eps);
-  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l] = st<T>((VALUE(base + l) - mean) * rstd * g[l] + b[l]);
-}
-"""
+_LAYER_NORM = BLOCK_REDUCE + kernels.source("layer_norm.cu")
 
 
-_ROW_NORM = BLOCK_REDUCE + r"""
-// Each row of LEN elements is read once into registers (ITEMS vectors of VEC elements, 16 bytes, per thread), its
-// mean and variance taken from them, its output written once. WARP_ROWS: one warp per row (shuffle reductions
-// only, blockDim.x / 32 rows per block); else one block per row.
-union tt_vec { uint4 u; T e[VEC]; };
-__device__ __forceinline__ float tt_row_sum(float v, float* shared) {
-#if WARP_ROWS
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-  return v;
-#else
-  return tt_block_reduce(v, false, shared);
-#endif
-}
-extern "C" __global__ void tt_row_norm(const T* __restrict__ x, const T* __restrict__ r, const float* __restrict__ g,
-                                       const float* __restrict__ b, T* __restrict__ y, float eps, long long rows
-#if QUANT  // the output also quantized (tt_q with scale qs: quant.QuantizeOp's bytes), VEC bytes a vector
-                                       , unsigned int* __restrict__ yq, float qs
-#endif
-                                       ) {
-  __shared__ float shared[32];
-#if WARP_ROWS
-  long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  int t = threadIdx.x & 31, nt = 32;
-  if (row >= rows) return;  // the whole warp
-#else
-  long long row = blockIdx.x;
-  int t = threadIdx.x, nt = blockDim.x;
-#endif
-  long long base = row * LEN;
-  float v[ITEMS][VEC];
-  float s = 0.0f;
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it) {
-    int c = (it * nt + t) * VEC;
-    tt_vec a, o;
-    a.u = o.u = make_uint4(0, 0, 0, 0);
-    if (c < LEN) {
-      a.u = *(const uint4*)(x + base + c);
-      if (RESIDUAL) o.u = *(const uint4*)(r + base + c);
-    }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) { v[it][e] = ld(a.e[e]) + (RESIDUAL ? ld(o.e[e]) : 0.0f); s += v[it][e]; }
-  }
-  float mean = tt_row_sum(s, shared) / LEN;
-  float q = 0.0f;
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it)
-    if ((it * nt + t) * VEC < LEN)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) { float d = v[it][e] - mean; q += d * d; }
-  float rstd = rsqrtf(tt_row_sum(q, shared) / LEN + eps);
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it) {
-    int c = (it * nt + t) * VEC;
-    if (c >= LEN) continue;
-    tt_vec out;
-    float gc[VEC], bc[VEC];  // scale and bias as 16-byte loads (VEC is 4 or 8 floats)
-#pragma unroll
-    for (int e = 0; e < VEC; e += 4) {
-      *(float4*)(gc + e) = *(const float4*)(g + c + e);
-      *(float4*)(bc + e) = *(const float4*)(b + c + e);
-    }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) out.e[e] = st<T>((v[it][e] - mean) * rstd * gc[e] + bc[e]);
-    *(uint4*)(y + base + c) = out.u;
-#if QUANT
-    unsigned int words[VEC / 4];
-#pragma unroll
-    for (int w = 0; w < VEC / 4; ++w) {
-      words[w] = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) words[w] |= ((unsigned int)(tt_q(ld(out.e[4 * w + j]), qs) & 0xff)) << (8 * j);
-    }
-#if VEC == 8
-    *(uint2*)(yq + (base + c) / 4) = make_uint2(words[0], words[1]);
-#else
-    yq[(base + c) / 4] = words[0];
-#endif
-#endif
-  }
-}
-"""
+_ROW_NORM = BLOCK_REDUCE + kernels.source("row_norm.cu")
 
 #: most vectors one thread of the one-pass kernel keeps (longer rows take the three-pass kernel)
 ROW_NORM_ITEMS = 8
