@@ -36,8 +36,8 @@ import tensorflow as tf  # noqa: E402
 from models import resnet50_v15  # noqa: E402
 from tftrt_py import trt_convert as trt  # noqa: E402
 from tftrt_py.convert.params import CALIBRATION_ALGORITHMS  # noqa: E402
-from tftrt_py.convert.summary import conversion_ratio, engine_op_counts  # noqa: E402
-from tftrt_py.engine import plan as plan_lib  # noqa: E402
+from tftrt_py.converters.summary import conversion_ratio, engine_op_counts  # noqa: E402
+from tftrt_py.engine.runtime import deserialize  # noqa: E402
 from tftrt_py.tools.export import export_plans  # noqa: E402
 
 SIZE = 224
@@ -114,7 +114,7 @@ def main():
         with open(out, "rb") as f:
             data = f.read()
         with step("load plan (numpy backend)", times):
-            engine = plan_lib.deserialize(data, backend="numpy")
+            engine = deserialize(data, backend="numpy")
         kinds = collections.Counter(layer.kind for layer in engine.network.layers)
         precisions = collections.Counter(layer.precision or "-" for layer in engine.network.layers)
         print(f"[plan] {out}: {len(data) / 1e6:.1f} MB, {engine.precision}, input "

@@ -10,7 +10,7 @@ import pytest
 
 from tftrt_py.engine import Builder, BuilderConfig, Network, PlanError, Runtime
 from tftrt_py.engine.backends.cupy.ops import fp8 as cupy_fp8
-from tftrt_py.engine.backends.numpy_backend import apply_activation, conv_sums
+from tftrt_py.engine.reference import apply_activation, conv_sums
 from tftrt_py.engine.quantization import E4M3_MAX, round_e4m3
 from tftrt_py.engine.errors import BuildError, MissingDynamicRangeError
 

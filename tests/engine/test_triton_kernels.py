@@ -13,7 +13,7 @@ import pytest
 from tftrt_py.engine.backends.cupy import triton as kernels
 from tftrt_py.engine.backends.cupy.ops import triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.numpy_backend import conv_sums
+from tftrt_py.engine.reference import conv_sums
 
 REQUEST = ("some.module", "kernel", (("x", "*i8"),), (("BM", 64),), (), 4, 3, 90)
 

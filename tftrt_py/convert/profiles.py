@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-from tftrt_py.engine.runtime import OptimizationProfile
+from tftrt_py.engine.profile import OptimizationProfile
 
 __all__ = ["PROFILE_STRATEGY_RANGE", "PROFILE_STRATEGY_OPTIMAL", "PROFILE_STRATEGY_RANGE_OPTIMAL",
            "PROFILE_STRATEGY_IMPLICIT_BATCH_MODE_COMPATIBLE", "supported_profile_strategies",

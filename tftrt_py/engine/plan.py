@@ -16,6 +16,7 @@ work they declare (see :mod:`budget`) are checked against the limits before anyt
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -27,11 +28,12 @@ import numpy as np
 from tftrt_py.engine import budget
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine import params as param_schemas
-from tftrt_py.engine.errors import BackendError, PlanError
+from tftrt_py.engine.errors import PlanError
 from tftrt_py.engine.network import Layer, Network, Tensor
+from tftrt_py.engine.profile import OptimizationProfile
 from tftrt_py.engine.types import DTYPES, PRECISIONS, dtype_name
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "serialize", "deserialize", "read_header"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "Plan", "serialize", "deserialize", "read_header"]
 
 MAGIC = b"TFTRTPLN"
 FORMAT_VERSION = 2
@@ -270,22 +272,31 @@ def _profile(value, n_inputs: int) -> None:
             _fail(f"profile.{part}", f"has {len(shapes)} shapes for {n_inputs} inputs")
         for i, shape in enumerate(shapes):
             _shape(shape, f"profile.{part}[{i}]")
-    from tftrt_py.engine.runtime import OptimizationProfile
-
     try:
         OptimizationProfile.from_dict(value)
     except ValueError as exc:
         _fail("profile", f"is invalid: {exc}")
 
 
-# -- engine -------------------------------------------------------------------------
-def deserialize(data: bytes, backend: Optional[str] = None):
-    """Engine from plan bytes, run by `backend` (default: the plan's); raises PlanError naming what is wrong.
+# -- network -------------------------------------------------------------------------
+@dataclasses.dataclass
+class Plan:
+    """What a plan holds: the optimized network and what the engine running it needs to know."""
 
-    A plan holds backend-neutral layers: another backend runs it too, re-tuning its tactics.
+    network: Network
+    precision: str
+    backend: str
+    build_config: Optional[dict]
+    tactics: Optional[dict]  # None: chosen again (the plan was tuned for another backend)
+    device: Optional[str]
+    profile: Optional[OptimizationProfile]
+    binding: Optional[str]
+
+
+def deserialize(data: bytes, backend: Optional[str] = None) -> Plan:
+    """The network and metadata of plan bytes, for `backend` (default: the plan's); raises PlanError naming what
+    is wrong. A plan holds backend-neutral layers: another backend runs it too, re-tuning its tactics.
     """
-    from tftrt_py.engine.runtime import Engine, OptimizationProfile
-
     header = read_header(data, backend)
     data = bytes(data)
     base = header["_blob_start"]
@@ -322,16 +333,12 @@ def deserialize(data: bytes, backend: Optional[str] = None):
     _check_budget(net, backend)
     try:
         net.lint()
-        profile = header.get("profile")
-        engine = Engine(net, precision=header["precision"], backend=backend, build_config=header.get("build_config"),
-                        tactics=header.get("tactics") if backend == planned else None,
-                        device=header.get("device"), profile=profile and OptimizationProfile.from_dict(profile))
-    except BackendError:  # the plan is fine; its backend is missing here
-        raise
-    except Exception as exc:  # a kind's batch rule on inconsistent params: pure code, any error means a bad plan
+    except Exception as exc:
         raise PlanError(f"plan header is inconsistent ({type(exc).__name__}: {exc})") from None
-    engine.binding = header.get("binding")
-    return engine
+    profile = header.get("profile")
+    return Plan(net, precision=header["precision"], backend=backend, build_config=header.get("build_config"),
+                tactics=header.get("tactics") if backend == planned else None, device=header.get("device"),
+                profile=profile and OptimizationProfile.from_dict(profile), binding=header.get("binding"))
 
 
 def _check_budget(net: Network, backend: str) -> None:

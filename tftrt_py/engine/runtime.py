@@ -2,32 +2,20 @@
 from __future__ import annotations
 
 import threading
-import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine import plan
 from tftrt_py.engine.backends import get_backend
-from tftrt_py.engine.backends.threads import blas_limit
-from tftrt_py.engine.errors import NetworkError, RuntimeExecutionError
+from tftrt_py.engine.backends.base import Allocate
+from tftrt_py.engine.errors import BackendError, NetworkError, PlanError, RuntimeExecutionError
+from tftrt_py.engine.inspector import layer_rows
 from tftrt_py.engine.network import Network, Tensor
+from tftrt_py.engine.profile import OptimizationProfile
 
-__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "OptimizationProfile", "rebatched", "deliver"]
-
-#: ``outputs(index, shape) -> writable array``: where an execution writes output `index` (see ExecutionContext.execute)
-Allocate = Callable[[int, Tuple[int, ...]], np.ndarray]
-
-
-def deliver(out: np.ndarray, index: int, outputs: Optional[Allocate], copy: bool = False) -> np.ndarray:
-    """Output `index` as the caller receives it: copied into ``outputs(index, shape)`` when given (cast as
-    needed), else C-contiguous (a copy of its own with `copy`, for a buffer the engine reuses)."""
-    if outputs is None:
-        return np.array(out, order="C") if copy else np.asarray(out, order="C")
-    dst = outputs(index, out.shape)
-    np.copyto(dst, out, casting="unsafe")
-    return dst
-
+__all__ = ["Engine", "ExecutionContext", "Runtime", "Profiler", "rebatched", "deserialize"]
 
 def rowwise(network: Network) -> bool:
     """True when output row i depends only on input row i (so a smaller batch can be served, padded to the
@@ -96,50 +84,6 @@ def rebatched(network: Network, batch: int) -> Network:
     return new
 
 
-class OptimizationProfile:
-    """Per input, the (min, opt, max) shapes an engine serves (TensorRT's optimization profile).
-
-    An input lies inside the profile when, for every input, each dim is between min and max.
-    """
-
-    def __init__(self, min_shapes, opt_shapes, max_shapes):
-        self.min, self.opt, self.max = (tuple(tuple(int(d) for d in s) for s in shapes)
-                                        for shapes in (min_shapes, opt_shapes, max_shapes))
-        ranks = {tuple(len(s) for s in shapes) for shapes in (self.min, self.opt, self.max)}
-        if len(ranks) != 1 or not all(lo <= o <= hi for shapes in zip(self.min, self.opt, self.max)
-                                      for lo, o, hi in zip(*shapes)):
-            raise ValueError(f"invalid optimization profile: min {self.min}, opt {self.opt}, max {self.max} "
-                             f"(need equal ranks and min <= opt <= max in every dim)")
-
-    def contains(self, shapes: Sequence[Sequence[int]]) -> bool:
-        shapes = [tuple(s) for s in shapes]
-        return len(shapes) == len(self.min) and all(
-            len(s) == len(lo) and all(a <= d <= b for d, a, b in zip(s, lo, hi))
-            for s, lo, hi in zip(shapes, self.min, self.max))
-
-    @property
-    def key(self) -> Tuple[Tuple[int, ...], ...]:
-        """min, opt and max shapes in one tuple (hashable, ordered like cache keys)."""
-        return self.min + self.opt + self.max
-
-    def as_dict(self) -> dict:
-        return {"min": [list(s) for s in self.min], "opt": [list(s) for s in self.opt],
-                "max": [list(s) for s in self.max]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "OptimizationProfile":
-        return cls(d["min"], d["opt"], d["max"])
-
-    def __eq__(self, other):
-        return isinstance(other, OptimizationProfile) and self.key == other.key
-
-    def __hash__(self):
-        return hash(self.key)
-
-    def __repr__(self):
-        return f"OptimizationProfile(min={list(self.min)}, opt={list(self.opt)}, max={list(self.max)})"
-
-
 class Profiler:
     """Receives per-layer times in milliseconds (like TensorRT's IProfiler)."""
 
@@ -164,21 +108,18 @@ class Engine:
         self.tactics = dict(tactics or {})
         self.device = device or "cpu"
         self.rowwise = rowwise(network)
-        self._last_use = self._compute_last_use()
-        # -- backend hook (GPU backends): compile and tune the whole engine; now for a fresh build,
-        # on first use for a deserialized plan (which carries its tactics).
+        # The backend compiles the whole engine: now for a fresh build, on first use for a deserialized plan
+        # (which carries its tactics).
         self._prepare_lock = threading.Lock()
-        self._prepared = backend == "numpy"
-        if tactics is None and not self._prepared:
+        self._prepared = False
+        if tactics is None:
             self.prepare()
 
     def prepare(self) -> None:
-        """Let the backend compile the whole engine (tactics, device check) once, if it wants to."""
+        """Let the backend compile the whole engine (tactics, device check) once."""
         with self._prepare_lock:
             if not self._prepared:
-                hook = getattr(get_backend(self.backend_name), "prepare_engine", None)
-                if hook is not None:
-                    hook(self)
+                get_backend(self.backend_name).prepare_engine(self)
                 self._prepared = True
 
     # -- bindings ---------------------------------------------------------
@@ -244,15 +185,6 @@ class Engine:
     def weight_bytes(self) -> int:
         return sum(w.nbytes for layer in self.network.layers for w in layer.weights.values())
 
-    def _compute_last_use(self) -> Dict[str, int]:
-        last = {}
-        for i, layer in enumerate(self.network.layers):
-            for t in layer.inputs:
-                last[t.name] = i
-        for t in self.network.outputs:
-            last[t.name] = len(self.network.layers)
-        return last
-
     def for_batch(self, batch: int) -> "Engine":
         """This row-wise engine built for `batch` rows: its optimized network re-batched (:func:`rebatched`: the
         same layers, precisions and ranges), compiled by the same backend; NetworkError where the network's
@@ -267,14 +199,10 @@ class Engine:
         return ExecutionContext(self)
 
     def serialize(self) -> bytes:
-        from tftrt_py.engine import plan
-
         return plan.serialize(self)
 
     def inspect(self) -> List[dict]:
-        """The final layers: name, kind, precision, input and output shapes (see builder.inspector)."""
-        from tftrt_py.engine.builder.inspector import layer_rows
-
+        """The final layers: name, kind, precision, input and output shapes (see engine.inspector)."""
         return layer_rows(self)
 
 
@@ -285,11 +213,8 @@ class ExecutionContext:
         self.engine = engine
         self.backend = get_backend(engine.backend_name)
         self.profiler: Optional[Profiler] = None
-        self._lock = threading.Lock()
-        # -- backend hook: a backend may run the whole engine itself (own stream, buffers, CUDA graphs).
         engine.prepare()
-        create_runner = getattr(self.backend, "create_runner", None)
-        self._runner = create_runner(engine) if create_runner is not None else None
+        self._runner = self.backend.create_runner(engine)
 
     def _check_inputs(self, bindings: Mapping[str, np.ndarray], pad: bool = True
                       ) -> Tuple[Dict[str, np.ndarray], Optional[int]]:
@@ -325,34 +250,7 @@ class ExecutionContext:
         `outputs(index, shape)`, when given, returns the writable array output `index` is written into (a
         caller's buffer: TRTEngineOp hands TensorFlow's output tensors), and those arrays are returned.
         """
-        if self._runner is not None:  # backend hook (device arrays in give device arrays out)
-            return self._runner.execute(self, bindings, outputs)
-        with self._lock, blas_limit():  # BLAS spawns no more threads than the process allows
-            values, batch = self._check_inputs(bindings)
-            last_use = self.engine._last_use
-            for i, layer in enumerate(self.engine.network.layers):
-                args = [values[t.name] for t in layer.inputs]
-                start = time.perf_counter() if self.profiler else 0.0
-                try:
-                    results = self.backend.run_layer(layer, args)
-                except RuntimeExecutionError:
-                    raise
-                except Exception as exc:
-                    raise RuntimeExecutionError(f"layer {layer.name!r} ({layer.kind}) failed: {exc}") from exc
-                if self.profiler:
-                    self.profiler.report_layer_time(layer.name, (time.perf_counter() - start) * 1e3)
-                for t, r in zip(layer.outputs, results):
-                    values[t.name] = r
-                for t in layer.inputs:
-                    if last_use.get(t.name) == i:
-                        values.pop(t.name, None)
-            outs = {}
-            for i, t in enumerate(self.engine.outputs):
-                out = values[t.name]
-                if batch is not None and self.engine.rowwise and batch < self.engine.max_batch_size:
-                    out = out[:batch]
-                outs[t.name] = deliver(out, i, outputs)
-            return outs
+        return self._runner.execute(self, bindings, outputs)
 
     def execute_v2(self, inputs: Sequence[np.ndarray], outputs: Optional[Allocate] = None) -> List[np.ndarray]:
         """Positional form of :meth:`execute`: inputs in binding order, outputs in binding order."""
@@ -362,7 +260,7 @@ class ExecutionContext:
     @property
     def replays(self) -> bool:
         """Whether the backend can offer native replays of this engine (see :meth:`native_replay`)."""
-        return hasattr(self._runner, "native_replay")
+        return self._runner.replays
 
     def native_replay(self, inputs: Sequence[np.ndarray], out_dtypes: Sequence[np.dtype]):
         """This context as a :class:`~tftrt_py.engine.replay.Replay` at the shapes of `inputs` (binding order), for
@@ -381,6 +279,19 @@ class Runtime:
         self.backend = backend
 
     def deserialize_cuda_engine(self, data: bytes) -> Engine:
-        from tftrt_py.engine import plan
+        return deserialize(data, backend=self.backend)
 
-        return plan.deserialize(data, backend=self.backend)
+
+def deserialize(data: bytes, backend: Optional[str] = None) -> Engine:
+    """Engine from plan bytes, run by `backend` (default: the plan's); raises PlanError naming what is wrong."""
+    loaded = plan.deserialize(data, backend)
+    try:
+        engine = Engine(loaded.network, precision=loaded.precision, backend=loaded.backend,
+                        build_config=loaded.build_config, tactics=loaded.tactics, device=loaded.device,
+                        profile=loaded.profile)
+    except BackendError:  # the plan is fine; its backend is missing here
+        raise
+    except Exception as exc:  # a kind's batch rule on inconsistent params: pure code, any error means a bad plan
+        raise PlanError(f"plan header is inconsistent ({type(exc).__name__}: {exc})") from None
+    engine.binding = loaded.binding
+    return engine

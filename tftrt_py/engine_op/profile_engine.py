@@ -14,7 +14,7 @@ import threading
 from typing import Callable, Dict, List, Tuple
 
 from tftrt_py.engine import EngineError
-from tftrt_py.engine.runtime import OptimizationProfile
+from tftrt_py.engine.profile import OptimizationProfile
 from tftrt_py.engine_op.buckets import serving_pool
 
 __all__ = ["ProfileEngine"]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tftrt_py.engine.backends.numpy_backend import ELEMENTWISE_FNS
+from tftrt_py.engine.reference import ELEMENTWISE_FNS
 
 RNG = np.random.default_rng(3)
 

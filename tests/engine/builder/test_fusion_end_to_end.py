@@ -12,7 +12,7 @@ from tftrt_py.convert.graph import GraphView
 from tftrt_py.engine import Builder, Runtime
 from tftrt_py.engine.builder import PIPELINE
 from tftrt_py.engine.builder.fusions.match import fusion_counts
-from tftrt_py.engine.builder.inspector import format_layers
+from tftrt_py.engine.inspector import format_layers
 from tftrt_py.segmenter import segment_graph
 
 K1, K2 = random_array((3, 3, 4, 4), high=0.5), random_array((3, 3, 4, 4), high=0.5)

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from fusion_nets import add, build_and_compare, const, conv, layer, layer_names, matmul, network, rand
 from support import assert_converts, run_engine
-from tftrt_py.engine.backends.numpy_backend import ACTIVATION_FNS
+from tftrt_py.engine.reference import ACTIVATION_FNS
 from tftrt_py.engine.quantization import round_fp16
 from tftrt_py.engine.builder.fusions.activation import SIXTH
 

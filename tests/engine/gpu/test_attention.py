@@ -200,7 +200,7 @@ def quantized_engine(net, precision):
     import cupy
 
     from tftrt_py.engine import Builder, BuilderConfig
-    from tftrt_py.engine.plan import deserialize
+    from tftrt_py.engine.runtime import deserialize
 
     if precision == "FP8" and int(cupy.cuda.Device().compute_capability) < 89:
         pytest.skip("FP8 needs compute capability 8.9")

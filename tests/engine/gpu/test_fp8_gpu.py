@@ -9,7 +9,7 @@ import pytest
 
 from tftrt_py.engine import Builder, BuilderConfig, Network
 from tftrt_py.engine.errors import BuildError
-from tftrt_py.engine.plan import deserialize
+from tftrt_py.engine.runtime import deserialize
 
 import gpu_resnet50 as resnet50
 from gpu_helpers import GPU, healthy_gpu  # noqa: F401 (autouse fixture)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tftrt_py.engine import Builder, BuilderConfig, Engine, Network
-from tftrt_py.engine.backends.numpy_backend import KERNELS, apply_activation
+from tftrt_py.engine.reference import KERNELS, apply_activation
 from tftrt_py.engine.errors import BuildError, MissingDynamicRangeError
 
 import gpu_resnet50 as resnet50
@@ -416,7 +416,7 @@ def test_int8_ffn_keeps_its_hidden_tensor_int8_between_our_gemms(monkeypatch):
     """A BERT FFN (dense + GELU -> dense) with a calibrated hidden tensor: no MLP fusion, both products int8 in our
     Triton GEMM, the first writing the hidden tensor as int8 for the second (no float copy, no quantize step);
     what the numpy backend's INT8 computes."""
-    from tftrt_py.engine.plan import deserialize
+    from tftrt_py.engine.runtime import deserialize
 
     monkeypatch.setenv("TFTRT_PY_GEMM", "triton")
     rng = np.random.default_rng(17)
@@ -542,7 +542,7 @@ def test_resnet50_int8():
     the same plan, int8 kernels chosen, int8 tensors between int8 layers, and a plan round trip keeps the
     tactics."""
     from tftrt_py.engine import Runtime
-    from tftrt_py.engine.plan import deserialize
+    from tftrt_py.engine.runtime import deserialize
 
     model = resnet50.spec(classes=100)
     rng = np.random.default_rng(11)
@@ -574,7 +574,7 @@ def test_int8_convolutions_slower_than_fp16_run_in_fp16():
     loses, the choice is recorded in the tactic and the layer's precision, so the plan runs the same on
     the numpy backend and reloads on this GPU without re-timing."""
     from tftrt_py.engine import Runtime
-    from tftrt_py.engine.plan import deserialize
+    from tftrt_py.engine.runtime import deserialize
 
     model = resnet50.spec(classes=100)
     rng = np.random.default_rng(12)
@@ -650,7 +650,7 @@ def test_a_layernorm_read_by_a_quantized_gemm_writes_its_output_quantized_too(pr
     layer reads a sequence): through a view of the quantized bytes."""
     import cupy
 
-    from tftrt_py.engine.plan import deserialize
+    from tftrt_py.engine.runtime import deserialize
 
     if precision == "FP8" and int(cupy.cuda.Device().compute_capability) < 89:
         pytest.skip("FP8 needs compute capability 8.9")

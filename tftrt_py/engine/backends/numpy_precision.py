@@ -26,9 +26,9 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import KERNELS, apply_activation, conv_sums
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.quantization import FORMATS, quantize, quantize_per_channel, round_fp16
+from tftrt_py.engine.reference import KERNELS, apply_activation, conv_sums
 
 __all__ = ["run", "cached"]
 

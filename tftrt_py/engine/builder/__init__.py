@@ -15,6 +15,7 @@ from tftrt_py.engine.builder.precision import assign_precisions
 from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, gemm, horizontal, match, mlp,
                                              normalization, reduce, shuffle)
 from tftrt_py.engine.errors import BuildError, EngineError
+from tftrt_py.engine.runtime import Engine
 from tftrt_py.engine.types import PRECISIONS
 
 __all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES"]
@@ -101,9 +102,7 @@ class Builder:
                 return
         logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
 
-    def build_engine(self, network):
-        from tftrt_py.engine.runtime import Engine
-
+    def build_engine(self, network) -> Engine:
         if not network.outputs:
             raise BuildError(f"network {network.name!r} has no outputs; mark at least one with mark_output()")
         start = time.perf_counter()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Dict
+from typing import AbstractSet, Dict
 
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger, OutOfGpuMemory
-from tftrt_py.engine.backends.layer_engines import LayerEngines, flag, strict_types
+from tftrt_py.engine.backends.base import Backend, flag, strict_types
 from tftrt_py.engine.errors import BuildError, EngineError
 
 __all__ = ["CupyBackend"]
@@ -17,19 +17,23 @@ __all__ = ["CupyBackend"]
 logger = logging.getLogger(__name__)
 
 
-class CupyBackend(LayerEngines):
+class CupyBackend(Backend):
     """Runs engines on an NVIDIA GPU through cupy, cuDNN (frontend graphs) and cuBLAS."""
 
     name = "cupy"
 
     def __init__(self):
-        super().__init__()
         _device.require()
-        from tftrt_py.engine.backends.cupy import ops  # noqa: F401  (registers the layer implementations)
+        from tftrt_py.engine.backends.cupy import ops  # (registers the layer implementations)
 
+        self._kinds = frozenset({"Constant", *ops.POINTWISE_KINDS, *ops.FACTORIES})
         self._tuning_lock = threading.Lock()
         self._tuner = None
         self.device = _device.device_name()
+
+    @property
+    def kinds(self) -> AbstractSet[str]:
+        return self._kinds
 
     # -- build --------------------------------------------------------------------------------------------
     def _tuning_context(self):

@@ -22,6 +22,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
+from tftrt_py.engine.backends import base
 from tftrt_py.engine.backends.cupy import _device, staging
 from tftrt_py.engine.backends.cupy.context import RunContext
 from tftrt_py.engine.backends.cupy.memory import OutOfGpuMemory
@@ -38,8 +39,10 @@ logger = logging.getLogger(__name__)
 CAPTURE_ATTEMPTS = 3
 
 
-class Runner:
+class Runner(base.Runner):
     """Executes one engine's program for one ExecutionContext (one thread at a time)."""
+
+    replays = True
 
     def __init__(self, engine, program: Program):
         cupy = _device.require()

@@ -240,7 +240,7 @@ class Tuner:
 
     # -- check mode ------------------------------------------------------------------------------------
     def _reference(self, spec: Spec, ins):
-        from tftrt_py.engine.backends.numpy_backend import KERNELS
+        from tftrt_py.engine.reference import KERNELS
 
         host = []
         for x in ins:

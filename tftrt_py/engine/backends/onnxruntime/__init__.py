@@ -7,26 +7,9 @@ can run here and creating :class:`OnnxRuntimeBackend` raises BackendError when i
 """
 from __future__ import annotations
 
-from typing import Tuple
+from tftrt_py.engine.backends.onnxruntime.probe import UNAVAILABLE, available
 
 __all__ = ["available", "OnnxRuntimeBackend", "UNAVAILABLE"]
-
-UNAVAILABLE = ("onnxruntime / onnx not installed: install them (pip install 'tftrt_py[cpu]') or use the numpy "
-               "backend")
-
-
-def available() -> Tuple[bool, str]:
-    """(True, "onnxruntime <version>") when ONNX Runtime and onnx import and have the CPU provider, else
-    (False, why)."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime
-    except ImportError as exc:
-        return False, f"{UNAVAILABLE} ({exc})"
-    providers = getattr(onnxruntime, "get_available_providers", lambda: [])()
-    if "CPUExecutionProvider" not in providers:  # (a folder named onnxruntime imports as a namespace package)
-        return False, f"{UNAVAILABLE} (no CPUExecutionProvider in {providers})"
-    return True, f"onnxruntime {onnxruntime.__version__}"
 
 
 def __getattr__(name):

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import AbstractSet, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.layer_engines import LayerEngines, strict_types
-from tftrt_py.engine.backends.onnxruntime import available
+from tftrt_py.engine.backends import base
+from tftrt_py.engine.backends.base import Backend, deliver, strict_types
+from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.int8 import EMULATED
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
+from tftrt_py.engine.backends.onnxruntime.probe import available
 from tftrt_py.engine.backends.threads import cpu_threads
 from tftrt_py.engine.errors import BackendError, BuildError, RuntimeExecutionError
 from tftrt_py.engine.network import Layer, Network, Tensor
@@ -62,8 +64,6 @@ class _NumpyLayer:
     """A layer run by the numpy kernel between sessions."""
 
     def __init__(self, layer: Layer):
-        from tftrt_py.engine.backends.numpy_backend import NumpyBackend
-
         self.layer, self.backend = layer, NumpyBackend()
 
     def run(self, values: Dict[str, np.ndarray]) -> None:
@@ -107,10 +107,12 @@ def _runs(layers: List[Layer]) -> List[List[Layer]]:
     return runs
 
 
-class OnnxRuntimeBackend(LayerEngines):
+class OnnxRuntimeBackend(Backend):
     """Runs engines on the CPU with ONNX Runtime (graph optimizations on; threads from :meth:`threads`)."""
 
     name = "onnxruntime"
+    #: FP8 layers compute in fp32 here (lowering.py).
+    precisions = ("FP32", "FP16", "INT8")
 
     def __init__(self):
         ok, why = available()
@@ -118,7 +120,6 @@ class OnnxRuntimeBackend(LayerEngines):
             raise BackendError(why)
         import onnxruntime
 
-        super().__init__()
         self._ort = onnxruntime
         self._said = set()
 
@@ -215,8 +216,13 @@ class OnnxRuntimeBackend(LayerEngines):
         for layer in int8:
             layer.precision = "INT8"
 
+    @property
+    def kinds(self) -> AbstractSet[str]:
+        """Every reference kind: those without a lowering run on numpy between sessions."""
+        return NumpyBackend().kinds
+
     # -- run ------------------------------------------------------------------------------------------------
-    def create_runner(self, engine):
+    def create_runner(self, engine) -> "Runner":
         if getattr(engine, "ort_program", None) is None:
             engine.prepare()
         return Runner(engine, engine.ort_program)
@@ -233,7 +239,7 @@ def _demote_emulated(net) -> None:
                      len(demoted))
 
 
-class Runner:
+class Runner(base.Runner):
     """Runs one engine's program for one ExecutionContext (sessions are shared: ONNX Runtime runs them from
     several threads at once)."""
 
@@ -241,8 +247,6 @@ class Runner:
         self.engine, self.program = engine, program
 
     def execute(self, ctx, bindings: Mapping[str, np.ndarray], outputs=None) -> Dict[str, np.ndarray]:
-        from tftrt_py.engine.runtime import deliver
-
         eng = self.engine
         values, batch = ctx._check_inputs(bindings)
         try:

@@ -6,7 +6,7 @@ from typing import Callable, Dict
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import _linear_weights, _nearest_index, _slice_stop
+from tftrt_py.engine.reference import linear_weights, nearest_index, slice_stop
 from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype
 from tftrt_py.engine.backends.onnxruntime.registry import lowers
 from tftrt_py.engine.layers import shuffle_shapes
@@ -63,7 +63,7 @@ def _concat(g, layer, ins):
 @lowers("Slice")
 def _slice(g, layer, ins):
     p = layer.params
-    ends = [_slice_stop(s, n, st) for s, n, st in zip(p["start"], p["size"], p["stride"])]
+    ends = [slice_stop(s, n, st) for s, n, st in zip(p["start"], p["size"], p["stride"])]
     ends = [_BEFORE_START if e is None else e for e in ends]
     return [g.slice(ins[0], p["start"], ends, list(range(layer.inputs[0].rank)), p["stride"])]
 
@@ -149,10 +149,10 @@ def _resize(g, layer, ins):
         return g.node("Gather", [x, g.const(index, np.int64)], axis=axis)
 
     if p["mode"] == "nearest":
-        return [take(take(ins[0], _nearest_index(h, oh, *args), 1), _nearest_index(w, ow, *args), 2)]
+        return [take(take(ins[0], nearest_index(h, oh, *args), 1), nearest_index(w, ow, *args), 2)]
     x = g.cast(ins[0], compute_dtype(layer.inputs[0].dtype), "float32")
-    y0, y1, ylerp = _linear_weights(h, oh, *args)
-    x0, x1, xlerp = _linear_weights(w, ow, *args)
+    y0, y1, ylerp = linear_weights(h, oh, *args)
+    x0, x1, xlerp = linear_weights(w, ow, *args)
 
     def lerp(a, b, t):
         return g.node("Add", [a, g.node("Mul", [g.node("Sub", [b, a]), g.const(t, np.float32)])])

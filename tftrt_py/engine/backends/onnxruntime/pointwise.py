@@ -6,7 +6,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import _SELU_ALPHA, _SELU_SCALE
+from tftrt_py.engine.reference import SELU_ALPHA, SELU_SCALE
 from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, Graph, compute_dtype, onnx_dtype
 from tftrt_py.engine.backends.onnxruntime.registry import lowers, weight
 
@@ -26,7 +26,7 @@ ACTIVATIONS: Dict[str, Callable] = {
     "clip": lambda g, x, d, a, b: g.node("Clip", [x, g.scalar(a, d), g.scalar(b, d)]),
     "leaky_relu": lambda g, x, d, a, b: g.node("LeakyRelu", [x], alpha=float(a)),
     "elu": lambda g, x, d, a, b: g.node("Elu", [x], alpha=float(a)),
-    "selu": lambda g, x, d, a, b: g.node("Selu", [x], alpha=_SELU_ALPHA, gamma=_SELU_SCALE),
+    "selu": lambda g, x, d, a, b: g.node("Selu", [x], alpha=SELU_ALPHA, gamma=SELU_SCALE),
     "sigmoid": lambda g, x, d, a, b: g.node("Sigmoid", [x]),
     "tanh": lambda g, x, d, a, b: g.node("Tanh", [x]),
     "softplus": lambda g, x, d, a, b: g.node("Softplus", [x]),

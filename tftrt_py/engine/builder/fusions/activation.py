@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import ACTIVATION_FNS, KERNELS
+from tftrt_py.engine.reference import ACTIVATION_FNS, KERNELS
 from tftrt_py.engine.builder.fusions.match import (BIASED, FLOATS, Fused, activation_of, affine, apply_rules,
                                                    constant_value, private, reshape_only, sole_producer,
                                                    with_activation)

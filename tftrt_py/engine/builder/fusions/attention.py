@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import KERNELS
+from tftrt_py.engine.reference import KERNELS
 from tftrt_py.engine.builder.fusions.match import FLOATS, affine, constant_value, produced_by, record
 from tftrt_py.engine.layers import causal_keep
 from tftrt_py.engine.network import Layer, Tensor

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tftrt_py.engine.backends.numpy_backend import KERNELS
+from tftrt_py.engine.reference import KERNELS
 from tftrt_py.engine.builder.fusions.match import Bypass, Fused, apply_rules, sole_producer
 from tftrt_py.engine.layers import shuffle_shapes
 

@@ -73,7 +73,7 @@ class ConcatOp(Op):
 
 class SliceOp(Op):
     def __init__(self, spec: Spec):
-        from tftrt_py.engine.backends.numpy_backend import _slice_stop
+        from tftrt_py.engine.reference import slice_stop as _slice_stop
 
         p = spec.params
         self.index = tuple(slice(s, _slice_stop(s, n, st), st) for s, n, st in zip(p["start"], p["size"], p["stride"]))

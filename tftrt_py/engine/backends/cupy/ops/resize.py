@@ -29,7 +29,7 @@ y = (OUT_T)(top + (bottom - top) * yl[h]);
 
 class ResizeOp(Op):
     def __init__(self, spec: Spec):
-        from tftrt_py.engine.backends.numpy_backend import _linear_weights, _nearest_index
+        from tftrt_py.engine.reference import linear_weights as _linear_weights, nearest_index as _nearest_index
 
         cupy = _device.require()
         p = spec.params

@@ -35,7 +35,7 @@ class HostOp(Op):
     capturable = False
 
     def __init__(self, spec: Spec):
-        from tftrt_py.engine.backends.numpy_backend import KERNELS
+        from tftrt_py.engine.reference import KERNELS
 
         self.layer, self.fn = spec.layer, KERNELS[spec.layer.kind]
         self.tactic = {"op": "host_numpy"}

@@ -1,0 +1,77 @@
+"""The backend interface: what a backend declares (layer kinds, precisions) and how the runtime drives it.
+
+An :class:`~tftrt_py.engine.runtime.Engine` asks its backend to :meth:`Backend.prepare_engine` once (compile,
+choose tactics) and each ExecutionContext for a :class:`Runner` of its own, which executes the engine on
+input arrays. Backends import nothing from the runtime, the plan or the builder: engines reach them as
+arguments.
+"""
+from __future__ import annotations
+
+import abc
+import os
+from typing import AbstractSet, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tftrt_py.engine.types import PRECISIONS
+
+__all__ = ["Backend", "Runner", "Allocate", "deliver", "flag", "strict_types"]
+
+#: ``outputs(index, shape) -> writable array``: where an execution writes output `index` (see ExecutionContext.execute)
+Allocate = Callable[[int, Tuple[int, ...]], np.ndarray]
+
+
+def deliver(out: np.ndarray, index: int, outputs: Optional[Allocate], copy: bool = False) -> np.ndarray:
+    """Output `index` as the caller receives it: copied into ``outputs(index, shape)`` when given (cast as
+    needed), else C-contiguous (a copy of its own with `copy`, for a buffer the engine reuses)."""
+    if outputs is None:
+        return np.array(out, order="C") if copy else np.asarray(out, order="C")
+    dst = outputs(index, out.shape)
+    np.copyto(dst, out, casting="unsafe")
+    return dst
+
+
+def flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def strict_types(engine) -> bool:
+    """Whether `engine` keeps every quantized layer quantized even where another precision runs faster (TensorRT's
+    strict types): its build config's ``strict_types``, else ``TFTRT_PY_STRICT_TYPES``."""
+    return flag((engine.build_config or {}).get("strict_types", os.environ.get("TFTRT_PY_STRICT_TYPES", "0")))
+
+
+class Runner(abc.ABC):
+    """Executes one engine for one ExecutionContext (one thread at a time)."""
+
+    #: Whether :meth:`native_replay` can offer replays of this engine.
+    replays = False
+
+    @abc.abstractmethod
+    def execute(self, ctx, bindings: Mapping[str, np.ndarray], outputs: Optional[Allocate] = None
+                ) -> Dict[str, np.ndarray]:
+        """Outputs by binding name for the input arrays `bindings` (checked by ``ctx``), see ExecutionContext."""
+
+    def native_replay(self, ctx, arrays: Sequence[np.ndarray], out_dtypes: Sequence[np.dtype]):
+        """A :class:`~tftrt_py.engine.replay.Replay` of this context at the shapes of `arrays`, or None."""
+        return None
+
+
+class Backend(abc.ABC):
+    """Runs engines: declares the layer kinds and precisions it implements, compiles engines, makes runners."""
+
+    name: str
+    #: Precisions whose layers it computes as built (others run in a wider precision).
+    precisions: Tuple[str, ...] = PRECISIONS
+
+    @property
+    @abc.abstractmethod
+    def kinds(self) -> AbstractSet[str]:
+        """The layer kinds it runs."""
+
+    def prepare_engine(self, engine) -> None:
+        """Compile `engine` once (tactics, sessions, device check); nothing by default."""
+
+    @abc.abstractmethod
+    def create_runner(self, engine) -> Runner:
+        """A runner of `engine` for one execution context."""
