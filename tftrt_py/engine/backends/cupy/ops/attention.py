@@ -26,7 +26,7 @@ copies the tile of a mask with rows per query, a causal-and-padding mask, by cp.
 keys j <= query i, and the flash kernel skips the key tiles above the diagonal (see SKIP_BELOW).
 
 cuDNN's attention is exact from a captured CUDA graph when the handle it runs with is bound to the capturing
-stream (``benchmarks/cudnn_sdpa_probe.py``): bound to another stream, its kernel runs at capture time outside the
+stream (``benchmarks/probes/cudnn_sdpa_probe.py``): bound to another stream, its kernel runs at capture time outside the
 graph, and a replay leaves the output as it was -- what an earlier version saw.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ __all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidat
 logger = logging.getLogger(__name__)
 
 #: Kernels compiled per layer: (BM pixels, BN channels, BK bytes of K a step, warps, pipeline stages): the eight
-#: that won ResNet-50's convolutions at batch 128 on an H100 out of sixteen tried (benchmarks/quantized_conv_probe.py
+#: that won ResNet-50's convolutions at batch 128 on an H100 out of sixteen tried (benchmarks/probes/quantized_conv_probe.py
 #: --tiles; BK 128 won most layers of 128 channels or more, 8-warp tiles none). A layer whose channels BK does not
 #: divide steps through 64 (or 32) of them.
 TILES = ((128, 128, 128, 4, 3), (64, 128, 128, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3), (128, 64, 64, 4, 4),

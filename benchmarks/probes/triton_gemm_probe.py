@@ -3,14 +3,14 @@ descriptors) against PyTorch's cuBLAS GEMM + a GELU pass and cuBLASLt's fused ta
 ViT-B/16 shapes (batch 32): whether a GEMM of our own could fuse the erf GELU that cuBLASLt lacks. Microseconds per
 call (triton.testing.do_bench), the fastest of a few tile configurations; GPU machine only; a table last.
 
-    python benchmarks/triton_gemm_probe.py
+    python benchmarks/probes/triton_gemm_probe.py
 """
 from __future__ import annotations
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -5,7 +5,7 @@ kind: none, a padding mask [B, 1, 1, S], causal, and causal with padding as one 
 back-to-back with events; ours the fastest tactic the builder timed; PyTorch with the backend it picks and with
 cuDNN's fused attention alone (which torch.compile ran for the BERT layer). GPU machine only; a table last.
 
-    python benchmarks/attention_masks.py [--batch 32] [--seq 128]
+    python benchmarks/probes/attention_masks.py [--batch 32] [--seq 128]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 HEADS, D = 12, 64
 #: the masked scores' value in a converted Keras model (Keras's -0.7 x float32 max): masked keys weigh nothing

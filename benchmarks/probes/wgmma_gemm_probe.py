@@ -12,7 +12,7 @@ The persistent kernel's loads alone (no MMAs, no stores) take 38.9 us, as long a
 through L2 for 128x256 tiles at 5.8 TB/s. Multicasting B across a 2-CTA cluster (151 MB) made the loads alone
 slower here (48.9 us), so the traffic cuBLAS avoids stays; this kernel was not taken into the engine.
 
-    python benchmarks/wgmma_gemm_probe.py [bert|vit]
+    python benchmarks/probes/wgmma_gemm_probe.py [bert|vit]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import ctypes
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 SOURCE = r"""
 struct __align__(64) TMap { unsigned long long v[16]; };

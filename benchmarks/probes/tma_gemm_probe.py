@@ -6,7 +6,7 @@ tensor descriptors (TMA), optionally warp-specialised, with the same epilogue. B
 launcher (PyTorch tensors), timed with triton.testing.do_bench; outputs compared. GPU machine (sm_90) only; a
 table last.
 
-    python benchmarks/tma_gemm_probe.py
+    python benchmarks/probes/tma_gemm_probe.py
 
 H100, 2026-11-25 (do_bench, L2 flushed between runs), best of each, us, ours / TMA: INT8 QKV 25.3 / 25.4, output
 projection 13.3 / 13.8, FFN expansion 30.4 / 29.6, FFN contraction 25.2 / 30.3; FP8 23.8 / 24.4, 12.3 / 14.0, 27.4 /
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

@@ -1,6 +1,6 @@
 """Keras ResNet50 (weights=None) on the numpy backend, built with and without the fusion passes.
 
-    python benchmarks/fusion_cpu.py [--batch 8] [--size 96] [--runs 10]
+    python benchmarks/probes/fusion_cpu.py [--batch 8] [--size 96] [--runs 10]
 
 Both engines keep constant folding and dead-layer elimination. Prints each engine's layer
 count, the fusions applied, the median CPU latency of each (runs interleaved) and the speed-up.
@@ -16,15 +16,15 @@ import time
 from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models.sample_models import build_keras_application  # noqa: E402
-from tftrt_py.convert import graph_io  # noqa: E402
 from tftrt_py.convert.build import SegmentGraph, network_from_segment  # noqa: E402
 from tftrt_py.convert.graph import GraphView  # noqa: E402
+from tftrt_py.converters import graph_io  # noqa: E402
 from tftrt_py.engine import Builder, builder  # noqa: E402
 from tftrt_py.engine.builder.fusions.match import fusion_counts  # noqa: E402
 from tftrt_py.segmenter import segment_graph  # noqa: E402

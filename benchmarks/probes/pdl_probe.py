@@ -6,7 +6,7 @@ at its start (gdc_launch_dependents), launched with the programmatic-serializati
 ``launch_pdl``), so the next kernel's launch and block scheduling overlap this one's tail. Triton's own launcher,
 PyTorch tensors and graphs; GPU machine only; a table last.
 
-    python benchmarks/pdl_probe.py [--pairs 4]
+    python benchmarks/probes/pdl_probe.py [--pairs 4]
 """
 from __future__ import annotations
 

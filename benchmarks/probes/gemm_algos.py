@@ -4,7 +4,7 @@ matmul + bias + erf GELU graph for the FFN expansion (the exact GELU that cuBLAS
 kernels torch.compile and our FP16 engine run for the whole layer (torch.profiler). GPU machine only; prints a
 table last.
 
-    python benchmarks/gemm_algos.py [--tokens 4096] [--algos 16] [--no-torch-profile]
+    python benchmarks/probes/gemm_algos.py [--tokens 4096] [--algos 16] [--no-torch-profile]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 #: name -> (n, k, cuBLASLt epilogue, torch call) for rows x k @ k x n.
 SHAPES = {"qkv": (2304, 768, "BIAS", "linear"), "out": (768, 768, "BIAS", "linear"),

@@ -5,8 +5,8 @@ both timed through the backend's tuner, and the sums over the network's 53 convo
 also checked against another path on the same operands (fp16 residual, quantized output): the cuBLAS int8 GEMM,
 or for FP8 cuDNN's E4M3 graph with our epilogue (steps counted in codes). GPU machine only.
 
-    python benchmarks/quantized_conv_probe.py [--batch 128] [--precision FP8] [--layers layer1.0.conv3,...]
-    ncu -k conv_quantized python benchmarks/quantized_conv_probe.py --only layer1.0.conv3 --tile 128,64,64,4,4,0
+    python benchmarks/probes/quantized_conv_probe.py [--batch 128] [--precision FP8] [--layers layer1.0.conv3,...]
+    ncu -k conv_quantized python benchmarks/probes/quantized_conv_probe.py --only layer1.0.conv3 --tile 128,64,64,4,4,0
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 import time
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "engine", "gpu"))
 

@@ -18,7 +18,7 @@ H100, cuDNN 9.19 / frontend 1.32 (2026-11-24): every case exact eagerly and repl
 whose 6 of 6 replays left the poisoned output as it was (the kernel ran at capture time, outside the graph):
 the engine runs cuDNN's attention with the context's handle, bound to the stream it captures on.
 
-    python benchmarks/cudnn_sdpa_probe.py
+    python benchmarks/probes/cudnn_sdpa_probe.py
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 MASKED = -30000.0
 

@@ -2,7 +2,7 @@
 ResNet-50 shapes at batch 128: each graph variant of ops/int8.py (plans, or why none), the fastest plan
 of each, the cuBLAS int8 GEMM path and the FP16 convolution, timed through the backend's tuner.
 
-    python benchmarks/gpu_int8_probe.py
+    python benchmarks/probes/gpu_int8_probe.py
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import traceback
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from tftrt_py.engine import Network  # noqa: E402

@@ -5,7 +5,7 @@ input and writes what the INT8 data flow writes (the FFN expansion, GELU fused, 
 FFN contraction; the others fp16). PyTorch's fp16 ``linear`` (+ GELU) beside it. Each Triton winner is checked
 against the cuBLAS int8 GEMM (FP8: cuBLASLt's E4M3 GEMM) on the same operands. GPU machine only; a table last.
 
-    python benchmarks/quantized_gemm_probe.py [--rows 4096] [--precisions INT8 FP8] [--tiles BM,BN,BK,W,S;...]
+    python benchmarks/probes/quantized_gemm_probe.py [--rows 4096] [--precisions INT8 FP8] [--tiles BM,BN,BK,W,S;...]
                                               [--gemms qkv out ffn1 ffn2]
 
 H100, 2026-11-25, us (our fp16 tactic / Triton INT8 / Triton FP8; cuBLAS(Lt) int8 / E4M3 with their epilogue pass):
@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from tftrt_py.engine import Network  # noqa: E402
 

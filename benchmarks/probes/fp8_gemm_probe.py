@@ -13,7 +13,7 @@ Each variant times cuBLASLt's first ``--algos`` heuristic algorithms (CUDA event
 best; outputs are checked against float64 products of the quantized operands. GPU machine only (cupy, torch,
 nvmath-python); prints a table last.
 
-    python benchmarks/fp8_gemm_probe.py [--tokens 4096] [--algos 8]
+    python benchmarks/probes/fp8_gemm_probe.py [--tokens 4096] [--algos 8]
 
 H100, 2026-11-24, us (best of 8 algorithms; errors against the quantized operands' float64 product 2.1e-4 fp16,
 2.4e-4 FP8): qkv fp16 25.8, fp8 tensor 21.3, fp8 outer 23.3, _scaled_mm 36.9; out 14.3 / 16.5 / 16.8 / 44.4;
@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 #: name -> (n, k, epilogue) for rows x k @ k x n.
 SHAPES = {"qkv": (2304, 768, "BIAS"), "out": (768, 768, "BIAS"), "ffn1": (3072, 768, "GELU_BIAS"),
