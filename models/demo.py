@@ -19,7 +19,7 @@ import tensorflow as tf  # noqa: E402
 
 from sample_models import MODELS, save_model  # noqa: E402
 from tftrt_py import trt_convert as trt  # noqa: E402
-from tftrt_py.engine_op import dispatcher  # noqa: E402
+from tftrt_py.engine_op import op as engine_op  # noqa: E402
 
 CPU_BACKENDS = ("onnxruntime", "numpy")
 
@@ -94,7 +94,7 @@ def main():
     native_ms = _latency_ms(native, feed, args.runs)
     feed_path = os.path.join(args.out, "feed.npz")
     np.savez(feed_path, **{k: v.numpy() for k, v in feed.items()})
-    backend = dispatcher.engine_backend()
+    backend = engine_op.engine_backend()
     timings = {backend: _served_ms(converted, feed, args.runs)}
     timings.update({b: _served_elsewhere(b, args, converted_dir, feed_path) for b in CPU_BACKENDS if b != backend})
     # the converted model's ops (an op of the same name may remain from the converter: it has a longer key)

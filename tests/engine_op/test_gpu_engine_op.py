@@ -8,6 +8,7 @@ from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.engine.backends.cupy import available
 from tftrt_py.engine_op import dispatcher
+from tftrt_py.engine_op import op as engine_op
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not available()[0], reason="needs an NVIDIA GPU with cupy")]
 
@@ -15,8 +16,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not available()[0], reason="ne
 @pytest.fixture(autouse=True)
 def cupy_engines(monkeypatch):
     """Engine ops build for the GPU here (tests/conftest.py pins the suite to the numpy reference)."""
-    monkeypatch.setenv(dispatcher.BACKEND_ENV, "cupy")
-    monkeypatch.setattr(dispatcher, "_backend_name", None)
+    monkeypatch.setenv(engine_op.BACKEND_ENV, "cupy")
+    monkeypatch.setattr(engine_op, "_backend_name", None)
 
 
 @pytest.mark.parametrize("precision, tol", [("FP32", 1e-4), ("FP16", 1e-2)])

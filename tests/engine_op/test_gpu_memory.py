@@ -148,11 +148,11 @@ def test_the_decision_is_kept(monkeypatch):
 
 
 def test_engine_ops_on_the_gpu_ask_first(monkeypatch):
-    from tftrt_py.engine_op import dispatcher
+    from tftrt_py.engine_op import op as engine_op
 
     FakeConfig(initialized=True).install(monkeypatch)
-    monkeypatch.setattr(dispatcher, "_backend_name", "numpy")
-    assert dispatcher.engine_backend() == "numpy"  # CPU engines share nothing with TensorFlow's GPUs
-    monkeypatch.setattr(dispatcher, "_backend_name", "cupy")
+    monkeypatch.setattr(engine_op, "_backend_name", "numpy")
+    assert engine_op.engine_backend() == "numpy"  # CPU engines share nothing with TensorFlow's GPUs
+    monkeypatch.setattr(engine_op, "_backend_name", "cupy")
     with pytest.raises(TensorFlowGpuMemoryError, match=FORCE_GROWTH_ENV):
-        dispatcher.engine_backend()
+        engine_op.engine_backend()

@@ -304,7 +304,7 @@ def test_cpu_backends_offer_no_replays(converted, monkeypatch):
 
 
 def test_the_switch_keeps_every_call_in_python(converted, replaying, monkeypatch):
-    from tftrt_py.engine_op.dispatcher import REPLAY_ENV
+    from tftrt_py.engine_op.op import REPLAY_ENV
 
     monkeypatch.setenv(REPLAY_ENV, "0")
     func, name = converted

@@ -16,7 +16,7 @@ import tensorflow as tf
 from specials import mismatch
 from tftrt_py import trt_convert as trt
 from tftrt_py.engine.backends import onnxruntime as ort_backend
-from tftrt_py.engine_op import dispatcher
+from tftrt_py.engine_op import op as engine_op
 
 BACKENDS = ["numpy", pytest.param("onnxruntime", marks=pytest.mark.skipif(
     not ort_backend.available()[0], reason=ort_backend.available()[1]))]
@@ -63,8 +63,8 @@ def plain_softmax(logits):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_converted_cnn_answers_nan_and_inf_images_as_tensorflow(saved, backend, monkeypatch):
     dynamic, path = saved
-    monkeypatch.setenv(dispatcher.BACKEND_ENV, backend)
-    monkeypatch.setattr(dispatcher, "_backend_name", None)
+    monkeypatch.setenv(engine_op.BACKEND_ENV, backend)
+    monkeypatch.setattr(engine_op, "_backend_name", None)
     native = tf.saved_model.load(path).signatures["serving_default"]
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=path)
     served = converter.convert()

@@ -65,7 +65,7 @@ using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
 constexpr char kDispatcherModule[] = "tftrt_py.engine_op.dispatcher";
-constexpr char kOnlineModule[] = "tftrt_py.convert.online";
+constexpr char kOnlineModule[] = "tftrt_py.converters.online";
 
 bool PythonUsable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -126,7 +126,7 @@ std::string PyStr(PyObject* o) {
 }
 
 // The TF status code an exception names in its int `error_code` attribute
-// (as tf.errors.OpError and dispatcher.NativeFallbackForbidden do), or OK.
+// (as tf.errors.OpError and engine_op.op.NativeFallbackForbidden do), or OK.
 absl::StatusCode DeclaredCode(PyObject* value) {
   PyRef code(PyObject_GetAttrString(value, "error_code"));
   if (!code || !PyLong_Check(code.get())) {
@@ -1121,7 +1121,7 @@ REGISTER_KERNEL_BUILDER(Name("TRTEngineOp").Device(tensorflow::DEVICE_CPU),
 // ---------------------------------------------------------------------------
 // TF-TRT's online conversion: the Grappler custom optimizer a session names in
 // its rewrite options (trt_convert.get_tensorrt_rewriter_config). It hands the
-// graph to tftrt_py.convert.online.optimize(item_id: str, graph_def: bytes,
+// graph to tftrt_py.converters.online.optimize(item_id: str, graph_def: bytes,
 // fetch: list[str], config: bytes) -> bytes | None (None: unchanged), config
 // being the serialized RewriterConfig.CustomGraphOptimizer (its parameter_map).
 class TensorRTOptimizer : public tensorflow::grappler::CustomGraphOptimizer {

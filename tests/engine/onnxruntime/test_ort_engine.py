@@ -128,10 +128,10 @@ def test_converted_keras_model_served_on_onnxruntime(saved_model, monkeypatch):
 
     from support import random_array
     from tftrt_py import trt_convert as trt
-    from tftrt_py.engine_op import dispatcher
+    from tftrt_py.engine_op import op as engine_op
 
-    monkeypatch.setenv(dispatcher.BACKEND_ENV, "onnxruntime")
-    monkeypatch.setattr(dispatcher, "_backend_name", None)
+    monkeypatch.setenv(engine_op.BACKEND_ENV, "onnxruntime")
+    monkeypatch.setattr(engine_op, "_backend_name", None)
     runs = []
     execute = ort_module.Runner.execute
     monkeypatch.setattr(ort_module.Runner, "execute", lambda self, *a, **k: runs.append(1) or execute(self, *a, **k))

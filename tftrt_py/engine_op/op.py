@@ -1,0 +1,431 @@
+"""One engine op: the engines of a loaded segment function, their cache, builds, runs and native fallback.
+
+Kernels of one loaded function share one :class:`EngineOp` (see engine_op.dispatcher): an engine serving the input
+shapes runs (building one when allowed and none does), else the op answers None and the kernel runs the native
+segment function, counted in :class:`Stats` and logged once per reason.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import threading
+import weakref
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+from tensorflow.core.framework import function_pb2
+
+from tftrt_py.convert import build as build_lib
+from tftrt_py.convert.errors import MissingQuantizationRangeError
+from tftrt_py.convert.graph import NodeView
+from tftrt_py.convert.params import DEFAULT_CALIBRATORS
+from tftrt_py.convert.variables import bind_weights, weight_inputs
+from tftrt_py.engine import BuilderConfig, EngineError
+from tftrt_py.engine.backends import default_backend_name
+from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
+from tftrt_py.engine.replay import RUNS
+from tftrt_py.engine.types import QUANTIZED
+from tftrt_py.engine_op import loading
+from tftrt_py.engine_op.binding import segment_binding
+from tftrt_py.engine_op.buckets import serving_pool
+from tftrt_py.engine_op.cache import EngineCache
+from tftrt_py.engine_op.calibration import OpCalibration
+from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
+from tftrt_py.engine_op.profile_engine import ProfileEngine
+
+__all__ = ["EngineOp", "Stats", "NativeFallbackForbidden", "RecursiveSegmentError", "FALLBACK_ENV", "REPLAY_ENV",
+           "BACKEND_ENV", "native_fallback_allowed", "native_replays_allowed", "engine_backend"]
+
+logger = logging.getLogger(__name__)
+
+#: TF-TRT's switch: "0"/"false" forbids running the native segment (then it is an error).
+FALLBACK_ENV = "TF_TRT_ALLOW_ENGINE_NATIVE_SEGMENT_EXECUTION"
+
+
+def native_fallback_allowed() -> bool:
+    """FALLBACK_ENV read as TF's ReadBoolFromEnvVar does: "0"/"false" (any case) forbid, "1"/"true" or unset
+    allow, anything else is logged and allows."""
+    value = os.environ.get(FALLBACK_ENV, "").strip().lower()
+    if value in ("0", "false"):
+        return False
+    if value not in ("", "1", "true"):
+        logger.error("%s=%r is not a boolean (0, 1, false or true); native segment execution stays allowed",
+                     FALLBACK_ENV, os.environ[FALLBACK_ENV])
+    return True
+
+
+#: "0" keeps every engine-op call in Python (no native replays, see engine.replay).
+REPLAY_ENV = "TFTRT_PY_NATIVE_REPLAY"
+
+
+def native_replays_allowed() -> bool:
+    return os.environ.get(REPLAY_ENV, "1").strip().lower() not in ("0", "false")
+
+
+#: Names the engine backend of engine ops ("numpy" or "cupy"); default: cupy when a GPU is usable.
+BACKEND_ENV = "TFTRT_PY_BACKEND"
+_backend_lock = threading.Lock()
+_backend_name: Optional[str] = None
+
+
+def engine_backend() -> str:
+    """The backend engine ops build for, decided once per process (and said once when it is the CPU's)."""
+    global _backend_name
+    with _backend_lock:
+        if _backend_name is None:
+            _backend_name = os.environ.get(BACKEND_ENV) or default_backend_name()
+            if _backend_name == "numpy":
+                logger.warning("TRTEngineOp engines run on the CPU (numpy backend): no usable NVIDIA GPU with "
+                               "cupy here; set %s=cupy to require the GPU", BACKEND_ENV)
+        if _backend_name == "cupy":  # TensorFlow's GPUs leave engines memory, or every engine op fails saying why
+            prepare_tensorflow_gpus()
+        return _backend_name
+
+
+class NativeFallbackForbidden(RuntimeError):
+    """The op would run its native segment but FALLBACK_ENV forbids it: the kernel fails with
+    tf.errors.AbortedError (``error_code``), TF-TRT's "User disallowed engine native segment execution"."""
+
+    error_code = 10  # ABORTED, read by kernel.cc
+
+
+class RecursiveSegmentError(ValueError):
+    """The op's native segment function holds a TRTEngineOp or calls itself (a crafted model): the kernel fails
+    with tf.errors.InvalidArgumentError rather than recurse without end."""
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters of one engine op, readable through :func:`stats`."""
+
+    hits: int = 0
+    builds: int = 0
+    build_failures: int = 0
+    evictions: int = 0
+    engine_runs: int = 0  # through Python; see native_runs
+    specialisations: int = 0  # per-shape engines built inside profile engines (see profile_engine)
+    fallbacks: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    replay_states: list = dataclasses.field(default_factory=list)  # Replay.state of each replay handed out
+
+    @property
+    def native_runs(self) -> int:
+        """Runs the kernels made without Python (native replays)."""
+        return sum(int(state[RUNS]) for state in list(self.replay_states))
+
+    def as_dict(self) -> dict:
+        """The counters; engine_runs and hits include the native runs."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "replay_states"}
+        native = self.native_runs
+        d.update(fallbacks=dict(self.fallbacks), fallback_total=sum(self.fallbacks.values()), native_runs=native,
+                 engine_runs=self.engine_runs + native, hits=self.hits + native)
+        return d
+
+
+class EngineOp:
+    """State shared by the kernels of one loaded segment function: engine cache, stats, the segment graph.
+
+    Per-kernel settings (allow_build_at_runtime) stay with the kernel's handle.
+    """
+
+    profiler = None  # an engine.Profiler receiving layer times, see set_profiler
+
+    def __init__(self, node_def, function_def: bytes, callees: bytes = b""):
+        node = NodeView(node_def)
+        self.name = node.name.split("/")[-1]  # canonical: without the prefix of an inlining call
+        self.segment_key = node.attr("segment_key") or node.name
+        self.precision = node.attr("precision_mode", b"FP32").decode().upper()
+        self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
+        self._node_def = node_def
+        self._unbound_weights = bool(weight_inputs(node_def))
+        self.workspace = int(node.attr("workspace_size_bytes") or 1 << 30)
+        self.backend = engine_backend()
+        self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
+        self.stats = Stats()
+        self._segment_graph = None
+        self._binding: Optional[tuple] = None  # (function_def, its digest)
+        self._callees = b""
+        self.set_function(function_def, callees)
+        self._contexts: Dict[tuple, object] = {}
+        self.lock = threading.RLock()
+        self.loaded_assets: set = set()
+        self.asset_paths: Optional[set] = None  # the assets of the first run with assets (see loading.load_assets)
+        self.collecting: Optional[List[tuple]] = None  # input shapes seen while collecting (see dispatcher)
+        self._logged: set = set()
+        self._replays = weakref.WeakSet()  # native replays the kernels hold (they own them)
+        self.native: Dict[tuple, str] = {}  # input shapes that ran the native segment -> why (the latest reason)
+        # INT8 and FP8: the calibration table, or the collector filling it (see engine_op.calibration)
+        ranged = self.precision in QUANTIZED
+        self.calibration = OpCalibration(self.name, ranged and bool(node.attr("use_calibration")),
+                                         (node.attr("calibration_data") or b"") if ranged else b"",
+                                         DEFAULT_CALIBRATORS.get(self.precision, "entropy"))
+        self.missing_ranges: Dict[tuple, List[str]] = {}  # input shapes -> tensors their INT8/FP8 build lacked
+        static = node.attr("serialized_segment") or b""
+        if static and not static.startswith(PLAN_MAGIC):  # a dynamic op without function backup (TF-TRT 1.x)
+            self._segment_graph = loading.segment_from_serialized(static)
+            static = b"" if self._segment_graph is not None else static
+        if static:
+            loading.add_plan(self, static, source="serialized_segment")
+
+    # -- engines ------------------------------------------------------------
+    @property
+    def binding(self) -> str:
+        """The digest engines of this op carry (see :func:`segment_binding`; computed once per segment function:
+        0.4 s for Keras ResNet50's)."""
+        if self._binding is None or self._binding[0] is not self._function_def:
+            self._binding = (self._function_def, segment_binding(self._node_def, self._function_def, self._callees))
+        return self._binding[1]
+
+    def set_function(self, function_def: bytes, callees: bytes = b"") -> None:
+        """Take the native segment FunctionDef (and the FunctionDefLibrary of the functions it reaches); one that
+        recurses (see segment_refusal) refuses every run."""
+        self._function_def, self._callees = function_def, callees
+        reached = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
+        self.refused = build_lib.segment_refusal(function_pb2.FunctionDef.FromString(function_def), reached) \
+            if function_def else None
+        if self.refused:
+            logger.error("TRTEngineOp %s refuses every input: %s", self.name, self.refused)
+
+    def insert(self, key, engine) -> None:
+        """Cache `engine` (or a profile engine) under `key`, with the contexts that serve it."""
+        evicted = self.cache.insert(key, engine)
+        self._contexts[key] = engine if isinstance(engine, ProfileEngine) else serving_pool(engine)
+        self._contexts[key].profiler = self.profiler
+        if evicted is not None:
+            self.revoke_replays()
+            self._contexts.pop(evicted, None)
+            self.stats.evictions += 1
+
+    def segment_graph(self):
+        """The segment, from the native segment FunctionDef."""
+        if self._segment_graph is None:
+            if not self._function_def:
+                raise EngineError("the native segment function is unavailable, so no engine can be built")
+            function = function_pb2.FunctionDef.FromString(self._function_def)
+            self._segment_graph = build_lib.SegmentGraph.from_function_def(function)
+        return self._segment_graph
+
+    def builder_config(self) -> BuilderConfig:
+        return BuilderConfig(precision=self.precision, max_workspace_size=self.workspace, backend=self.backend)
+
+    def build(self, shapes):
+        """Build and cache an engine for `shapes`; its cache key, or None (remembered) when the build fails."""
+        try:
+            engine = build_lib.build_engine(self.segment_graph(), list(shapes), name=self.name,
+                                  config=self.builder_config(), ranges=self.calibration.ranges)
+        except Exception as exc:  # any failure means: remember it and run the native segment
+            self.cache.failed[shapes] = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, MissingQuantizationRangeError):
+                self.missing_ranges[shapes] = exc.tensors
+            self.stats.build_failures += 1
+            return None
+        engine.binding = self.binding
+        self.stats.builds += 1
+        self.insert(shapes, engine)
+        return shapes
+
+    def engines(self) -> List[object]:
+        """Every engine held, a profile engine's specialisations one by one."""
+        with self.lock:
+            return [e for entry in self.cache.engines()
+                    for e in (entry.engines() if isinstance(entry, ProfileEngine) else [entry])]
+
+    @property
+    def batch_copies(self) -> int:
+        """Copies of this op's row-wise engines built for smaller batches (see engine_op.buckets)."""
+        with self.lock:
+            return sum(entry.copies for entry in self._contexts.values())
+
+    # -- shape profiles -----------------------------------------------------
+    def profile_engine(self, profile) -> ProfileEngine:
+        """An empty profile engine of this op for `profile`."""
+        return ProfileEngine(profile, self._specialiser(profile))
+
+    def _specialiser(self, profile):
+        """The function a profile engine calls to build an engine for concrete shapes inside `profile`."""
+        def specialise(shapes):
+            engine = build_lib.build_engine(self.segment_graph(), list(shapes), name=self.name,
+                                  config=self.builder_config(), ranges=self.calibration.ranges)
+            engine.profile, engine.binding = profile, self.binding
+            self.stats.specialisations += 1
+            return engine
+        return specialise
+
+    def add_profiles(self, profiles, shapes=()) -> None:
+        """One profile engine per profile (specialised for its opt shapes); then each of `shapes` is made
+        ready in the engine that will serve it, so those shapes need no work when served. Shapes left
+        without an engine are remembered in ``native`` with the failure."""
+        failed = {}
+        with self.lock:
+            for profile in profiles:
+                if profile.key in self.cache.keys():
+                    continue
+                entry = self.profile_engine(profile)
+                try:
+                    entry.context_for(profile.opt)
+                except EngineError as exc:
+                    self.stats.build_failures += 1
+                    failed[profile] = f"the engine for profile {profile} failed to build: {exc}"
+                    logger.warning("%s: %s", self.name, failed[profile])
+                    continue
+                self.stats.builds += 1
+                self.insert(profile.key, entry)
+            for s in dict.fromkeys(tuple(tuple(d) for d in s) for s in shapes):
+                key = self.cache.lookup(s)
+                entry = None if key is None else self.cache.get(key)
+                if entry is None:
+                    self.native[s] = next((why for p, why in failed.items() if p.contains(s)),
+                                          f"no engine serves input shapes {list(s)}")
+                elif isinstance(entry, ProfileEngine):
+                    try:
+                        entry.context_for(s)
+                    except EngineError as exc:
+                        self.native[s] = str(exc)
+                        logger.warning("%s: %s", self.name, exc)
+
+    def set_profiler(self, profiler) -> None:
+        """Report per-layer times of this op's engines (now and built later) to `profiler` (None: stop)."""
+        with self.lock:
+            self.revoke_replays()  # layer times need the Python path
+            self.profiler = profiler
+            for context in self._contexts.values():
+                context.profiler = profiler
+
+    # -- execution ----------------------------------------------------------
+    def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True, allocate=None
+            ) -> Optional[List[np.ndarray]]:
+        """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively.
+
+        `allocate(index, shape)` (the kernel's) gives the buffer of TensorFlow's output tensor: engines write
+        their outputs there, and the arrays returned are views of them.
+        """
+        if self.refused:  # neither an engine nor the native segment: both would recurse
+            raise RecursiveSegmentError(f"no engine or native segment can serve it: {self.refused}")
+        if assets:
+            loading.load_assets(self, assets)
+        shapes = tuple(tuple(a.shape) for a in arrays)
+        collected = self.collecting
+        if collected is not None:  # profile collection (TF-TRT's _profile_generation_mode): run natively
+            if shapes not in collected:
+                collected.append(shapes)
+            return None
+        if self._unbound_weights:  # variables kept as variables: engines take their values as weights
+            self._bind_weights(arrays)
+        if self.calibration.active:  # INT8 calibration: an FP32 engine records its tensors
+            return self._calibrate(arrays)
+        context = self._context_for(shapes, allow_build)
+        if context is None:
+            return None
+        out_dtypes = self.out_dtypes
+        outputs = None if allocate is None else (
+            lambda i, shape: np.frombuffer(allocate(i, shape), out_dtypes[i]).reshape(shape))
+        try:
+            outs = context.execute_v2(arrays, outputs)
+        except Exception as exc:
+            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
+                                 shapes)
+        self.stats.engine_runs += 1
+        return [o if o.dtype == dt else np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
+
+    def native_replay(self, arrays: List[np.ndarray]):
+        """A native replay of the engine serving `arrays` (which it just served), for the kernel: None when not
+        now (profiling, calibrating, collecting shapes, limit reached), False when never (native replays off, or
+        the backend offers none)."""
+        if not native_replays_allowed():
+            return False
+        shapes = tuple(tuple(a.shape) for a in arrays)
+        with self.lock:
+            if self.profiler is not None or self.calibration.active or self._unbound_weights or \
+                    self.collecting is not None:
+                return None
+            key = self.cache.lookup(shapes)
+            entry = None if key is None else self._contexts.get(key)
+            try:  # while a better pool for these shapes is built, the kernel asks again later
+                pool = None if entry is None or entry.pending(shapes) else entry.context_for(shapes)
+            except EngineError:
+                return None
+        if pool is None:
+            return None
+        if not pool.replays:
+            return False
+        replay = pool.export(arrays, self.out_dtypes)
+        if replay is not None:
+            with self.lock:
+                self.stats.replay_states.append(replay.state)
+                self._replays.add(replay)
+        return replay
+
+    def revoke_replays(self) -> None:
+        """Send every call back through Python (kernels drop their replays; new ones may be offered later)."""
+        with self.lock:
+            for replay in list(self._replays):
+                replay.revoke()
+
+    def _bind_weights(self, arrays: List[np.ndarray]) -> None:
+        """Give the segment the values of the op's weight inputs (variables read natively, see
+        convert.variables) from its first run, so engines built at serving time have them."""
+        with self.lock:
+            if self._unbound_weights and self._function_def:
+                bind_weights(self.segment_graph(), self._node_def, arrays)
+                self._unbound_weights = False
+
+    def _context_for(self, shapes, allow_build: bool):
+        """The context (pool) serving `shapes`, building an engine when allowed; None after a fallback."""
+        with self.lock:
+            key = self.cache.lookup(shapes)
+            if key is not None:
+                self.stats.hits += 1
+            elif shapes in self.cache.failed:
+                return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
+                                                     f"{self.cache.failed[shapes]}", shapes)
+            elif not allow_build:
+                return self.fallback("no_engine", f"no engine serves input shapes {list(shapes)} and "
+                                                  f"allow_build_at_runtime is False", shapes)
+            else:
+                key = self.build(shapes)
+                if key is None:
+                    return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
+                                                         f"{self.cache.failed[shapes]}", shapes)
+            try:
+                return self._contexts[key].context_for(shapes)
+            except EngineError as exc:
+                return self.fallback("build_failed", str(exc), shapes)
+
+    # -- INT8 calibration -----------------------------------------------------
+    def _calibrate(self, arrays: List[np.ndarray]) -> Optional[List[np.ndarray]]:
+        try:
+            outs = self.calibration.run(
+                lambda shapes: build_lib.calibration_engine(self.segment_graph(), list(shapes), name=self.name), arrays)
+        except Exception as exc:
+            return self.fallback("calibration_failed", f"INT8 calibration failed: {type(exc).__name__}: {exc}",
+                                 tuple(tuple(a.shape) for a in arrays))
+        return [np.asarray(o, dtype=dt, order="C") for o, dt in zip(outs, self.out_dtypes)]
+
+    def calibration_table(self) -> bytes:
+        """The calibration table (TensorRT's text format; b"" when there is none).
+
+        Finishes a calibration in progress, then builds the INT8 engines for the input shapes calibrated,
+        as TF-TRT's calibration does.
+        """
+        shapes = self.calibration.finish()
+        with self.lock:
+            for s in shapes:
+                if self.cache.lookup(s) is None and s not in self.cache.failed and self.build(s) is None:
+                    logger.warning("%s: the INT8 engine for %s failed to build: %s", self.name, list(s),
+                                   self.cache.failed[s])
+        return self.calibration.table
+
+    def fallback(self, reason: str, detail: str, shapes: tuple) -> None:
+        """Count, remember (by input `shapes`) and log (once per reason) a native-segment run; raise when
+        fallback is forbidden."""
+        self.stats.fallbacks[reason] += 1
+        self.native[shapes] = detail
+        if not native_fallback_allowed():
+            raise NativeFallbackForbidden(f"User disallowed engine native segment execution ({FALLBACK_ENV}="
+                                          f"{os.environ[FALLBACK_ENV]}): {detail}")
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("TRTEngineOp %s runs its native segment: %s", self.name, detail)
+        return None
