@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.errors import NetworkError
 from tftrt_py.engine.types import dtype_name
 
@@ -83,8 +84,6 @@ class Network:
     def add_layer(self, kind: str, inputs: Sequence[Tensor], params: Optional[Dict[str, Any]] = None,
                   weights: Optional[Dict[str, np.ndarray]] = None, name: Optional[str] = None) -> Layer:
         """Create a layer of `kind`; its output tensors are inferred by the kind's rule."""
-        from tftrt_py.engine import layers as layer_kinds
-
         spec = layer_kinds.get(kind)
         layer = Layer(self.unique_name(name or kind), kind, list(inputs), [], dict(params or {}),
                       {k: np.asarray(v, order="C") for k, v in (weights or {}).items()})

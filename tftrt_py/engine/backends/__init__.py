@@ -5,17 +5,20 @@ from __future__ import annotations
 import logging
 from typing import Callable, Dict, Optional
 
+from tftrt_py.engine.backends import cupy, onnxruntime
+from tftrt_py.engine.backends.base import Backend
+from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.errors import BackendError
 
 __all__ = ["get_backend", "register_backend", "backend_names", "default_backend_name"]
 
 logger = logging.getLogger(__name__)
 
-_FACTORIES: Dict[str, Callable[[], object]] = {}
-_INSTANCES: Dict[str, object] = {}
+_FACTORIES: Dict[str, Callable[[], Backend]] = {}
+_INSTANCES: Dict[str, Backend] = {}
 
 
-def register_backend(name: str, factory: Callable[[], object]) -> None:
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
     _FACTORIES[name] = factory
 
 
@@ -23,7 +26,7 @@ def backend_names():
     return sorted(_FACTORIES)
 
 
-def get_backend(name: str = "numpy"):
+def get_backend(name: str = "numpy") -> Backend:
     """The backend called `name`, created once per process."""
     if name not in _INSTANCES:
         if name not in _FACTORIES:
@@ -32,33 +35,11 @@ def get_backend(name: str = "numpy"):
     return _INSTANCES[name]
 
 
-def _numpy():
-    from tftrt_py.engine.backends.numpy_backend import NumpyBackend
-
-    return NumpyBackend()
-
-
-register_backend("numpy", _numpy)
-
-
-# -- cupy (GPU) backend: registered always, usable only where cupy sees a GPU --------------------------
-def _cupy():
-    from tftrt_py.engine.backends.cupy import CupyBackend
-
-    return CupyBackend()
-
-
-register_backend("cupy", _cupy)
-
-
-# -- onnxruntime (CPU) backend: registered always, usable where onnxruntime and onnx import ------------------
-def _onnxruntime():
-    from tftrt_py.engine.backends.onnxruntime import OnnxRuntimeBackend
-
-    return OnnxRuntimeBackend()
-
-
-register_backend("onnxruntime", _onnxruntime)
+register_backend("numpy", NumpyBackend)
+# cupy (GPU): registered always, usable only where cupy sees a GPU; its package loads the backend on first use.
+register_backend("cupy", lambda: cupy.CupyBackend())
+# onnxruntime (CPU): registered always, usable where onnxruntime and onnx import.
+register_backend("onnxruntime", lambda: onnxruntime.OnnxRuntimeBackend())
 
 _DEFAULT: Optional[str] = None
 
@@ -68,8 +49,6 @@ def default_backend_name() -> str:
     and logged once)."""
     global _DEFAULT
     if _DEFAULT is None:
-        from tftrt_py.engine.backends import cupy, onnxruntime
-
         reasons = []
         for name, available in (("cupy", cupy.available), ("onnxruntime", onnxruntime.available)):
             ok, why = available()

@@ -29,6 +29,7 @@ from tftrt_py.engine.backends.cupy.memory import OutOfGpuMemory
 from tftrt_py.engine.backends.cupy.program import Program
 from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK, capture
 from tftrt_py.engine.errors import RuntimeExecutionError
+from tftrt_py.engine.replay import Buffer, Functions, Replay
 
 __all__ = ["Runner"]
 
@@ -270,8 +271,6 @@ class Runner(base.Runner):
         order), for the TRTEngineOp kernel to run without Python; None when the engine is not one CUDA graph
         (steps that synchronize with the host, a failed capture), its output dtypes differ from `out_dtypes`, or
         the driver's calls are missing. Runs the engine twice on `arrays` first (the first run captures)."""
-        from tftrt_py.engine.replay import Buffer, Functions, Replay
-
         eng = self.engine
         bindings = {t.name: a for t, a in zip(eng.inputs, arrays)}
         for _ in range(2):
