@@ -2,10 +2,10 @@
 import tensorflow as tf
 
 from support import frozen_graph_def
-from tftrt_py.convert import graph_io
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.ops import get_converter
+from tftrt_py.converters import graph_io
 from tftrt_py.segmenter import segment_graph
 
 #: Graph plumbing left out of native_ops: inputs, constants, and the NoOp (with the Identity waiting on it) that

@@ -10,12 +10,12 @@ whose config's rewrite options are ``trt.get_tensorrt_rewriter_config(...)`` con
 Importing this module registers the TRTEngineOp op with TensorFlow (compiling it on first
 use), so converted SavedModels load with ``tf.saved_model.load`` afterwards.
 """
-from tftrt_py.convert.converter_v1 import TrtGraphConverter
-from tftrt_py.convert.converter_v2 import TrtGraphConverterV2
-from tftrt_py.convert.online import get_tensorrt_rewriter_config
 from tftrt_py.convert.params import (DEFAULT_TRT_CONVERSION_PARAMS, DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES,
                                      TrtConversionParams, TrtPrecisionMode)
-from tftrt_py.convert.profiles import supported_profile_strategies
+from tftrt_py.converters.converter_v1 import TrtGraphConverter
+from tftrt_py.converters.converter_v2 import TrtGraphConverterV2
+from tftrt_py.converters.online import get_tensorrt_rewriter_config
+from tftrt_py.converters.profiles import supported_profile_strategies
 from tftrt_py.engine_op import library as _library
 from tftrt_py.engine_op.dispatcher import stats as engine_op_stats
 

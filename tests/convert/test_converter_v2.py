@@ -10,7 +10,7 @@ from support import random_array, run_json_process
 from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.errors import AlreadyConvertedError
-from tftrt_py.convert.summary import conversion_ratio
+from tftrt_py.converters.summary import conversion_ratio
 from tftrt_py.engine_op import dispatcher
 
 

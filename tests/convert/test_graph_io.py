@@ -10,8 +10,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from support import frozen_graph_def, random_array
 from tftrt_py import trt_convert as trt
-from tftrt_py.convert import graph_io
-from tftrt_py.convert.graph_io import CALL_OPS, inline_calls
+from tftrt_py.converters import graph_io
+from tftrt_py.converters.graph_io import CALL_OPS, inline_calls
 from tftrt_py.segmenter.control_flow import FUNCTIONAL_OPS, LOOP_REASON
 
 W = random_array([4, 4]) / 2  # numpy: a Const in every graph

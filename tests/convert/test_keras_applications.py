@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from support import random_array
 from tftrt_py import trt_convert as trt
-from tftrt_py.convert.summary import conversion_ratio
+from tftrt_py.converters.summary import conversion_ratio
 
 
 @pytest.mark.slow

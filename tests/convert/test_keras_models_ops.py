@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from support import RNG
 from tftrt_py import trt_convert as trt
-from tftrt_py.convert.summary import conversion_ratio
+from tftrt_py.converters.summary import conversion_ratio
 
 VOCAB, SEQ, DIM = 100, 16, 32
 

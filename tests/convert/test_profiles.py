@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from support import random_array, run_engine, run_json_process
 from tftrt_py import trt_convert as trt
-from tftrt_py.convert.profiles import make_profiles
+from tftrt_py.converters.profiles import make_profiles
 from tftrt_py.engine import PlanError, Runtime
 from tftrt_py.engine.profile import OptimizationProfile
 from tftrt_py.engine_op import dispatcher

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from sample_models import build_mlp
 from tftrt_py import trt_convert as trt
-from tftrt_py.convert import graph_io
+from tftrt_py.converters import graph_io
 from tftrt_py.engine_op import dispatcher
 
 

@@ -313,7 +313,7 @@ def _convert(native_dir, precision, arrays, out_dir, result: PrecisionResult):
     nodes left native as known when building), or None."""
     import tensorflow as tf
     from tftrt_py import trt_convert as trt
-    from tftrt_py.convert import summary as summary_lib
+    from tftrt_py.converters import summary as summary_lib
     from tftrt_py.segmenter.segmentation import STATIC_KEPT
 
     handler = _Warnings()
@@ -399,7 +399,7 @@ def measure(name: str, workdir: str, precisions=PRECISIONS) -> ModelResult:
 
 
 def _score(result: PrecisionResult, graph_def, static_kept, served, error, outputs_path, want, raw_outputs):
-    from tftrt_py.convert.summary import engine_op_counts
+    from tftrt_py.converters.summary import engine_op_counts
 
     counts = engine_op_counts(graph_def)
     keys = {n.name: n.attr["segment_key"].s.decode() for n in graph_def.node if n.op == ENGINE_OP}

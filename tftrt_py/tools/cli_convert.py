@@ -191,7 +191,7 @@ def _run(args) -> int:
     calibration_items = _items(args.calibration_data, "--calibration-data", specs)
 
     from tftrt_py import trt_convert as trt
-    from tftrt_py.convert.summary import describe_native_runs
+    from tftrt_py.converters.summary import describe_native_runs
     from tftrt_py.engine_op import dispatcher
 
     converter = trt.TrtGraphConverterV2(**converter_kwargs(args))

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from support import assert_converts, random_array
-from tftrt_py.convert import graph_io
 from tftrt_py.convert.build import SegmentGraph, network_from_segment
 from tftrt_py.convert.graph import GraphView
+from tftrt_py.converters import graph_io
 from tftrt_py.engine import Builder, Runtime
 from tftrt_py.engine.builder import PIPELINE
 from tftrt_py.engine.builder.fusions.match import fusion_counts

@@ -14,13 +14,14 @@ from tensorflow.python.saved_model import signature_constants, tag_constants
 from tensorflow.python.trackable import autotrackable
 from tqdm import tqdm
 
-from tftrt_py.convert import graph_io, profiles as profiles_lib, summary as summary_lib, variables
+from tftrt_py.convert import variables
 from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      calibration_algorithm, canonical_precision, check_conversion_params, quantized)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
+from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.cache import engine_asset_name, pack_plans
 from tftrt_py.segmenter import segment_graph

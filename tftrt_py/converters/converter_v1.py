@@ -16,13 +16,13 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.saved_model import signature_constants, tag_constants
 
-from tftrt_py.convert import graph_io
 from tftrt_py.convert.build import SegmentGraph, build_engine
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      calibration_algorithm, canonical_precision, check_conversion_params, quantized)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite, segment_max_batch_size
+from tftrt_py.converters import graph_io
 from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.segmenter import segment_graph

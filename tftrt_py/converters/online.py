@@ -16,7 +16,9 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 from tftrt_py.convert.graph import GraphView, split_ref
 from tftrt_py.convert.params import TrtPrecisionMode, canonical_precision, check_conversion_params
-from tftrt_py.convert.profiles import PROFILE_STRATEGY_RANGE, verify_profile_strategy
+from tftrt_py.convert.rewrite import ENGINE_OP, EngineOpAttrs, rewrite
+from tftrt_py.converters.profiles import PROFILE_STRATEGY_RANGE, verify_profile_strategy
+from tftrt_py.segmenter import segment_graph
 
 __all__ = ["OPTIMIZER_NAME", "get_tensorrt_rewriter_config", "optimize"]
 
@@ -90,9 +92,6 @@ def optimize(item_id: str, graph_def: bytes, fetch: List[str], config: bytes) ->
 
     Library functions (native segments included) are left as they are, and so is a graph holding engine ops.
     """
-    from tftrt_py.convert.rewrite import ENGINE_OP, EngineOpAttrs, rewrite
-    from tftrt_py.segmenter import segment_graph
-
     if item_id != MAIN_GRAPH_ID:
         return None
     graph = graph_pb2.GraphDef.FromString(graph_def)
