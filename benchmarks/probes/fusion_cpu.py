@@ -25,7 +25,6 @@ from models.sample_models import build_keras_application  # noqa: E402
 from tftrt_py.convert.build import SegmentGraph, network_from_segment  # noqa: E402
 from tftrt_py.convert.graph import GraphView  # noqa: E402
 from tftrt_py.converters import graph_io  # noqa: E402
-from tftrt_py.converters import graph_io  # noqa: E402
 from tftrt_py.engine import Builder, builder  # noqa: E402
 from tftrt_py.engine.builder.fusions.match import fusion_counts  # noqa: E402
 from tftrt_py.segmenter import segment_graph  # noqa: E402
