@@ -36,7 +36,7 @@ class ValidationContext:
     def __init__(self, graph: GraphView, native: Optional[AbstractSet[str]] = None, precision: str = "FP32"):
         self.graph = graph
         self.native = native if native is not None else set()
-        self.precision = precision.upper()  # the conversion's precision_mode (quantization ops need INT8)
+        self.precision = precision  # the conversion's precision, one of PRECISIONS (quantization ops need INT8)
         self._static: Dict[str, bool] = {}
 
     def input_infos(self, node: NodeView) -> List[InputInfo]:
@@ -86,7 +86,7 @@ class ConversionContext:
 
     def __init__(self, network: Network, precision: str = "FP32"):
         self.network = network
-        self.precision = precision.upper()
+        self.precision = precision  # one of PRECISIONS
         self.values: Dict[str, Value] = {}
         self._constants: Dict[int, Tuple[Weights, Tensor]] = {}
         self._row_conditions: Dict[Tuple[str, int], Tensor] = {}  # (source, rank) -> its rows' Select condition

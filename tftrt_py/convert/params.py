@@ -1,14 +1,19 @@
-"""Conversion parameters, precision modes and their validation (TF-TRT's names and defaults)."""
+"""Conversion parameters (TF-TRT's names and defaults) and their parsing into :class:`ConversionParams`.
+
+The converters parse the user's TrtConversionParams once (:func:`parse_conversion_params`); the code behind them
+reads only the parsed value.
+"""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import numbers
 
-from tftrt_py.engine.types import PRECISIONS, QUANTIZED
+from tftrt_py.engine.types import PRECISIONS, QUANTIZED, canonical_precision
 
 __all__ = ["TrtPrecisionMode", "TrtConversionParams", "DEFAULT_TRT_CONVERSION_PARAMS",
-           "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "CALIBRATION_ALGORITHMS", "check_conversion_params",
-           "canonical_precision", "quantized"]
+           "DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES", "CALIBRATION_ALGORITHMS", "DEFAULT_CALIBRATORS",
+           "ConversionParams", "parse_conversion_params", "calibration_algorithm", "quantized"]
 
 DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES = 1 << 30
 
@@ -49,10 +54,6 @@ class TrtConversionParams(collections.namedtuple("TrtConversionParams", [
 DEFAULT_TRT_CONVERSION_PARAMS = TrtConversionParams()
 
 
-def canonical_precision(mode: str) -> str:
-    return str(mode).upper()
-
-
 #: The calibrator of a precision when none is chosen: TensorRT's entropy for INT8; max |value| for FP8, whose E4M3
 #: range covers the outliers entropy clips (NVIDIA's ModelOpt calibrates FP8 by max too). ResNet-50 v1.5 with
 #: random weights, numpy backend (benchmarks/resnet50_accuracy.py): FP8 minmax 5.5e-2 relative L2, entropy 1.5e-1.
@@ -66,9 +67,10 @@ def calibration_algorithm(params: "TrtConversionParams") -> str:
     return DEFAULT_CALIBRATORS.get(canonical_precision(params.precision_mode), "entropy")
 
 
-def quantized(mode: str) -> bool:
-    """The precision quantizes with dynamic ranges (INT8, FP8): it calibrates, or takes quantization ops' ranges."""
-    return canonical_precision(mode) in QUANTIZED
+def quantized(precision: str) -> bool:
+    """The precision (one of PRECISIONS) quantizes with dynamic ranges (INT8, FP8): it calibrates, or takes
+    quantization ops' ranges."""
+    return precision in QUANTIZED
 
 
 #: The integer parameters: each must be an int (not a bool, a float or a string like "3") before its value is read.
@@ -83,9 +85,31 @@ def _check_integers(params: TrtConversionParams) -> None:
                             f"{name}={getattr(DEFAULT_TRT_CONVERSION_PARAMS, name)} for example")
 
 
-def check_conversion_params(params: TrtConversionParams) -> None:
-    """Raise TF-TRT's errors for invalid values (ValueError), and a TypeError naming an integer parameter given
-    as another type."""
+@dataclasses.dataclass(frozen=True)
+class ConversionParams:
+    """TrtConversionParams checked and normalised: what the converters and the code below them read."""
+
+    max_workspace_size_bytes: int
+    precision: str  # one of PRECISIONS
+    minimum_segment_size: int
+    maximum_cached_engines: int
+    use_calibration: bool
+    allow_build_at_runtime: bool
+    calibration_algorithm: str  # the chosen calibrator, else the precision's default
+
+    @property
+    def quantized(self) -> bool:
+        return quantized(self.precision)
+
+    @property
+    def calibrates(self) -> bool:
+        """INT8/FP8 with calibration: the engines need calibration data."""
+        return self.quantized and self.use_calibration
+
+
+def parse_conversion_params(params: TrtConversionParams) -> ConversionParams:
+    """The checked ConversionParams of `params`. Raises TF-TRT's errors for invalid values (ValueError), and a
+    TypeError naming an integer parameter given as another type."""
     supported = TrtPrecisionMode.supported_precision_modes()
     if params.precision_mode not in supported:
         raise ValueError(f"precision mode '{params.precision_mode}' is not supported."
@@ -102,3 +126,7 @@ def check_conversion_params(params: TrtConversionParams) -> None:
             CALIBRATION_ALGORITHMS:
         raise ValueError(f"calibration_algorithm should be one of {', '.join(CALIBRATION_ALGORITHMS)}, got "
                          f"{params.calibration_algorithm!r}")
+    return ConversionParams(int(params.max_workspace_size_bytes), canonical_precision(params.precision_mode),
+                            int(params.minimum_segment_size), int(params.maximum_cached_engines),
+                            bool(params.use_calibration), bool(params.allow_build_at_runtime),
+                            calibration_algorithm(params))

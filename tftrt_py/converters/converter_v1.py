@@ -20,7 +20,7 @@ from tftrt_py.convert.build import SegmentGraph, build_engine
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
-                                     calibration_algorithm, canonical_precision, check_conversion_params, quantized)
+                                     parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite, segment_max_batch_size
 from tftrt_py.converters import graph_io
 from tftrt_py.engine import BuilderConfig
@@ -67,8 +67,12 @@ class TrtGraphConverter:
                                                  or signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
         self._nodes_denylist = list(nodes_denylist if nodes_denylist is not None else nodes_blacklist or [])
         self._session_config = session_config or config_pb2.ConfigProto()
+        self._params = parse_conversion_params(TrtConversionParams(
+            max_workspace_size_bytes=max_workspace_size_bytes, precision_mode=precision_mode,
+            minimum_segment_size=minimum_segment_size, maximum_cached_engines=maximum_cached_engines,
+            use_calibration=use_calibration, allow_build_at_runtime=True))
 
-        self._need_calibration = quantized(precision_mode) and use_calibration
+        self._need_calibration = self._params.calibrates
         if self._need_calibration and not use_function_backup:
             raise ValueError("Calibration requires enabling fallback to TF function execution.")
         if self._need_calibration and not is_dynamic_op:
@@ -87,11 +91,6 @@ class TrtGraphConverter:
                 raise ValueError("When is_dynamic_op==False max_batch_size should be an integer")
             self._max_batch_size = max_batch_size
         self._use_function_backup = use_function_backup
-        self._conversion_params = TrtConversionParams(
-            max_workspace_size_bytes=max_workspace_size_bytes, precision_mode=precision_mode,
-            minimum_segment_size=minimum_segment_size, maximum_cached_engines=maximum_cached_engines,
-            use_calibration=use_calibration, allow_build_at_runtime=True)
-        check_conversion_params(self._conversion_params)
 
         self._converted = False
         self._converted_graph_def = None
@@ -120,13 +119,13 @@ class TrtGraphConverter:
         fetches = [tensor_ref(*split_ref(_node_name(n))) for n in protected]
         graph_def = graph_io.optimize(graph.as_graph_def(), graph, [_node_name(n) for n in protected])
         view = GraphView(graph_def)
-        params = self._conversion_params
+        params = self._params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size,
                                nodes_denylist={_node_name(n) for n in protected}, fetches=fetches,
-                               precision_mode=canonical_precision(params.precision_mode))
+                               precision_mode=params.precision)
         self._report = result.report
         segments, plans = self._static_engines(view, result.segments)
-        attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
+        attrs = EngineOpAttrs(precision_mode=params.precision,
                               max_cached_engines_count=params.maximum_cached_engines,
                               workspace_size_bytes=params.max_workspace_size_bytes,
                               use_calibration=params.use_calibration,
@@ -175,8 +174,8 @@ class TrtGraphConverter:
         dynamic (with the user guide's warning)."""
         if self._is_dynamic_op:
             return list(segments), [None] * len(segments)
-        config = BuilderConfig(precision=canonical_precision(self._conversion_params.precision_mode),
-                               max_workspace_size=self._conversion_params.max_workspace_size_bytes)
+        config = BuilderConfig(precision=self._params.precision,
+                               max_workspace_size=self._params.max_workspace_size_bytes)
         kept, plans = [], []
         for i, segment in enumerate(segments):
             shapes = [view.shape(ref) for ref in segment.inputs]
@@ -223,7 +222,7 @@ class TrtGraphConverter:
         nodes = [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
         keys = [n.attr["segment_key"].s.decode() for n in nodes]
         for key in keys:
-            dispatcher.start_calibrating(key, calibration_algorithm(self._conversion_params))
+            dispatcher.start_calibrating(key, self._params.calibration_algorithm)
         try:
             with tf.compat.v1.Session(graph=graph, config=self._session_config) as sess:
                 for _ in range(num_runs):

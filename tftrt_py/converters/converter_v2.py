@@ -19,7 +19,7 @@ from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
-                                     calibration_algorithm, canonical_precision, check_conversion_params, quantized)
+                                     parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
 from tftrt_py.engine_op import dispatcher, library
@@ -60,15 +60,13 @@ class TrtGraphConverterV2:
                 minimum_segment_size=minimum_segment_size, maximum_cached_engines=maximum_cached_engines,
                 use_calibration=use_calibration, allow_build_at_runtime=allow_build_at_runtime,
                 calibration_algorithm=calibration_algorithm)
-        check_conversion_params(conversion_params)
-        self._conversion_params = conversion_params
+        self._params = parse_conversion_params(conversion_params)
         self._input_saved_model_dir = input_saved_model_dir
         self._input_saved_model_tags = input_saved_model_tags or [tag_constants.SERVING]
         self._input_saved_model_signature_key = (input_saved_model_signature_key
                                                  or signature_constants.DEFAULT_SERVING_SIGNATURE_DEF_KEY)
-        precision = canonical_precision(conversion_params.precision_mode)
-        self._int8_without_calibration = quantized(precision) and not conversion_params.use_calibration
-        self._need_calibration = quantized(precision) and conversion_params.use_calibration
+        self._int8_without_calibration = self._params.quantized and not self._params.use_calibration
+        self._need_calibration = self._params.calibrates
         self._calibrated = False
         self._calibration_seconds = None
         self._converted = False
@@ -116,12 +114,12 @@ class TrtGraphConverterV2:
         graph_def = graph_io.optimize(graph_def, func.graph, self._input_names + output_names)
         self._variable_reads = variables.variable_reads(graph_def, variables.captured_variables(func))
         view = variables.WeightsView(graph_def, self._variable_reads) if self._variable_reads else GraphView(graph_def)
-        params = self._conversion_params
+        params = self._params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names,
-                               precision_mode=canonical_precision(params.precision_mode))
+                               precision_mode=params.precision)
         self._report = result.report
         segments = variables.reads_as_inputs(result.segments, self._variable_reads)
-        attrs = EngineOpAttrs(precision_mode=canonical_precision(params.precision_mode),
+        attrs = EngineOpAttrs(precision_mode=params.precision,
                               max_cached_engines_count=params.maximum_cached_engines,
                               workspace_size_bytes=params.max_workspace_size_bytes,
                               use_calibration=params.use_calibration)
@@ -146,8 +144,7 @@ class TrtGraphConverterV2:
     def _execute_calibration(self, calibration_input_fn):
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
         its calibration_data attribute and rebuild the converted function (as TF-TRT does)."""
-        algorithm = calibration_algorithm(self._conversion_params)
-        precision = canonical_precision(self._conversion_params.precision_mode)  # INT8 or FP8
+        algorithm, precision = self._params.calibration_algorithm, self._params.precision  # INT8 or FP8
         nodes = self._engine_nodes()
         keys = [n.attr["segment_key"].s.decode() for n in nodes]
         start = time.perf_counter()
@@ -241,10 +238,10 @@ class TrtGraphConverterV2:
             if op is None or not profiles:
                 continue
             self._bind_variable_values(op, nodes[key])
-            if len(profiles) > self._conversion_params.maximum_cached_engines:
+            if len(profiles) > self._params.maximum_cached_engines:
                 logger.warning("%s: %s makes %d profiles but maximum_cached_engines is %d: later profile "
                                "engines evict earlier ones", op.name, self._profile_strategy, len(profiles),
-                               self._conversion_params.maximum_cached_engines)
+                               self._params.maximum_cached_engines)
             op.add_profiles(profiles, collected[key])
             logger.info("%s: %d profile engine(s) (%s) for %d collected shape(s)", op.name, len(profiles),
                         self._profile_strategy, len(collected[key]))
@@ -290,7 +287,7 @@ class TrtGraphConverterV2:
         for node in graph_def.node:
             if node.op != ENGINE_OP:
                 continue
-            node.attr[ALLOW_BUILD_ATTR].b = bool(self._conversion_params.allow_build_at_runtime)
+            node.attr[ALLOW_BUILD_ATTR].b = self._params.allow_build_at_runtime
             op = dispatcher.find(node.attr["segment_key"].s.decode())
             plans = [e.serialize() for e in op.engines()] if op else []
             if not plans:  # as TF-TRT: an op that built nothing gets no asset

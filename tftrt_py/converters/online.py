@@ -15,7 +15,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from tftrt_py.convert.graph import GraphView, split_ref
-from tftrt_py.convert.params import TrtPrecisionMode, canonical_precision, check_conversion_params
+from tftrt_py.convert.params import TrtConversionParams, TrtPrecisionMode, parse_conversion_params
 from tftrt_py.convert.rewrite import ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters.profiles import PROFILE_STRATEGY_RANGE, verify_profile_strategy
 from tftrt_py.segmenter import segment_graph
@@ -25,6 +25,9 @@ __all__ = ["OPTIMIZER_NAME", "get_tensorrt_rewriter_config", "optimize"]
 logger = logging.getLogger(__name__)
 
 OPTIMIZER_NAME = "TensorRTOptimizer"
+#: The conversion parameters the pass's parameter map carries, with their AttrValue fields.
+PARAMETERS = {"minimum_segment_size": "i", "max_workspace_size_bytes": "i", "precision_mode": "s",
+              "maximum_cached_engines": "i", "use_calibration": "b", "allow_build_at_runtime": "b"}
 #: The Grappler item of a session's graph (others are functions of its library, native segments included).
 MAIN_GRAPH_ID = "tf_graph"
 
@@ -33,7 +36,7 @@ def get_tensorrt_rewriter_config(conversion_params, is_dynamic_op=None, max_batc
                                  disable_non_trt_optimizers=False, use_implicit_batch=True,
                                  profile_strategy=PROFILE_STRATEGY_RANGE):
     """The RewriterConfig that makes Grappler run the TensorRTOptimizer pass, as TF-TRT builds it."""
-    check_conversion_params(conversion_params)
+    parse_conversion_params(conversion_params)
     if is_v2 and is_dynamic_op is not None and not is_dynamic_op:
         raise ValueError("is_dynamic_op is either None or True for TF2")
     if not is_v2 and is_dynamic_op is None:
@@ -54,14 +57,11 @@ def get_tensorrt_rewriter_config(conversion_params, is_dynamic_op=None, max_batc
         config.custom_optimizers.add().name = "constfold"  # cleans up the Consts the engines took
     optimizer.name = OPTIMIZER_NAME
     p = optimizer.parameter_map
-    p["minimum_segment_size"].i = conversion_params.minimum_segment_size
-    p["max_workspace_size_bytes"].i = conversion_params.max_workspace_size_bytes
-    p["precision_mode"].s = str(conversion_params.precision_mode).encode()
-    p["maximum_cached_engines"].i = conversion_params.maximum_cached_engines
-    p["use_calibration"].b = conversion_params.use_calibration
+    for name, field in PARAMETERS.items():
+        value = getattr(conversion_params, name)
+        setattr(p[name], field, str(value).encode() if field == "s" else value)
     if is_dynamic_op is not None:
         p["is_dynamic_op"].b = is_dynamic_op
-    p["allow_build_at_runtime"].b = conversion_params.allow_build_at_runtime
     if max_batch_size is not None:
         p["max_batch_size"].i = max_batch_size
     p["use_implicit_batch"].b = use_implicit_batch
@@ -99,22 +99,22 @@ def optimize(item_id: str, graph_def: bytes, fetch: List[str], config: bytes) ->
         return None
     params = rewriter_config_pb2.RewriterConfig.CustomGraphOptimizer.FromString(config).parameter_map
     get = lambda key, kind, default: getattr(params[key], kind) if key in params else default
-    precision = canonical_precision(get("precision_mode", "s", b"FP32").decode())
+    conversion = _conversion_params(params)
     view = GraphView(graph)
     protected = {split_ref(f)[0] for f in fetch}
-    result = segment_graph(view, minimum_segment_size=get("minimum_segment_size", "i", 3), nodes_denylist=protected,
-                           fetches=list(fetch), precision_mode=precision)
+    result = segment_graph(view, minimum_segment_size=conversion.minimum_segment_size, nodes_denylist=protected,
+                           fetches=list(fetch), precision_mode=conversion.precision)
     if not result.segments:
         return None
-    use_calibration = get("use_calibration", "b", True)
-    if precision == TrtPrecisionMode.INT8 and use_calibration:
+    if conversion.precision == TrtPrecisionMode.INT8 and conversion.use_calibration:
         logger.warning("%s: INT8 calibration does not run online; for calibrated INT8 engines use "
                        "TrtGraphConverter(...).convert() and calibrate()", OPTIMIZER_NAME)
     strategy = get("profile_strategy", "s", b"").decode()
-    attrs = EngineOpAttrs(precision_mode=precision, max_cached_engines_count=get("maximum_cached_engines", "i", 1),
-                          workspace_size_bytes=get("max_workspace_size_bytes", "i", 1 << 30),
-                          use_calibration=use_calibration,
-                          allow_build_at_runtime=get("allow_build_at_runtime", "b", True),
+    attrs = EngineOpAttrs(precision_mode=conversion.precision,
+                          max_cached_engines_count=conversion.maximum_cached_engines,
+                          workspace_size_bytes=conversion.max_workspace_size_bytes,
+                          use_calibration=conversion.use_calibration,
+                          allow_build_at_runtime=conversion.allow_build_at_runtime,
                           max_batch_size=get("max_batch_size", "i", 1))
     if strategy and not get("use_implicit_batch", "b", True):
         attrs.profile_strategy = verify_profile_strategy(strategy)
@@ -124,3 +124,11 @@ def optimize(item_id: str, graph_def: bytes, fetch: List[str], config: bytes) ->
         node.device = view.nodes[segment.nodes[0]].def_.device
     logger.info("%s: %d engine op(s) in the session graph", OPTIMIZER_NAME, len(result.segments))
     return converted.SerializeToString()
+
+
+def _conversion_params(parameter_map):
+    """The ConversionParams of the pass's parameter map (TrtConversionParams' defaults where one is missing)."""
+    given = {name: getattr(parameter_map[name], field) for name, field in PARAMETERS.items() if name in parameter_map}
+    if "precision_mode" in given:
+        given["precision_mode"] = given["precision_mode"].decode()
+    return parse_conversion_params(TrtConversionParams(**given))
