@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Engine, Network, PlanError, Runtime, budget, layers
+from tftrt_py.engine import Engine, Network, PlanError, Runtime, budget, layer_costs
 from tftrt_py.engine.backends.cupy import _device
 
 import gpu_bert
@@ -122,7 +122,7 @@ def test_work_counts_multiply_adds_and_element_visits():
     w = net.add_constant(rng.standard_normal((256, 5)).astype("float32"), name="w")
     y = net.add_layer("MatrixMultiply", [rows, w], {}, name="fc").outputs[0]
     net.mark_output(y, name="y")
-    e = layers.ELEMENT_COST
+    e = layer_costs.ELEMENT_COST
     conv = 512 * (3 * 3 * 3) + e * (600 + 512)  # 512 outputs of 27 products; x and the output visited
     rows = e * (512 + 512)
     const = e * 256 * 5
@@ -132,7 +132,8 @@ def test_work_counts_multiply_adds_and_element_visits():
 
 def test_pooling_counts_every_window_element_of_every_output():
     work = budget.declared_work(pool_net(64, 16)).total
-    assert work == layers.WINDOW_COST * (49 * 49 * 2) * 256 + layers.ELEMENT_COST * (64 * 64 * 2 + 49 * 49 * 2)
+    assert work == (layer_costs.WINDOW_COST * (49 * 49 * 2) * 256
+                    + layer_costs.ELEMENT_COST * (64 * 64 * 2 + 49 * 49 * 2))
 
 
 def test_large_models_declare_a_fraction_of_the_default_work_and_fit_half_a_24_gib_host():

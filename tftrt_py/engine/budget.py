@@ -17,6 +17,7 @@ from typing import Dict, NamedTuple, Optional
 
 import numpy as np
 
+from tftrt_py.engine import layer_geometry
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.network import Network
@@ -84,7 +85,7 @@ def size(nbytes: int) -> str:
 
 
 def _bytes(t) -> int:
-    return layer_kinds.volume(t.shape) * np.dtype(t.dtype).itemsize
+    return layer_geometry.volume(t.shape) * np.dtype(t.dtype).itemsize
 
 
 def _last_reads(network: Network) -> Dict[str, int]:

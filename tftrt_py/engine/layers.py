@@ -4,9 +4,9 @@ Each kind registers a spec with the schema of its params (see :mod:`params`) and
 depend on any backend:
 ``infer(layer) -> [(dtype, shape), ...]``; ``rowwise(layer, batched) -> bool``, which
 says whether output row i depends only on row i of the batched inputs (so an engine
-built for batch B can serve a smaller batch); and its costs, which bound what a plan may ask for
-(see :mod:`budget`): ``work(layer) -> int`` in multiply-add equivalents and ``scratch(layer) -> int``,
-the bytes it holds besides its inputs and outputs while it runs. Backends implement kinds, not TF ops.
+built for batch B can serve a smaller batch); and its costs ``work`` and ``scratch`` (see :mod:`layer_costs`).
+The ops and modes params may name are in :mod:`layer_ops`; shape arithmetic the kinds share with kernels is in
+:mod:`layer_geometry`. Backends implement kinds, not TF ops.
 """
 from __future__ import annotations
 
@@ -14,13 +14,17 @@ from typing import Callable, Dict, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
+from tftrt_py.engine import layer_costs
 from tftrt_py.engine.errors import NetworkError
+from tftrt_py.engine.layer_geometry import (attention_columns, attention_scores_shape, broadcast_shape,
+                                            conv_output_size, nms_detections, shuffle_shapes)
+from tftrt_py.engine.layer_ops import (ACTIVATIONS, COMPARISONS, ELEMENTWISE_OPS, PADDING_MODES, REDUCE_OPS,
+                                       RESIZE_MODES, UNARY_OPS)
 from tftrt_py.engine.params import (RANK, SPATIAL, axes, axis, boolean, integer, ints, list_of, number, one_of,
                                     optional, permutation, record)
 from tftrt_py.engine.types import DTYPES
 
-__all__ = ["register", "get", "kinds", "ELEMENTWISE_OPS", "UNARY_OPS", "ACTIVATIONS", "REDUCE_OPS",
-           "conv_output_size", "volume", "ELEMENT_COST", "WINDOW_COST"]
+__all__ = ["register", "get", "kinds"]
 
 Info = Tuple[str, Tuple[int, ...]]
 
@@ -38,14 +42,14 @@ _SPECS: Dict[str, KindSpec] = {}
 def register(kind: str, rowwise: Callable = None, params: dict = None, work: Callable = None,
              scratch: Callable = None):
     """Decorator registering the shape rule of a layer kind, the schema of its `params` ({name: spec}, see
-    :mod:`params`) and optionally its batch rule, its work (default: :func:`elements`) and its scratch bytes
-    (default: none)."""
+    :mod:`params`) and optionally its batch rule, its work (default: :func:`layer_costs.elements`) and its
+    scratch bytes (default: none)."""
 
     def wrap(infer):
         if kind in _SPECS:
             raise ValueError(f"layer kind {kind!r} registered twice")
-        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default, params or {}, work or elements,
-                                scratch or _no_scratch)
+        _SPECS[kind] = KindSpec(kind, infer, rowwise or _rowwise_default, params or {}, work or layer_costs.elements,
+                                scratch or layer_costs.no_scratch)
         return infer
 
     return wrap
@@ -62,55 +66,10 @@ def kinds() -> List[str]:
     return sorted(_SPECS)
 
 
-# -- policy tables ------------------------------------------------------------
-#: ElementWise ops; comparisons produce bool.
-ELEMENTWISE_OPS = ("sum", "sub", "prod", "div", "max", "min", "pow", "floor_div", "floor_mod",
-                   "squared_difference", "equal", "greater", "greater_equal", "less", "less_equal",
-                   "not_equal", "and", "or", "bitwise_and")
-COMPARISONS = ("equal", "greater", "greater_equal", "less", "less_equal", "not_equal")
-UNARY_OPS = ("exp", "log", "sqrt", "rsqrt", "recip", "abs", "neg", "sin", "cos", "tan", "sinh", "cosh",
-             "asin", "acos", "atan", "asinh", "acosh", "atanh", "ceil", "floor", "round", "sign", "erf",
-             "square", "not", "erfc")
-#: Activation types. hard_sigmoid is relu6(x + 3) / 6, or relu6(x + 3) * alpha where alpha is given (Keras writes
-#: both: its backend divides by 6, MobileNetV3 multiplies by float32(1/6)); hard_swish is x * hard_sigmoid(x).
-ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
-               "softsign", "gelu_erf", "gelu_tanh", "swish", "hard_sigmoid", "hard_swish")
-#: Reduce ops; the last five come from the builder's reduction fusions (norms and log-sums).
-REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "l1", "sum_squares", "l2", "log_sum", "log_sum_exp")
-#: Padding modes: constant (Pad, PadV2) and MirrorPad's two.
-PADDING_MODES = ("constant", "reflect", "symmetric")
-
 # -- param schemas shared by several kinds --------------------------------------
 _ACTIVATION_PARAMS = dict(type=one_of(*ACTIVATIONS), alpha=optional(number()), beta=optional(number()))
 ACTIVATION = record(**_ACTIVATION_PARAMS)
 _WINDOW = dict(strides=ints(SPATIAL, 1), pre_padding=ints(SPATIAL, 0), post_padding=ints(SPATIAL, 0))
-
-
-# -- costs --------------------------------------------------------------------
-#: Multiply-adds one element read or written outside a matrix product counts as: CPU kernels over elements
-#: (element-wise, data movement, reductions) run 2e9-9e9 elements a second where BLAS runs 1.3e11 multiply-adds
-#: (numpy and ONNX Runtime on 2 AVX-512 cores).
-ELEMENT_COST = 32
-#: Multiply-adds one element of a pooling window counts as: pooling kernels visit 1.5e8-1e9 window elements a
-#: second on the same cores.
-WINDOW_COST = 256
-
-
-def volume(shape: Sequence[int]) -> int:
-    """Elements of a tensor of `shape`, as an exact Python int."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def elements(layer) -> int:
-    """Work of reading every input and writing every output once (ELEMENT_COST each)."""
-    return ELEMENT_COST * sum(volume(t.shape) for t in (*layer.inputs, *layer.outputs))
-
-
-def _no_scratch(layer) -> int:
-    return 0
 
 
 # -- helpers ------------------------------------------------------------------
@@ -129,20 +88,6 @@ def _rowwise_default(layer, batched: Sequence[bool]) -> bool:
         if not b and t.rank == out_rank and out_rank and t.shape[0] != 1:
             return False
     return True
-
-
-def broadcast_shape(*shapes: Sequence[int]) -> Tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
-    except ValueError:
-        raise NetworkError(f"shapes {[list(s) for s in shapes]} do not broadcast") from None
-
-
-def conv_output_size(size: int, k: int, stride: int, dilation: int, pre: int, post: int) -> int:
-    out = (size + pre + post - dilation * (k - 1) - 1) // stride + 1
-    if out <= 0:
-        raise NetworkError(f"window {k} (dilation {dilation}) does not fit input size {size} with padding {pre}+{post}")
-    return out
 
 
 def _axes(layer, key: str = "axes") -> List[int]:
@@ -170,12 +115,7 @@ def _conv_rowwise(layer, batched):
     return batched[0] and all(b or t.shape[0] == 1 for t, b in zip(layer.inputs[1:], batched[1:]))
 
 
-def _conv_work(layer) -> int:
-    """Each output element sums kernel volume x in-channels / groups products (kernel [*K, C/groups, Cout])."""
-    return volume(layer.outputs[0].shape) * volume(layer.weights["kernel"].shape[:-1]) + elements(layer)
-
-
-@register("Convolution", rowwise=_conv_rowwise, work=_conv_work, params=dict(
+@register("Convolution", rowwise=_conv_rowwise, work=layer_costs.conv_work, params=dict(
     _WINDOW, dilations=ints(SPATIAL, 1), groups=optional(integer(1)), activation=optional(ACTIVATION)))
 def _convolution(layer):
     """Channels-last N-d convolution: x [N, *S, C], kernel [*K, C/groups, Cout] -> [N, *O, Cout].
@@ -200,12 +140,7 @@ def _convolution(layer):
     return [(x.dtype, shape)]
 
 
-def _deconv_work(layer) -> int:
-    """Each input element scatters kernel volume x out-channels products (kernel [*K, Cout, Cin])."""
-    return volume(layer.inputs[0].shape) * volume(layer.weights["kernel"].shape[:-1]) + elements(layer)
-
-
-@register("Deconvolution", rowwise=_conv_rowwise, work=_deconv_work, params=dict(
+@register("Deconvolution", rowwise=_conv_rowwise, work=layer_costs.deconv_work, params=dict(
     strides=ints(SPATIAL, 1), pre_padding=ints(SPATIAL, 0), output_spatial=ints(SPATIAL, 1)))
 def _deconvolution(layer):
     """Channels-last transposed convolution: kernel [*K, Cout, Cin]; params give the output spatial size."""
@@ -227,14 +162,7 @@ def _matmul_rowwise(layer, batched):
     return ba and not layer.params.get("transpose_a") or (ba and a.rank >= 3)
 
 
-def _matmul_work(layer) -> int:
-    """Each output element sums the inner dim's products."""
-    a = layer.inputs[0]
-    inner = a.shape[-2] if layer.params.get("transpose_a") else a.shape[-1]
-    return volume(layer.outputs[0].shape) * inner + elements(layer)
-
-
-@register("MatrixMultiply", rowwise=_matmul_rowwise, work=_matmul_work, params=dict(
+@register("MatrixMultiply", rowwise=_matmul_rowwise, work=layer_costs.matmul_work, params=dict(
     transpose_a=optional(boolean), transpose_b=optional(boolean), activation=optional(ACTIVATION)))
 def _matmul(layer):
     """np.matmul semantics with optional transposes of the last two axes; optional bias, a residual (third input,
@@ -263,13 +191,7 @@ def _check_residual(layer, residual, shape) -> None:
                            f"output ({layer.inputs[0].dtype} {list(shape)})")
 
 
-def _mlp_work(layer) -> int:
-    """Each row multiplies through every weight matrix."""
-    return layer.inputs[0].shape[0] * sum(w.size for k, w in layer.weights.items() if k.startswith("w")) \
-        + elements(layer)
-
-
-@register("MLP", rowwise=lambda layer, batched: batched[0], work=_mlp_work,
+@register("MLP", rowwise=lambda layer, batched: batched[0], work=layer_costs.mlp_work,
           params=dict(activations=list_of(optional(ACTIVATION), max_length=256)))
 def _mlp(layer):
     """Fused 2-d matrix multiplies: x [M, K]; layer i computes x = activation_i(x @ w_i + b_i), with
@@ -336,12 +258,7 @@ def _pool_rowwise(layer, batched):
     return batched[0]
 
 
-def _pool_work(layer) -> int:
-    """Each output element visits its whole window (WINDOW_COST each)."""
-    return WINDOW_COST * volume(layer.outputs[0].shape) * volume(layer.params["window"]) + elements(layer)
-
-
-@register("Pooling", rowwise=_pool_rowwise, work=_pool_work, params=dict(
+@register("Pooling", rowwise=_pool_rowwise, work=layer_costs.pool_work, params=dict(
     _WINDOW, type=one_of("max", "avg"), window=ints(SPATIAL, 1), count_include_pad=optional(boolean)))
 def _pooling(layer):
     """Channels-last max/average pooling over the spatial axes of [N, *S, C]."""
@@ -380,25 +297,6 @@ def _argreduce(layer):
     x = layer.inputs[0]
     axis = layer.params["axis"] % x.rank
     return [("int32", tuple(d for i, d in enumerate(x.shape) if i != axis))]
-
-
-def shuffle_shapes(shape: Sequence[int], params) -> Tuple[int, ...]:
-    """Shape after a Shuffle: first transpose, then reshape, then second transpose."""
-    shape = tuple(shape)
-    if params.get("first_perm") is not None:
-        shape = tuple(shape[i] for i in params["first_perm"])
-    if params.get("reshape") is not None:
-        dims = list(params["reshape"])
-        size = int(np.prod(shape))
-        if dims.count(-1) == 1:
-            known = int(np.prod([d for d in dims if d != -1]))
-            dims[dims.index(-1)] = size // known if known else 0
-        if int(np.prod(dims)) != size:
-            raise NetworkError(f"cannot reshape {list(shape)} to {params['reshape']}")
-        shape = tuple(dims)
-    if params.get("second_perm") is not None:
-        shape = tuple(shape[i] for i in params["second_perm"])
-    return shape
 
 
 def _shuffle_rowwise(layer, batched):
@@ -469,41 +367,8 @@ class _Operand(NamedTuple):
     dtype: str
 
 
-def attention_columns(layer) -> List[Tuple[int, int]]:
-    """(first column, width) of q, k and v in each input's last dim: ``columns`` of a packed Attention, else
-    the whole dim (a fused projection's output read in place instead of sliced)."""
-    cols = layer.params.get("columns")
-    return [tuple(c) for c in cols] if cols else [(0, t.shape[-1]) for t in layer.inputs[:3]]
-
-
-def causal_keep(sq: int, sk: int) -> np.ndarray:
-    """The scores a causal Attention keeps: [Sq, Sk] bool, key j <= query i (Keras's tril of ones)."""
-    return np.arange(sk)[None, :] <= np.arange(sq)[:, None]
-
-
-def attention_scores_shape(layer) -> Tuple[int, ...]:
-    """Shape of the scores q k^T: [B, H, Sq, Sk] packed, else [*B, Sq, Sk]."""
-    q, k = layer.inputs[:2]
-    heads = layer.params.get("heads")
-    return (q.shape[0], heads, q.shape[1], k.shape[1]) if heads else (*q.shape[:-1], k.shape[-2])
-
-
-def _attention_work(layer) -> int:
-    """Each score sums D products and weighs Dv values (per head), and passes through the softmax."""
-    scores = volume(attention_scores_shape(layer))
-    (_, dq), _, (_, dv) = attention_columns(layer)
-    return scores * (dq + dv) // (layer.params.get("heads") or 1) + ELEMENT_COST * scores + elements(layer)
-
-
-def _attention_scratch(layer) -> int:
-    """The float32 scores, their shifted exponentials and the probabilities (three score matrices at once, as
-    the reference kernel holds them), and float32 copies of q, k and v."""
-    qkv = sum(volume(t.shape[:-1]) * w for t, (_, w) in zip(layer.inputs[:3], attention_columns(layer)))
-    return 4 * (3 * volume(attention_scores_shape(layer)) + qkv)
-
-
-@register("Attention", rowwise=lambda layer, batched: all(batched), work=_attention_work,
-          scratch=_attention_scratch, params=dict(
+@register("Attention", rowwise=lambda layer, batched: all(batched), work=layer_costs.attention_work,
+          scratch=layer_costs.attention_scratch, params=dict(
     scale=number(), heads=optional(integer(1)), columns=optional(list_of(ints(2, 0), 3)),
     causal=optional(boolean), mask_value=optional(number(finite=False))))
 def _attention(layer):
@@ -581,15 +446,8 @@ def _gather(layer):
     return [(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))]
 
 
-def _topk_work(layer) -> int:
-    """Sorting along ``axis``: n log2 n comparisons per row."""
-    x = layer.inputs[0]
-    n = x.shape[layer.params["axis"] % x.rank]
-    return ELEMENT_COST * volume(x.shape) * max(1, n.bit_length()) + elements(layer)
-
-
 @register("TopK", rowwise=lambda layer, batched: layer.params["axis"] % layer.inputs[0].rank != 0,
-          work=_topk_work, params=dict(k=integer(0), axis=axis))
+          work=layer_costs.topk_work, params=dict(k=integer(0), axis=axis))
 def _topk(layer):
     """The k largest values along ``axis`` (largest first, ties to the lower index) and their int32 indices."""
     x = layer.inputs[0]
@@ -600,27 +458,8 @@ def _topk(layer):
     return [(x.dtype, shape), ("int32", shape)]
 
 
-def nms_detections(params, num_classes: int) -> int:
-    """Detections per batch row that NMS outputs (TF's CombinedNonMaxSuppression padding rule)."""
-    total = params["max_total_size"]
-    if params.get("pad_per_class"):
-        return min(total, params["max_output_size_per_class"] * num_classes)
-    return total
-
-
-def _nms_work(layer) -> int:
-    """Every class of every row compares each pair of its N boxes."""
-    b, n, c = layer.inputs[1].shape
-    return ELEMENT_COST * b * c * n * n + elements(layer)
-
-
-def _nms_scratch(layer) -> int:
-    """One class's pairwise overlaps: [N, N, 2] float32, two at a time (the reference kernel's IoU)."""
-    n = layer.inputs[1].shape[1]
-    return 2 * 8 * n * n
-
-
-@register("NMS", rowwise=lambda layer, batched: all(batched), work=_nms_work, scratch=_nms_scratch, params=dict(
+@register("NMS", rowwise=lambda layer, batched: all(batched), work=layer_costs.nms_work,
+          scratch=layer_costs.nms_scratch, params=dict(
     max_output_size_per_class=integer(1), max_total_size=integer(1), iou_threshold=number(0, 1),
     score_threshold=number(finite=False), pad_per_class=optional(boolean), clip_boxes=optional(boolean)))
 def _nms(layer):
@@ -640,10 +479,6 @@ def _nms(layer):
     return [(boxes.dtype, (b, d, 4)), (scores.dtype, (b, d)), (scores.dtype, (b, d)), ("int32", (b,))]
 
 
-#: Resize modes and their TF ops: nearest (ResizeNearestNeighbor) and linear (ResizeBilinear).
-RESIZE_MODES = ("nearest", "linear")
-
-
 @register("Resize", rowwise=lambda layer, batched: batched[0], params=dict(
     mode=one_of(*RESIZE_MODES), sizes=ints(2, 1), align_corners=optional(boolean),
     half_pixel_centers=optional(boolean)))
@@ -658,7 +493,6 @@ def _resize(layer):
         raise NetworkError(f"Resize needs a [N, H, W, C] input and two positive sizes, got {x.shape}, {p['sizes']}")
     dtype = "float32" if p["mode"] == "linear" else x.dtype
     return [(dtype, (x.shape[0], *p["sizes"], x.shape[3]))]
-
 
 
 @register("Bitcast", params=dict(dtype=one_of(*DTYPES)))

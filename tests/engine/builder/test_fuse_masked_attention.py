@@ -13,7 +13,7 @@ from tftrt_py.convert.build import build_engine
 from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine import Runtime
 from tftrt_py.engine.builder.fusions.match import fusion_counts
-from tftrt_py.engine.layers import causal_keep
+from tftrt_py.engine.layer_geometry import causal_keep
 
 B, H, S, D = 2, 3, 5, 4
 BIG = -2.372671e38  # Keras's large negative for float32

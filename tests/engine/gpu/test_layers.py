@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine import layer_ops
 from tftrt_py.engine.builder.fusions.activation import SIXTH
 
 from gpu_helpers import GPU, compare, healthy_gpu, normal, single  # noqa: F401 (autouse fixture)
@@ -177,7 +177,7 @@ def test_mlp_with_residual(last, precision, gemm, monkeypatch):
             precision)
 
 
-@pytest.mark.parametrize("op", [op for op in layer_kinds.ELEMENTWISE_OPS if op != "bitwise_and"])  # ints only
+@pytest.mark.parametrize("op", [op for op in layer_ops.ELEMENTWISE_OPS if op != "bitwise_and"])  # ints only
 def test_elementwise_fp32(op):
     shapes = ((2, 3, 4), (3, 1))
     if op in ("and", "or"):
@@ -387,7 +387,7 @@ UNARY_DOMAIN = {"log": (0.1, 3.0), "sqrt": (0.1, 3.0), "rsqrt": (0.1, 3.0), "rec
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("op", layer_kinds.UNARY_OPS)
+@pytest.mark.parametrize("op", layer_ops.UNARY_OPS)
 def test_unary(op, precision):
     shape = (3, 17)
     if op == "not":
@@ -403,7 +403,7 @@ ACT_PARAMS = {"clip": {"alpha": -0.5, "beta": 0.7}, "leaky_relu": {"alpha": 0.1}
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("act", layer_kinds.ACTIVATIONS)
+@pytest.mark.parametrize("act", layer_ops.ACTIVATIONS)
 def test_activation(act, precision):
     shape = (4, 33)
     params = dict({"type": act}, **ACT_PARAMS.get(act, {}))
@@ -488,7 +488,7 @@ def test_pooling(case, precision):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("op", layer_kinds.REDUCE_OPS)
+@pytest.mark.parametrize("op", layer_ops.REDUCE_OPS)
 def test_reduce(op, precision):
     shape = (3, 5, 6)
     low, high = (0.5, 1.5) if op in ("prod", "log_sum") else (-2.0, 2.0)
@@ -497,7 +497,7 @@ def test_reduce(op, precision):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("op", layer_kinds.REDUCE_OPS)
+@pytest.mark.parametrize("op", layer_ops.REDUCE_OPS)
 def test_reduce_over_a_run_of_axes_before_the_last(op, precision):
     """A global average pool's shape (NHWC over H and W)."""
     shape = (3, 5, 6, 40)

@@ -7,6 +7,7 @@ import pytest
 from gpu_helpers import GPU, cupy_engine, healthy_gpu, single  # noqa: F401 (autouse fixture)
 from specials import finite, mismatch, poisoned
 from tftrt_py.engine import Engine
+from tftrt_py.engine import layer_ops
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.builder.precision import fp32_reason
 
@@ -15,8 +16,8 @@ pytestmark = GPU
 TOL = {"FP32": 1e-4, "FP16": 1e-2}
 X2, X3, X4 = (8, 6), (2, 8, 6), (2, 6, 6, 4)
 ALPHAS = {"leaky_relu": (0.2, None), "elu": (1.0, None), "clip": (-0.5, 0.5)}
-FLOAT_BINARY = [op for op in layer_kinds.ELEMENTWISE_OPS if op not in ("and", "or", "bitwise_and")]
-FLOAT_UNARY = [op for op in layer_kinds.UNARY_OPS if op != "not"]
+FLOAT_BINARY = [op for op in layer_ops.ELEMENTWISE_OPS if op not in ("and", "or", "bitwise_and")]
+FLOAT_UNARY = [op for op in layer_ops.UNARY_OPS if op != "not"]
 CONV = dict(strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1], post_padding=[1, 1])
 WINDOW = dict(window=[2, 2], strides=[1, 1], pre_padding=[0, 0], post_padding=[1, 1])
 
@@ -28,11 +29,11 @@ def _act(t):
 
 #: name -> (kind, input specs [(dtype, shape)], params, weights, specials: inputs poisoned (True) or ±Inf only)
 CASES = {
-    **{f"activation_{t}": ("Activation", [X2], _act(t), None, True) for t in layer_kinds.ACTIVATIONS},
+    **{f"activation_{t}": ("Activation", [X2], _act(t), None, True) for t in layer_ops.ACTIVATIONS},
     **{f"unary_{op}": ("Unary", [X2], dict(op=op), None, True) for op in FLOAT_UNARY},
     **{f"elementwise_{op}": ("ElementWise", [X2, X2], dict(op=op), None, True) for op in FLOAT_BINARY},
     **{f"reduce_{op}": ("Reduce", [X3], dict(op=op, axes=[-1], keep_dims=False), None, True)
-       for op in layer_kinds.REDUCE_OPS},
+       for op in layer_ops.REDUCE_OPS},
     "reduce_max_middle": ("Reduce", [X3], dict(op="max", axes=[1], keep_dims=True), None, True),
     "argreduce_max": ("ArgReduce", [X3], dict(op="max", axis=-1), None, True),
     "argreduce_min_middle": ("ArgReduce", [X3], dict(op="min", axis=1), None, True),

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from tftrt_py.engine import layer_ops
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.lowering import lower
@@ -133,7 +134,7 @@ def test_select_of_bools():
             _bools((3, 4), (3, 4), (1, 4)))
 
 
-@pytest.mark.parametrize("op", layer_kinds.REDUCE_OPS)
+@pytest.mark.parametrize("op", layer_ops.REDUCE_OPS)
 def test_reduce_over_no_axes(op):
     """No axes reduce nothing (ONNX's reductions would reduce every axis)."""
     compare(single("Reduce", [("float32", (2, 3))], {"op": op, "axes": []}), normal((2, 3), low=0.5, high=2.0))

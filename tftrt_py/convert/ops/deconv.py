@@ -9,7 +9,7 @@ from tftrt_py.convert.ops.base import ANY, WEIGHT, OpConverter
 from tftrt_py.convert.ops.conv import (LAYOUTS, data_format, from_channels_last, layout_reason, padding, spatial,
                                        to_channels_last)
 from tftrt_py.convert.ops.registry import register
-from tftrt_py.engine.layers import conv_output_size
+from tftrt_py.engine.layer_geometry import conv_output_size
 
 __all__ = ["DeconvConverter", "DECONVOLUTIONS", "dilate"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tftrt_py.engine.layers import attention_columns, causal_keep
+from tftrt_py.engine.layer_geometry import attention_columns, causal_keep
 from tftrt_py.engine.reference.pointwise import apply_activation, stable_softmax
 from tftrt_py.engine.reference.registry import kernel
 

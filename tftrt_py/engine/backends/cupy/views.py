@@ -2,7 +2,7 @@
 transposes. The program gives them no step and no memory (an alias slot)."""
 from __future__ import annotations
 
-from tftrt_py.engine import layers as layer_kinds
+from tftrt_py.engine.layer_geometry import shuffle_shapes
 
 __all__ = ["is_view"]
 
@@ -23,7 +23,7 @@ def is_view(layer, in_dtype: str, out_dtype: str) -> bool:
     if p.get("first_perm") is not None and not _keeps_order(shape, p["first_perm"]):
         return False
     if p.get("second_perm") is not None:
-        mid = layer_kinds.shuffle_shapes(shape, {"first_perm": p.get("first_perm"), "reshape": p.get("reshape")})
+        mid = shuffle_shapes(shape, {"first_perm": p.get("first_perm"), "reshape": p.get("reshape")})
         if not _keeps_order(mid, p["second_perm"]):
             return False
     return True

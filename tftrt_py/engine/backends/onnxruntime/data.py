@@ -9,7 +9,7 @@ import numpy as np
 from tftrt_py.engine.reference import linear_weights, nearest_index, slice_stop
 from tftrt_py.engine.backends.onnxruntime.graph import Graph, compute_dtype
 from tftrt_py.engine.backends.onnxruntime.registry import lowers
-from tftrt_py.engine.layers import shuffle_shapes
+from tftrt_py.engine.layer_geometry import shuffle_shapes
 
 __all__ = ["REDUCE"]
 

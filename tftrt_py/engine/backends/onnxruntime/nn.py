@@ -10,7 +10,7 @@ import numpy as np
 from tftrt_py.engine.backends.onnxruntime.graph import CONTRIB, Graph, compute_dtype
 from tftrt_py.engine.backends.onnxruntime.pointwise import activation, biased_activation
 from tftrt_py.engine.backends.onnxruntime.registry import lowers, weight
-from tftrt_py.engine.layers import attention_columns, attention_scores_shape, causal_keep
+from tftrt_py.engine.layer_geometry import attention_columns, attention_scores_shape, causal_keep
 
 __all__ = ["to_channels_first", "to_channels_last", "onnx_kernel", "conv", "conv_epilogue", "residual_activation",
            "swap_last", "matmul_epilogue"]

@@ -11,7 +11,7 @@ from tftrt_py.engine.reference import ACTIVATION_FNS, KERNELS
 from tftrt_py.engine.builder.fusions.match import (BIASED, FLOATS, Fused, activation_of, affine, apply_rules,
                                                    constant_value, private, reshape_only, sole_producer,
                                                    with_activation)
-from tftrt_py.engine.layers import ACTIVATIONS, UNARY_OPS
+from tftrt_py.engine.layer_ops import ACTIVATIONS, UNARY_OPS
 
 __all__ = ["recognize_activations", "fuse_activations", "activation_before_reshape", "nonnegative", "FUSABLE",
            "RECOGNIZED", "NONNEGATIVE"]

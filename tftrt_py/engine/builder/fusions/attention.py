@@ -22,7 +22,7 @@ import numpy as np
 
 from tftrt_py.engine.reference import KERNELS
 from tftrt_py.engine.builder.fusions.match import FLOATS, affine, constant_value, produced_by, record
-from tftrt_py.engine.layers import causal_keep
+from tftrt_py.engine.layer_geometry import causal_keep
 from tftrt_py.engine.network import Layer, Tensor
 
 __all__ = ["fuse_attention", "read_attention_windows", "MAX_SHUFFLES"]

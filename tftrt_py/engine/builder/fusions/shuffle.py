@@ -13,7 +13,7 @@ import numpy as np
 
 from tftrt_py.engine.reference import KERNELS
 from tftrt_py.engine.builder.fusions.match import Bypass, Fused, apply_rules, sole_producer
-from tftrt_py.engine.layers import shuffle_shapes
+from tftrt_py.engine.layer_geometry import shuffle_shapes
 
 __all__ = ["fuse_shuffles", "then"]
 

@@ -46,7 +46,7 @@ from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, out_scale
 from tftrt_py.engine.backends.cupy.ops.reduce import BLOCK_REDUCE, row_block
 from tftrt_py.engine.backends.cupy.ops.triton_conv import QUANTIZED_POINTERS
 from tftrt_py.engine.errors import BackendError
-from tftrt_py.engine.layers import attention_columns, attention_scores_shape
+from tftrt_py.engine.layer_geometry import attention_columns, attention_scores_shape
 
 __all__ = ["AttentionGeom", "MaskView", "GemmAttentionOp", "FlashAttentionOp", "CudnnSdpaOp", "QuantizedAttentionOp",
            "quantized_reason"]

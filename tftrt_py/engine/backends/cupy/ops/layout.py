@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import List
 
-from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
+from tftrt_py.engine.layer_geometry import shuffle_shapes
 
 __all__ = ["ShuffleOp", "PaddingOp", "ConcatOp", "SliceOp", "GatherOp", "BitcastOp"]
 
@@ -19,7 +19,7 @@ class ShuffleOp(Op):
         self.first, self.second = p.get("first_perm"), p.get("second_perm")
         self.mid = None
         if p.get("reshape") is not None:
-            self.mid = layer_kinds.shuffle_shapes(spec.in_shapes[0], {"first_perm": self.first, "reshape": p["reshape"]})
+            self.mid = shuffle_shapes(spec.in_shapes[0], {"first_perm": self.first, "reshape": p["reshape"]})
         self.tactic = {"op": "copy"}
 
     def run(self, rc, ins, outs):
