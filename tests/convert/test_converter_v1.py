@@ -12,6 +12,7 @@ from support import random_array
 from tftrt_py import trt_convert as trt  # the only change: was tensorflow.python.compiler.tensorrt
 from tftrt_py.convert.errors import AlreadyConvertedError
 from tftrt_py.engine_op import dispatcher
+from tftrt_py.engine_op import op as engine_op
 
 RNG = np.random.default_rng(7)
 WEIGHTS = {"w1": RNG.normal(0, 0.3, (16, 32)).astype("float32"), "b1": RNG.normal(0, 0.1, (32,)).astype("float32"),
@@ -280,7 +281,7 @@ def test_dynamic_op_without_function_backup_builds_from_its_serialized_segment(f
 
 def test_forbidden_native_fallback_is_an_error(frozen_graph, monkeypatch):
     trt_graph = convert(frozen_graph, max_batch_size=1)
-    monkeypatch.setenv(dispatcher.FALLBACK_ENV, "0")
+    monkeypatch.setenv(engine_op.FALLBACK_ENV, "0")
     x = random_array((1, 16))
     assert_right(run_graph(trt_graph, x), x)
     with pytest.raises(tf.errors.AbortedError, match="User disallowed engine native segment execution"):

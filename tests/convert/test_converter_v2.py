@@ -11,7 +11,7 @@ from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.errors import AlreadyConvertedError
 from tftrt_py.converters.summary import conversion_ratio
-from tftrt_py.engine_op import dispatcher
+from tftrt_py.engine_op import op as engine_op
 
 
 
@@ -229,7 +229,7 @@ def test_forbidden_fallback_is_an_error(saved_model, monkeypatch):
     import tftrt_py.convert.build as build_lib
 
     monkeypatch.setattr(build_lib, "build_engine", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
-    monkeypatch.setenv(dispatcher.FALLBACK_ENV, "0")
+    monkeypatch.setenv(engine_op.FALLBACK_ENV, "0")
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
     func = converter.convert()
     with pytest.raises(tf.errors.AbortedError, match="User disallowed engine native segment execution"):

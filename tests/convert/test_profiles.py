@@ -11,6 +11,7 @@ from tftrt_py.converters.profiles import make_profiles
 from tftrt_py.engine import PlanError, Runtime
 from tftrt_py.engine.profile import OptimizationProfile
 from tftrt_py.engine_op import dispatcher
+from tftrt_py.engine_op.op import FALLBACK_ENV
 from tftrt_py.engine_op.cache import unpack_plans
 
 
@@ -203,7 +204,7 @@ def test_forbidden_fallback_is_an_error(spatial_model, tmp_path):
     converter, _ = converted(model_dir, "Range", allow_build_at_runtime=False)
     converter.save(str(tmp_path / "out"))
     shapes = [IN_PROFILE, (2, 9, 11, 1), OUTSIDE]  # two inside the profile (one new to it), one outside
-    stats, errors = run_loaded({str(tmp_path / "out"): shapes}, env={dispatcher.FALLBACK_ENV: "0"})
+    stats, errors = run_loaded({str(tmp_path / "out"): shapes}, env={FALLBACK_ENV: "0"})
     (error,) = errors[str(tmp_path / "out")]
     assert "User disallowed engine native segment execution" in error
     stats = stats[engine_op(converter)[0]]

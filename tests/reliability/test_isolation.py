@@ -7,7 +7,7 @@ import tensorflow as tf
 from sample_models import build_mlp
 from tftrt_py import trt_convert as trt
 from tftrt_py.converters import graph_io
-from tftrt_py.engine_op import dispatcher
+from tftrt_py.engine_op import dispatcher, loading
 
 
 def save_mlp(tmp_path, seed, segment_key=None):
@@ -92,7 +92,7 @@ def test_engines_from_another_models_assets_never_reach_a_loaded_op(tmp_path, x,
     src_a, trt_a, key = save_mlp(tmp_path, 0)
     model_a = tf.saved_model.load(trt_a).signatures["serving_default"]
     before = model_a(features=x)["logits"].numpy()
-    [op] = [op for (k, _, _), op in dispatcher.engine_ops().items() if k == key.decode() and op._asset_paths]
+    [op] = [op for (k, _, _), op in dispatcher.engine_ops().items() if k == key.decode() and op.asset_paths]
     [asset] = os.listdir(os.path.join(trt_a, "assets"))
     with open(os.path.join(trt_a, "assets", asset), "rb") as f:
         plans = unpack_plans(f.read())
@@ -105,7 +105,7 @@ def test_engines_from_another_models_assets_never_reach_a_loaded_op(tmp_path, x,
         forged.append(engine.serialize())
     path = tmp_path / "crafted.engines"
     path.write_bytes(pack_plans(forged))
-    with caplog.at_level("ERROR", logger=dispatcher.__name__):
-        op.load_assets([str(path).encode()])
+    with caplog.at_level("ERROR", logger=loading.__name__):
+        loading.load_assets(op, [str(path).encode()])
     assert "ignoring engines from" in caplog.text
     np.testing.assert_allclose(model_a(features=x)["logits"].numpy(), before, rtol=1e-6, atol=1e-6)
