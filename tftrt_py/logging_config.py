@@ -10,12 +10,13 @@ Applied when :mod:`tftrt_py` is imported; needs no TensorFlow.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Dict, Optional
+
+from tftrt_py import settings
 
 __all__ = ["VMODULE_ENV", "parse_vmodule", "configure", "level_for"]
 
-VMODULE_ENV = "TFTRT_VMODULE"
+VMODULE_ENV = settings.VMODULE.name
 ROOT = "tftrt_py"
 FORMAT = "%(asctime)s %(levelname).1s %(name)s] %(message)s"
 
@@ -53,7 +54,7 @@ def configure(spec: Optional[str] = None) -> Dict[str, int]:
     A malformed spec is reported as a warning and ignored, so importing tftrt_py never fails on it.
     """
     global _handler
-    spec = os.environ.get(VMODULE_ENV, "") if spec is None else spec
+    spec = settings.VMODULE.get() if spec is None else spec
     try:
         levels = parse_vmodule(spec)
     except ValueError as exc:

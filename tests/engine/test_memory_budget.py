@@ -27,11 +27,11 @@ def test_a_malformed_size_names_the_variable_and_the_form(text):
 
 
 def test_the_budget_comes_from_the_environment():
-    assert Budget.from_env({}).limit is None
-    assert Budget.from_env({BUDGET_ENV: "  "}).limit is None
-    assert Budget.from_env({BUDGET_ENV: "64MiB"}).limit == 64 * MiB
+    assert Budget.from_setting(None).limit is None
+    assert Budget.from_setting("  ").limit is None
+    assert Budget.from_setting("64MiB").limit == 64 * MiB
     with pytest.raises(ValueError, match=BUDGET_ENV):
-        Budget.from_env({BUDGET_ENV: "64 apples"})
+        Budget.from_setting("64 apples")
 
 
 def test_the_process_budget_is_read_once(monkeypatch):
@@ -54,7 +54,7 @@ def test_charges_and_refunds_count_up_to_the_limit():
 
 
 def test_passing_the_limit_raises_naming_the_budget_and_the_variable():
-    budget = Budget.from_env({BUDGET_ENV: "8MiB"})
+    budget = Budget.from_setting("8MiB")
     budget.charge(5 * MiB, "weights")
     with pytest.raises(OutOfGpuMemory) as info:
         budget.charge(4 * MiB, "activations of engine 'TRTEngineOp_000_000'")

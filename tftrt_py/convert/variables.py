@@ -11,12 +11,12 @@ native ops compute, not the engines.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Dict, List, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from tftrt_py import settings
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
 
@@ -25,7 +25,7 @@ __all__ = ["EXPERIMENTAL_FEATURES_ENV", "DISABLE_GRAPH_FREEZING", "WEIGHT_INPUTS
            "reads_as_inputs", "mark_weight_inputs", "weight_inputs", "bind_weights"]
 
 #: TF-TRT's switch: comma-separated names of experimental features to turn on.
-EXPERIMENTAL_FEATURES_ENV = "TF_TRT_EXPERIMENTAL_FEATURES"
+EXPERIMENTAL_FEATURES_ENV = settings.EXPERIMENTAL_FEATURES.name
 DISABLE_GRAPH_FREEZING = "disable_graph_freezing"
 #: Our (unregistered) engine op attr: the indices of the inputs that are variable values, taken as weights.
 WEIGHT_INPUTS_ATTR = "_tftrt_weight_inputs"
@@ -36,8 +36,7 @@ _HANDLE_PASS_THROUGH = ("Identity",)
 
 def is_experimental_feature_activated(feature_name: str) -> bool:
     """Whether `feature_name` is listed in TF_TRT_EXPERIMENTAL_FEATURES now (TF-TRT's utils function)."""
-    features = os.environ.get(EXPERIMENTAL_FEATURES_ENV, "").split(",")
-    return feature_name in {f.strip() for f in features}
+    return feature_name in settings.EXPERIMENTAL_FEATURES.get()
 
 
 def captured_variables(func) -> Dict[str, tf.Variable]:

@@ -10,13 +10,13 @@ and :func:`max_engine_work` (``TFTRT_PY_MAX_ENGINE_WORK``).
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Dict, NamedTuple, Optional
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine import layer_geometry
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine.backends.cupy import _device
@@ -29,9 +29,9 @@ __all__ = ["MAX_ENGINE_BYTES_ENV", "MAX_ENGINE_WORK_ENV", "DEFAULT_MAX_WORK", "H
 logger = logging.getLogger(__name__)
 
 #: Most bytes one engine may take (an integer; default: from the machine, see :func:`engine_bytes_limit`).
-MAX_ENGINE_BYTES_ENV = "TFTRT_PY_MAX_ENGINE_BYTES"
+MAX_ENGINE_BYTES_ENV = settings.MAX_ENGINE_BYTES.name
 #: Most work one engine may declare, in multiply-add equivalents (an integer; default DEFAULT_MAX_WORK).
-MAX_ENGINE_WORK_ENV = "TFTRT_PY_MAX_ENGINE_WORK"
+MAX_ENGINE_WORK_ENV = settings.MAX_ENGINE_WORK.name
 #: 2**47 (1.4e14) multiply-adds: about 18 minutes of BLAS on 2 CPU cores; ResNet-50 at batch 512 declares
 #: 2.8e12, a 24-layer BERT-large at batch 64 and sequence 512 1.4e13 (tests/engine/test_budget.py).
 DEFAULT_MAX_WORK = 2 ** 47
@@ -147,32 +147,10 @@ def _device_free() -> Optional[int]:
     return int(_device.free_and_total()[0]) + int(cupy.get_default_memory_pool().free_bytes())
 
 
-@functools.lru_cache(maxsize=None)
-def _bad_setting(name: str, text: str) -> None:
-    """Say once per value that `name` is malformed."""
-    logger.warning("%s=%r is not a number of %s; using the default", name, text,
-                   "bytes" if name == MAX_ENGINE_BYTES_ENV else "multiply-adds")
-
-
-def _setting(name: str) -> Optional[int]:
-    """The non-negative integer environment variable `name` sets, or None (unset, empty or malformed: logged)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        _bad_setting(name, text)
-        return None
-    return value
-
-
 def engine_bytes_limit(backend: str = "numpy") -> Limit:
     """The bytes one engine run by `backend` may take: MAX_ENGINE_BYTES_ENV when set, else the GPU's free memory
     for cupy engines where cupy sees a GPU, else HOST_SHARE of :func:`host_memory`."""
-    value = _setting(MAX_ENGINE_BYTES_ENV)
+    value = settings.MAX_ENGINE_BYTES.get()
     if value is not None:
         return Limit(value, f"{MAX_ENGINE_BYTES_ENV}={value}")
     free = _device_free() if backend == "cupy" else None
@@ -189,7 +167,7 @@ def max_engine_bytes(backend: str = "numpy") -> int:
 
 def engine_work_limit() -> Limit:
     """The work one engine may declare: MAX_ENGINE_WORK_ENV when set, else DEFAULT_MAX_WORK."""
-    value = _setting(MAX_ENGINE_WORK_ENV)
+    value = settings.MAX_ENGINE_WORK.get()
     if value is not None:
         return Limit(value, f"{MAX_ENGINE_WORK_ENV}={value}")
     return Limit(DEFAULT_MAX_WORK, "the default")

@@ -12,6 +12,7 @@ import stat
 import struct
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tftrt_py import settings
 from tftrt_py.engine.errors import PlanError
 
 __all__ = ["EngineCache", "engine_asset_name", "pack_plans", "unpack_plans", "read_asset", "MAX_ASSET_BYTES_ENV"]
@@ -116,14 +117,11 @@ def unpack_plans(data: bytes) -> List[bytes]:
 
 
 #: Largest engine-cache asset read (env, bytes; default 8 GiB).
-MAX_ASSET_BYTES_ENV = "TFTRT_PY_MAX_ENGINE_ASSET_BYTES"
+MAX_ASSET_BYTES_ENV = settings.MAX_ASSET_BYTES.name
 
 
 def _max_asset_bytes() -> int:
-    try:
-        return max(0, int(os.environ.get(MAX_ASSET_BYTES_ENV, "")))
-    except ValueError:
-        return 8 << 30
+    return settings.MAX_ASSET_BYTES.get()
 
 
 def read_asset(path: str) -> bytes:

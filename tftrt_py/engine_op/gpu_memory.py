@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 from typing import Optional, Tuple
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy.memory import BUDGET_ENV, Budget
 
 __all__ = ["FORCE_GROWTH_ENV", "GpuFacts", "TensorFlowFacts", "Decision", "TensorFlowGpuMemoryError", "decide",
@@ -23,7 +23,7 @@ __all__ = ["FORCE_GROWTH_ENV", "GpuFacts", "TensorFlowFacts", "Decision", "Tenso
 logger = logging.getLogger(__name__)
 
 #: TensorFlow's own switch, read when it initializes its GPUs: "true" grows, "false" reserves.
-FORCE_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
+FORCE_GROWTH_ENV = settings.FORCE_GPU_ALLOW_GROWTH.name
 
 
 class TensorFlowGpuMemoryError(RuntimeError):
@@ -95,7 +95,7 @@ def tensorflow_facts(tf, gpus, initialized: bool) -> TensorFlowFacts:
     return TensorFlowFacts(
         gpus=tuple(GpuFacts(g.name, bool(tf.config.experimental.get_memory_growth(g)),
                             len(tf.config.get_logical_device_configuration(g) or [])) for g in gpus),
-        initialized=initialized, force_growth=os.environ.get(FORCE_GROWTH_ENV), budget=Budget.from_env().limit)
+        initialized=initialized, force_growth=settings.FORCE_GPU_ALLOW_GROWTH.raw(), budget=Budget.from_setting(settings.GPU_MEMORY_BUDGET.raw()).limit)
 
 
 _lock = threading.Lock()

@@ -35,6 +35,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tftrt_py import settings
 from tftrt_py.engine_op import lifetime
 
 logger = logging.getLogger(__name__)
@@ -44,11 +45,11 @@ __all__ = ["OpLibraryError", "build", "build_tag", "compile_timeout", "library_p
 
 SOURCE = Path(__file__).with_name("kernel.cc")
 LIBRARY_NAME = "tftrt_engine_op.so"
-CACHE_ENV = "TFTRT_PY_CACHE_DIR"
-PREBUILT_ENV = "TFTRT_PY_OP_LIBRARY"
-TIMEOUT_ENV = "TFTRT_PY_COMPILE_TIMEOUT"
+CACHE_ENV = settings.CACHE_DIR.name
+PREBUILT_ENV = settings.OP_LIBRARY.name
+TIMEOUT_ENV = settings.COMPILE_TIMEOUT.name
 #: Seconds a compile may take (it takes 15-30 s) before it is killed; $TFTRT_PY_COMPILE_TIMEOUT overrides it.
-DEFAULT_COMPILE_TIMEOUT = 300.0
+DEFAULT_COMPILE_TIMEOUT = settings.COMPILE_TIMEOUT.default
 TAG_MARKER = b"tftrt_py-build-tag:"  # kernel.cc's tftrt_py_build_tag starts with it
 
 _lock = threading.Lock()
@@ -67,7 +68,7 @@ def build_tag() -> str:
 
 def _compiler() -> list[str]:
     """The compiler command: $CXX (may hold arguments, e.g. "ccache g++"), else g++."""
-    env = os.environ.get("CXX", "").strip()
+    env = settings.CXX.raw()
     cmd = shlex.split(env) if env else ["g++"]
     found = shutil.which(cmd[0])
     if found is None:
@@ -82,17 +83,10 @@ def _compiler() -> list[str]:
 
 def compile_timeout() -> float:
     """Seconds a compile may run: $TFTRT_PY_COMPILE_TIMEOUT, else DEFAULT_COMPILE_TIMEOUT."""
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_COMPILE_TIMEOUT
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise OpLibraryError(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; set it to one "
-                             f"(default {DEFAULT_COMPILE_TIMEOUT:g}) or unset it")
-    return value
+        return settings.COMPILE_TIMEOUT.get()
+    except settings.SettingError as exc:
+        raise OpLibraryError(f"{exc}; set it to one (default {DEFAULT_COMPILE_TIMEOUT:g}) or unset it") from None
 
 
 def _flags() -> tuple[list[str], list[str]]:
@@ -109,7 +103,7 @@ def library_path() -> Path:
     digest = hashlib.sha256()
     for part in [*compile_flags, *link_flags, sys.version]:
         digest.update(b"\0" + part.encode())
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tftrt_py" / "ops"
+    root = settings.CACHE_DIR.raw() or Path.home() / ".cache" / "tftrt_py" / "ops"
     return Path(root) / f"{tf.__version__}-{digest.hexdigest()[:16]}" / LIBRARY_NAME
 
 
@@ -153,7 +147,7 @@ def _build_lock(path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_name(path.name + ".lock"), "w")
     except OSError as e:
-        origin = f"{CACHE_ENV}={os.environ[CACHE_ENV]}" if os.environ.get(CACHE_ENV) else "the default"
+        origin = f"{CACHE_ENV}={settings.CACHE_DIR.raw()}" if settings.CACHE_DIR.raw() else "the default"
         raise OpLibraryError(f"Cannot create the op library cache {path.parent} ({origin}): {e.strerror or e}; "
                              f"set {CACHE_ENV} to a writable directory") from e
     with lock:
@@ -241,7 +235,7 @@ def _tag(library: Path) -> Optional[str]:
 
 def prebuilt() -> Optional[Path]:
     """The library $TFTRT_PY_OP_LIBRARY names, checked against its digest file (if any) and build tag."""
-    name = os.environ.get(PREBUILT_ENV)
+    name = settings.OP_LIBRARY.raw()
     if not name:
         return None
     path = Path(name)

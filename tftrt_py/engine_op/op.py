@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import threading
 import weakref
 from typing import Dict, List, Optional, Sequence
@@ -17,6 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from tensorflow.core.framework import function_pb2
 
+from tftrt_py import settings
 from tftrt_py.convert import build as build_lib
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import NodeView
@@ -41,31 +41,23 @@ __all__ = ["EngineOp", "Stats", "NativeFallbackForbidden", "RecursiveSegmentErro
 logger = logging.getLogger(__name__)
 
 #: TF-TRT's switch: "0"/"false" forbids running the native segment (then it is an error).
-FALLBACK_ENV = "TF_TRT_ALLOW_ENGINE_NATIVE_SEGMENT_EXECUTION"
+FALLBACK_ENV = settings.NATIVE_FALLBACK.name
+#: "0" keeps every engine-op call in Python (no native replays, see engine.replay).
+REPLAY_ENV = settings.NATIVE_REPLAY.name
+#: Names the engine backend of engine ops (numpy, onnxruntime or cupy); default: the best available.
+BACKEND_ENV = settings.BACKEND.name
 
 
 def native_fallback_allowed() -> bool:
     """FALLBACK_ENV read as TF's ReadBoolFromEnvVar does: "0"/"false" (any case) forbid, "1"/"true" or unset
     allow, anything else is logged and allows."""
-    value = os.environ.get(FALLBACK_ENV, "").strip().lower()
-    if value in ("0", "false"):
-        return False
-    if value not in ("", "1", "true"):
-        logger.error("%s=%r is not a boolean (0, 1, false or true); native segment execution stays allowed",
-                     FALLBACK_ENV, os.environ[FALLBACK_ENV])
-    return True
-
-
-#: "0" keeps every engine-op call in Python (no native replays, see engine.replay).
-REPLAY_ENV = "TFTRT_PY_NATIVE_REPLAY"
+    return settings.NATIVE_FALLBACK.get()
 
 
 def native_replays_allowed() -> bool:
-    return os.environ.get(REPLAY_ENV, "1").strip().lower() not in ("0", "false")
+    return settings.NATIVE_REPLAY.get()
 
 
-#: Names the engine backend of engine ops ("numpy" or "cupy"); default: cupy when a GPU is usable.
-BACKEND_ENV = "TFTRT_PY_BACKEND"
 _backend_lock = threading.Lock()
 _backend_name: Optional[str] = None
 
@@ -75,7 +67,7 @@ def engine_backend() -> str:
     global _backend_name
     with _backend_lock:
         if _backend_name is None:
-            _backend_name = os.environ.get(BACKEND_ENV) or default_backend_name()
+            _backend_name = settings.BACKEND.get() or default_backend_name()
             if _backend_name == "numpy":
                 logger.warning("TRTEngineOp engines run on the CPU (numpy backend): no usable NVIDIA GPU with "
                                "cupy here; set %s=cupy to require the GPU", BACKEND_ENV)
@@ -424,7 +416,7 @@ class EngineOp:
         self.native[shapes] = detail
         if not native_fallback_allowed():
             raise NativeFallbackForbidden(f"User disallowed engine native segment execution ({FALLBACK_ENV}="
-                                          f"{os.environ[FALLBACK_ENV]}): {detail}")
+                                          f"{settings.NATIVE_FALLBACK.raw()}): {detail}")
         if reason not in self._logged:
             self._logged.add(reason)
             logger.warning("TRTEngineOp %s runs its native segment: %s", self.name, detail)

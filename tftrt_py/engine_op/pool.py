@@ -13,25 +13,22 @@ need one) or a new one; an exported context is never used from Python again.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from typing import Dict, List, Optional, Sequence
+
+from tftrt_py import settings
 
 __all__ = ["ContextPool", "CONTEXTS_ENV", "contexts_per_engine"]
 
 logger = logging.getLogger(__name__)
 
-CONTEXTS_ENV = "TFTRT_PY_CONTEXTS_PER_ENGINE"
+CONTEXTS_ENV = settings.CONTEXTS.name
 
 
 def contexts_per_engine() -> int:
-    value = os.environ.get(CONTEXTS_ENV, "4")
-    try:
-        return max(1, int(value))
-    except ValueError:
-        logger.error("%s=%r is not a whole number; using 4 execution contexts per engine", CONTEXTS_ENV, value)
-        return 4
+    """CONTEXTS_ENV, else 4 (a malformed value is logged)."""
+    return settings.CONTEXTS.get()
 
 
 class ContextPool:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import AbstractSet, Dict, FrozenSet, List, Optional
 
+from tftrt_py import settings
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView, NodeView, tensor_ref
 from tftrt_py.convert.ops import find_converter
@@ -15,7 +15,7 @@ __all__ = ["OP_DENYLIST_ENV", "UNSUPPORTED_DTYPES", "op_denylist", "classify"]
 logger = logging.getLogger(__name__)
 
 #: Comma-separated op types that never convert, read at each segmentation.
-OP_DENYLIST_ENV = "TF_TRT_OP_DENYLIST"
+OP_DENYLIST_ENV = settings.OP_DENYLIST.name
 
 #: Tensors of these dtypes never enter an engine.
 UNSUPPORTED_DTYPES = ("resource", "variant", "string")
@@ -23,7 +23,7 @@ UNSUPPORTED_DTYPES = ("resource", "variant", "string")
 
 def op_denylist() -> FrozenSet[str]:
     """The op types named in TF_TRT_OP_DENYLIST now."""
-    return frozenset(op.strip() for op in os.environ.get(OP_DENYLIST_ENV, "").split(",") if op.strip())
+    return settings.OP_DENYLIST.get()
 
 
 def classify(view: GraphView, order: List[NodeView], nodes_denylist: AbstractSet[str],

@@ -13,6 +13,8 @@ import sys
 import traceback
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from tftrt_py import settings
+
 __all__ = ["ToolError", "run_tool", "add_common_flags", "one_line", "table", "shape_str", "nbytes_str",
            "short_names"]
 
@@ -42,7 +44,7 @@ def run_tool(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace
     """Parse `argv` (exit 2 on bad arguments), run `body`, turn exceptions into exit code 1."""
     args = parser.parse_args(argv)
     verbose = getattr(args, "verbose", False)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    settings.CPP_MIN_LOG_LEVEL.set_default("0" if verbose else "2")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

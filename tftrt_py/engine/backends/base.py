@@ -8,11 +8,11 @@ arguments.
 from __future__ import annotations
 
 import abc
-import os
 from typing import AbstractSet, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.types import PRECISIONS
 
 __all__ = ["Backend", "Runner", "Allocate", "deliver", "flag", "strict_types"]
@@ -38,7 +38,7 @@ def flag(value) -> bool:
 def strict_types(engine) -> bool:
     """Whether `engine` keeps every quantized layer quantized even where another precision runs faster (TensorRT's
     strict types): its build config's ``strict_types``, else ``TFTRT_PY_STRICT_TYPES``."""
-    return flag((engine.build_config or {}).get("strict_types", os.environ.get("TFTRT_PY_STRICT_TYPES", "0")))
+    return flag((engine.build_config or {}).get("strict_types", settings.STRICT_TYPES.raw() or "0"))
 
 
 class Runner(abc.ABC):

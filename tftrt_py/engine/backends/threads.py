@@ -18,27 +18,15 @@ import sys
 import threading
 from typing import Iterator, Optional
 
+from tftrt_py import settings
+
 __all__ = ["THREADS_ENV", "LIBRARY_ENVS", "cpu_threads", "blas_limit"]
 
 logger = logging.getLogger(__name__)
 
-THREADS_ENV = "TFTRT_PY_CPU_THREADS"
-LIBRARY_ENVS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def _env_threads(name: str) -> Optional[int]:
-    """The positive count variable `name` holds (OpenMP's nested lists "4,2": the outer level), else None."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        n = int(value.split(",")[0])
-    except ValueError:
-        n = 0
-    if n < 1:
-        logger.warning("%s=%r is not a positive thread count: ignored", name, value)
-        return None
-    return n
+THREADS_ENV = settings.CPU_THREADS.name
+LIBRARY_ENVS = tuple(s.name for s in (settings.OMP_NUM_THREADS, settings.OPENBLAS_NUM_THREADS,
+                                      settings.MKL_NUM_THREADS))
 
 
 def _tensorflow_threads() -> Optional[int]:
@@ -60,8 +48,9 @@ def _affinity_threads() -> int:
 
 def cpu_threads() -> int:
     """How many threads a CPU backend may use (see the module's docstring for the order)."""
-    for name in (THREADS_ENV, *LIBRARY_ENVS):
-        n = _env_threads(name)
+    for setting in (settings.CPU_THREADS, settings.OMP_NUM_THREADS, settings.OPENBLAS_NUM_THREADS,
+                    settings.MKL_NUM_THREADS):
+        n = setting.get()
         if n is not None:
             return n
     return _tensorflow_threads() or _affinity_threads()

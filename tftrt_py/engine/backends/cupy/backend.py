@@ -3,10 +3,10 @@ per-context runners with CUDA-graph replay."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import AbstractSet, Dict
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger, OutOfGpuMemory
 from tftrt_py.engine.backends.base import Backend, flag, strict_types
@@ -47,11 +47,11 @@ class CupyBackend(Backend):
         from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
         cfg = engine.build_config or {}
-        allow_tf32 = flag(cfg.get("allow_tf32", os.environ.get("TFTRT_PY_ALLOW_TF32", "0")))
+        allow_tf32 = flag(cfg.get("allow_tf32", settings.ALLOW_TF32.raw() or "0"))
         strict = strict_types(engine)
         return BuildOptions(allow_tf32=allow_tf32, max_workspace=int(cfg.get("max_workspace_size", 1 << 30)),
-                            cudnn_plans=int(os.environ.get("TFTRT_PY_CUDNN_PLANS", "2")),
-                            cudnn_runtime_plans=int(os.environ.get("TFTRT_PY_CUDNN_RUNTIME_PLANS", "1")),
+                            cudnn_plans=settings.CUDNN_PLANS.get(),
+                            cudnn_runtime_plans=settings.CUDNN_RUNTIME_PLANS.get(),
                             strict_types=strict)
 
     def prepare_engine(self, engine) -> None:

@@ -9,13 +9,13 @@ what was being allocated.
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
 import weakref
 from fractions import Fraction
-from typing import Dict, Mapping, Optional
+from typing import Dict, Optional
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
 
 __all__ = ["KINDS", "BUDGET_ENV", "Budget", "Ledger", "OutOfGpuMemory", "parse_bytes", "process_budget"]
@@ -23,7 +23,7 @@ __all__ = ["KINDS", "BUDGET_ENV", "Budget", "Ledger", "OutOfGpuMemory", "parse_b
 KINDS = ("weights", "activations", "workspace", "io")
 
 #: The device bytes engine ops of this process may hold together: bytes, or a size such as 512MiB or 4GiB.
-BUDGET_ENV = "TFTRT_PY_GPU_MEMORY_BUDGET"
+BUDGET_ENV = settings.GPU_MEMORY_BUDGET.name
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -62,9 +62,9 @@ class Budget:
         self.peak = 0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Budget":
-        """The budget BUDGET_ENV sets (unset or empty: no limit); a malformed value raises ValueError."""
-        setting = environ.get(BUDGET_ENV, "").strip()
+    def from_setting(cls, text: Optional[str]) -> "Budget":
+        """The budget BUDGET_ENV's text sets (None or blank: no limit); a malformed size raises ValueError."""
+        setting = (text or "").strip()
         return cls(parse_bytes(setting) if setting else None, setting)
 
     def charge(self, nbytes: int, what: str) -> None:
@@ -93,7 +93,7 @@ def process_budget() -> Budget:
     global _process
     with _process_lock:
         if _process is None:
-            _process = Budget.from_env()
+            _process = Budget.from_setting(settings.GPU_MEMORY_BUDGET.raw())
         return _process
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec, fp8
@@ -287,7 +287,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     """Program for `engine`; `prefer` holds tactics recorded by an earlier build on this GPU."""
     net, precision = engine.network, engine.precision
     fp8.check_device(net.name, precision, _device.require().cuda.Device().compute_capability, _device.device_name())
-    tuner = Tuner(tuner_ctx, options, check=os.environ.get("TFTRT_PY_CHECK_TACTICS") == "1")
+    tuner = Tuner(tuner_ctx, options, check=settings.CHECK_TACTICS.get())
     build = _Builder(net, precision, options, prefer, plan_quantization(net, precision, tuner, options, prefer),
                      tuner)
     build.prog.ledger = ledger
@@ -304,7 +304,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     prog.weight_bytes = sum(int(getattr(w, "nbytes", 0)) if not isinstance(w, Op) else w.device_bytes
                             for w in build.weights)
     ledger.charge("weights", prog.weight_bytes)
-    prog.capture = os.environ.get("TFTRT_PY_CUDA_GRAPHS", "1") != "0"
+    prog.capture = settings.CUDA_GRAPHS.get()
     logger.info("cupy program for %s: %d steps, arena %.1f MiB, workspace %.1f MiB, weights %.1f MiB, "
                 "tactics in %.2f s", net.name, len(prog.steps), prog.arena_bytes / 2**20,
                 prog.workspace_bytes / 2**20, prog.weight_bytes / 2**20, time.perf_counter() - start)

@@ -14,7 +14,6 @@ context's own stream waits for each run on a caller's stream (a native replay, r
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -22,6 +21,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.backends import base
 from tftrt_py.engine.backends.cupy import _device, staging
 from tftrt_py.engine.backends.cupy.context import RunContext
@@ -89,7 +89,7 @@ class Runner(base.Runner):
         for slot in program.slots.values():
             if slot.place == "alias":
                 self.views[slot.name] = self._view(slot.name)
-        if os.environ.get("TFTRT_PY_POISON") == "1":  # NaN bytes everywhere: unwritten outputs show up
+        if settings.POISON.get():  # NaN bytes everywhere: unwritten outputs show up
             with self.rc.stream:
                 for mem, nbytes in [(self._arena, program.arena_bytes)] + [
                         (self.views[s.name].data, s.nbytes) for s in program.slots.values()

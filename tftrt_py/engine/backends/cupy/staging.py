@@ -20,13 +20,15 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
+
 __all__ = ["to_device", "from_pinned", "copy", "copy_threads"]
 
 logger = logging.getLogger(__name__)
 
 #: Arrays up to this size are copied in one piece; larger ones in chunks of this size.
 CHUNK_BYTES = 2 << 20
-THREADS_ENV = "TFTRT_PY_COPY_THREADS"
+THREADS_ENV = settings.COPY_THREADS.name
 
 _pool = None  # the copy workers, made on first use; False: copies run on the caller's thread
 _pool_lock = threading.Lock()
@@ -34,15 +36,7 @@ _pool_lock = threading.Lock()
 
 def copy_threads() -> int:
     """``TFTRT_PY_COPY_THREADS`` when it is a positive whole number, else up to 4 (the CPUs this process may use)."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if value:
-        try:
-            if int(value) > 0:
-                return int(value)
-        except ValueError:
-            pass
-        logger.error("%s=%r is not a positive whole number; using the default", THREADS_ENV, value)
-    return min(4, len(os.sched_getaffinity(0)))
+    return settings.COPY_THREADS.get() or min(4, len(os.sched_getaffinity(0)))
 
 
 def _workers() -> Optional[ThreadPoolExecutor]:

@@ -21,11 +21,11 @@ Hopper): building an FP8 engine on an older GPU is a BuildError saying what to u
 from __future__ import annotations
 
 import logging
-import os
 from typing import List, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
@@ -116,7 +116,7 @@ def fp8_conv_candidates(spec: Spec) -> List[Op]:
                   out_scale(spec, FP8), residual[1] if residual else None,
                   np.float32(dual) if dual is not None else None, "float32",
                   np.float32(res_scale) if has_residual and res_scale is not None else None, FP8)
-    force = os.environ.get("TFTRT_PY_FP8_CONV")  # tests: only this path ("triton", "fused" or "conv")
+    force = settings.FP8_CONV.get()  # tests: only this path ("triton", "fused" or "conv")
     cands: List[Op] = []
     if prefer.get("op") in (None, "triton_conv_fp8") and force in (None, "triton"):
         cands += triton_conv_candidates("FP8", geom, w, deq, residual, prefer)
@@ -155,7 +155,7 @@ def fp8_matmul_candidates(spec: Spec) -> List[Op]:
     algorithms for this product; none (the layer then runs in FP16) where neither has a kernel for it."""
     own = triton_matmul_candidates("FP8", spec, matmul_dequant(spec, FP8, "float32"))
     prefer = spec.prefer or {}
-    if prefer.get("op") not in (None, "cublaslt_gemm_fp8") or os.environ.get("TFTRT_PY_GEMM") == "triton":
+    if prefer.get("op") not in (None, "cublaslt_gemm_fp8") or settings.GEMM.get() == "triton":
         return own
     try:
         first = LtFp8MatMulOp(spec, 0)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 from typing import List, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device, cublaslt, kernels
 from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
@@ -244,7 +244,7 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
                   res_scale=np.float32(res_scale) if has_residual and res_scale is not None else None)
     w = cupy.asarray(w_q)
     prefer = spec.prefer or {}
-    force = os.environ.get("TFTRT_PY_INT8_CONV")  # tests: only this path ("gemm", "triton" or one of the fusions)
+    force = settings.INT8_CONV.get()  # tests: only this path ("gemm", "triton" or one of the fusions)
     cands: List[Op] = []
     if (_device.cudnn_module() is not None and prefer.get("op") in (None, "cudnn_conv_int8") and force != "gemm"
             and deq.res_scale is None):  # cuDNN's graphs here take a float residual as it is

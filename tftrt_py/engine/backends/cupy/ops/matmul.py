@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from typing import List, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device, cublaslt
 from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, quantized_candidates, register
@@ -30,7 +30,7 @@ MLP_COMBINATIONS = 64
 
 def gemm_paths(prefer: Optional[dict], cublas_op: str, lt_op: str) -> tuple:
     """(build the cuBLAS op, build the cuBLASLt ops): what a recorded tactic and TFTRT_PY_GEMM allow."""
-    force = os.environ.get("TFTRT_PY_GEMM")
+    force = settings.GEMM.get()
     op = (prefer or {}).get("op")
     lt = cublaslt.available() and force in (None, "cublaslt") and op in (None, lt_op)
     return force in (None, "cublas") and op in (None, cublas_op), lt

@@ -10,11 +10,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
 from typing import List, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device, triton
 from tftrt_py.engine.backends.cupy.cublaslt import REDUCED_GELU
 from tftrt_py.engine.backends.cupy.ops.base import Op
@@ -226,7 +226,7 @@ def triton_matmul_candidates(fmt: str, spec, deq: Dequant) -> List[Op]:
     epilogue pass. None where the product does not fit."""
     operands = gemm_operands(spec.quant, spec.params, spec.out_shapes[0])
     if (operands is None or (spec.prefer or {}).get("op") not in (None, f"triton_gemm_{fmt.lower()}")
-            or os.environ.get("TFTRT_PY_GEMM") not in (None, "triton")):  # tests: only this path, or another
+            or settings.GEMM.get() not in (None, "triton")):  # tests: only this path, or another
         return []
     rows, kp, n, w = operands
     ops = triton_conv_candidates(fmt, gemm_geom(rows, kp, n), _device.require().asarray(w), deq, None,
