@@ -63,12 +63,13 @@ _backend_name: Optional[str] = None
 
 
 def engine_backend() -> str:
-    """The backend engine ops build for, decided once per process (and said once when it is the CPU's)."""
+    """The backend engine ops build for, decided once per process (said once when, not chosen, it is numpy)."""
     global _backend_name
     with _backend_lock:
         if _backend_name is None:
-            _backend_name = settings.BACKEND.get() or default_backend_name()
-            if _backend_name == "numpy":
+            chosen = settings.BACKEND.get()
+            _backend_name = chosen or default_backend_name()
+            if _backend_name == "numpy" and chosen is None:  # the fallback of last resort, not a choice
                 logger.warning("TRTEngineOp engines run on the CPU (numpy backend): no usable NVIDIA GPU with "
                                "cupy here; set %s=cupy to require the GPU", BACKEND_ENV)
         if _backend_name == "cupy":  # TensorFlow's GPUs leave engines memory, or every engine op fails saying why
