@@ -104,15 +104,21 @@ class TrtGraphConverterV2:
         if not self._need_calibration and calibration_input_fn:
             raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
         library.load()
-        self._saved_model, self._func = graph_io.load_signature(
+        saved_model, func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
-        func = graph_io.freeze(self._func) if self.freeze else self._func
-        self._captures = {internal.op.name: external for external, internal in func.graph.captures}
-        self._input_names = [t.name for t in func.inputs if t.op.name not in self._captures]
         output_names = [t.name for t in func.outputs]
-        graph_def = graph_io.inline_calls(func.graph.as_graph_def(), keep={t.op.name for t in func.outputs})
-        graph_def = graph_io.optimize(graph_def, func.graph, self._input_names + output_names)
-        self._variable_reads = variables.variable_reads(graph_def, variables.captured_variables(func))
+        if self.freeze:  # the loaded model goes: the graph holds the weights now
+            graph_def, self._input_names = graph_io.frozen_graph_def(func)
+            self._func, graph, captured = graph_io.signature_of(func), tf.Graph(), {}
+            del saved_model, func
+        else:
+            self._saved_model, self._func, graph = saved_model, func, func.graph
+            self._captures = {internal.op.name: external for external, internal in func.graph.captures}
+            self._input_names = [t.name for t in func.inputs if t.op.name not in self._captures]
+            graph_def, captured = func.graph.as_graph_def(), variables.captured_variables(func)
+        graph_def = graph_io.inline_calls(graph_def, keep={n.split(":")[0] for n in output_names})
+        graph_def = graph_io.optimize(graph_def, graph, self._input_names + output_names)
+        self._variable_reads = variables.variable_reads(graph_def, captured)
         view = variables.WeightsView(graph_def, self._variable_reads) if self._variable_reads else GraphView(graph_def)
         params = self._params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names,

@@ -2,6 +2,7 @@
 function from a GraphDef."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -17,7 +18,8 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
-__all__ = ["load_signature", "freeze", "inline_calls", "optimize", "function_from_graph_def", "SavedModelError"]
+__all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
+           "function_from_graph_def", "SavedModelError"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,31 @@ def freeze(func):
     it convert (lowered Enter/Merge/Switch/NextIteration frames would put a cycle in the graph).
     """
     return convert_to_constants.convert_variables_to_constants_v2(func, lower_control_flow=False)
+
+
+def frozen_graph_def(func):
+    """(GraphDef of `func` with its variables as constants, names of its remaining input tensors), as
+    :func:`freeze` gives, without importing the GraphDef into another function."""
+    data = convert_to_constants._FunctionConverterDataInEager(  # pylint: disable=protected-access
+        func=func, lower_control_flow=False, aggressive_inlining=False)
+    graph_def, converted = convert_to_constants._replace_variables_by_constants(  # pylint: disable=protected-access
+        converter_data=data)
+    captured = {id(func.graph.internal_captures[i]) for i in converted}
+    return graph_def, [t.name for t in func.inputs if id(t) not in captured]
+
+
+def signature_of(func):
+    """What :func:`function_from_graph_def` reads of `func` (input signature, output structure), holding
+    none of its graph, captures or variables."""
+    return Signature(func.structured_input_signature, nest.map_structure(lambda _: None, func.structured_outputs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """A function's input signature and output nesting (leaves None)."""
+
+    structured_input_signature: tuple
+    structured_outputs: object
 
 
 def inline_calls(graph_def, keep: AbstractSet[str] = frozenset()):
