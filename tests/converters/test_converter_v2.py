@@ -1,10 +1,12 @@
 """TrtGraphConverterV2 end to end: convert, build, save, load, serve — and its errors."""
+import gc
 import re
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from support import random_array, run_json_process
 from threads import run_threads
@@ -158,6 +160,21 @@ def test_save_before_build_stores_no_engines(saved_model, tmp_path):
     x = random_array((2, 16))
     (outputs,), stats = run_loaded(str(tmp_path / "converted"), [{"features": x}])
     assert stats[only_engine(converter)]["builds"] == 1  # built on first use instead
+
+
+def test_native_segment_functions_leave_the_eager_context_with_the_last_function_using_them(saved_model, tmp_path):
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"))
+    func = converter.convert()
+    converter.save(str(tmp_path / "converted"))
+    name = f"{only_engine(converter)}_native_segment"
+    converter = None
+    gc.collect()
+    x = tf.constant(random_array((2, 16)))
+    assert context.context().has_function(name)  # the function convert() returned still runs it
+    func(features=x)
+    func = None
+    gc.collect()
+    assert not context.context().has_function(name)
 
 
 @pytest.mark.parametrize("max_engines, expected", [(1, dict(builds=3, evictions=2, hits=1)),

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import weakref
 from typing import AbstractSet, Dict, Iterator, List, Sequence
 
 import tensorflow as tf
@@ -271,8 +272,41 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
         for name, tensor in (captures or {}).items():
             graph.add_capture(tensor, graph.get_tensor_by_name(f"{name}:0"))
 
+    names = [f.signature.name for f in graph_def.library.function]
+    ours = [n for n in names if n in _LIBRARY_USERS or not ctx.has_function(n)]
     wrapped = wrap_function.wrap_function(import_graph_def, [])
     element = wrapped.graph.as_graph_element
     fetches = nest.pack_sequence_as(func.structured_outputs, [element(n) for n in output_names])
-    return wrapped.prune([element(n) for n in input_names], fetches,
-                         input_signature=func.structured_input_signature)
+    pruned = wrapped.prune([element(n) for n in input_names], fetches,
+                           input_signature=func.structured_input_signature)
+    ours = [n for n in ours if ctx.has_function(n)]
+    defined = wrapped.graph._functions  # pylint: disable=protected-access
+    for name in ours:
+        _LIBRARY_USERS[name] = _LIBRARY_USERS.get(name, 0) + 1
+        if name in defined:
+            _LIBRARY_DEFINED.setdefault(name, []).append(weakref.ref(defined[name]))
+    weakref.finalize(pruned, _release_library, ours).atexit = False
+    return pruned
+
+
+#: Library function name -> live functions of function_from_graph_def that added it to the eager context.
+_LIBRARY_USERS: Dict[str, int] = {}
+#: Library function name -> the graph functions (TF's _DefinedFunction) of those functions defining it.
+_LIBRARY_DEFINED: Dict[str, List[weakref.ref]] = {}
+
+
+def _release_library(names) -> None:
+    """A function of function_from_graph_def went: the library functions no other such function uses leave
+    the eager context (each holds its Consts, e.g. a native segment's weights)."""
+    ctx = context.context()
+    for name in names:
+        _LIBRARY_USERS[name] -= 1
+        if _LIBRARY_USERS[name]:
+            continue
+        del _LIBRARY_USERS[name]
+        for ref in _LIBRARY_DEFINED.pop(name, ()):
+            defined = ref()
+            if defined is not None:  # its deleter takes back its own registration now, not after ours went
+                defined._function_deleter = None  # pylint: disable=protected-access
+        while ctx.has_function(name):  # the context counts each registration
+            ctx.remove_function(name)
