@@ -98,6 +98,11 @@ def names(text: str) -> frozenset:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
+def path_or_off(text: str) -> Optional[str]:
+    """A file path, or None for 0/off/false/none (the feature is off)."""
+    return None if text.lower() in ("0", "off", "false", "none") else text
+
+
 def first_count(text: str) -> int:
     """A positive thread count; OpenMP's nested lists ("4,2") give their outer level."""
     return whole(1)(text.split(",")[0])
@@ -158,6 +163,8 @@ CUDNN_PLANS = Setting("TFTRT_PY_CUDNN_PLANS", 2, "cuDNN plans built and timed pe
                       expect="a whole number of at least 1")
 CUDNN_RUNTIME_PLANS = Setting("TFTRT_PY_CUDNN_RUNTIME_PLANS", 1, "of those, how many cuDNN may compile at run time",
                               whole(0), strict=True, expect="a whole number")
+TIMING_CACHE = Setting("TFTRT_PY_TIMING_CACHE", os.path.join("~", ".cache", "tftrt_py", "timing_cache.json"),
+                       "the cupy backend's timing cache file (0/off: none)", path_or_off)
 CHECK_TACTICS = Setting("TFTRT_PY_CHECK_TACTICS", False, "1: each cupy tactic candidate is checked against numpy",
                         lambda text: text == "1")
 GEMM = Setting("TFTRT_PY_GEMM", None, "tests: the only cupy GEMM path (cublas, cublaslt or triton)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, Union
 
 from tftrt_py.engine.builder import passes
 from tftrt_py.engine.builder.precision import assign_precisions
@@ -16,6 +16,7 @@ from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv
                                              normalization, reduce, shuffle)
 from tftrt_py.engine.errors import BuildError, EngineError
 from tftrt_py.engine.runtime import Engine
+from tftrt_py.engine.timing_cache import TimingCache, using
 from tftrt_py.engine.types import PRECISIONS
 
 __all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES"]
@@ -68,11 +69,22 @@ class BuilderConfig:
     lint: bool = False
     #: INT8 layers stay int8 on the GPU even where their fp16 kernel is faster (TensorRT's strict types).
     strict_types: bool = False
+    #: The timing cache the GPU backend's tactic selection reads and fills: None for the process's default
+    #: (``TFTRT_PY_TIMING_CACHE``), a TimingCache for that one, False for none. Plans do not record it.
+    timing_cache: Union[None, bool, TimingCache] = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         self.precision = self.precision.upper()
         if self.precision not in PRECISIONS:
             raise BuildError(f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        cache = self.timing_cache
+        if not (cache is None or cache is False or isinstance(cache, TimingCache)):
+            raise BuildError(f"timing_cache is {self.timing_cache!r}; use None (the default cache), False (none) or "
+                             f"a TimingCache")
+
+    def recorded(self) -> dict:
+        """The fields a plan records (every one but the timing cache)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "timing_cache"}
 
 
 class Builder:
@@ -112,8 +124,9 @@ class Builder:
         except EngineError as exc:
             raise BuildError(f"building {network.name!r} failed: {exc}") from exc
         assign_precisions(network, self.config.precision)  # once, after the fixed point (precision.py)
-        engine = Engine(network, precision=self.config.precision, backend=self.config.backend,
-                        build_config=dataclasses.asdict(self.config))
+        with using(self.config.timing_cache):
+            engine = Engine(network, precision=self.config.precision, backend=self.config.backend,
+                            build_config=self.config.recorded())
         logger.info("built engine %s: %d layers in %.3f s", network.name, len(network.layers),
                     time.perf_counter() - start)
         return engine

@@ -2,11 +2,13 @@
 per-context runners with CUDA-graph replay."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import AbstractSet, Dict
 
 from tftrt_py import settings
+from tftrt_py.engine import timing_cache
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.memory import Ledger, OutOfGpuMemory
 from tftrt_py.engine.backends.base import Backend, flag, strict_types
@@ -57,7 +59,8 @@ class CupyBackend(Backend):
     def prepare_engine(self, engine) -> None:
         """Compile `engine` for this GPU: choose (or re-use) tactics and upload weights.
 
-        A plan whose tactics were chosen on another GPU is re-tuned here (and says so).
+        A plan whose tactics were chosen on another GPU is re-tuned here (and says so). Choices are read from and
+        recorded in the build's timing cache (engine/timing_cache.py), saved to its file once the program is built.
         """
         from tftrt_py.engine.backends.cupy.program import compile_program
 
@@ -69,6 +72,7 @@ class CupyBackend(Backend):
                 logger.warning("engine %r was tuned on %r; this GPU is %r: re-tuning its tactics", engine.name,
                                engine.device, self.device)
         options = self.options_for(engine)
+        options.timing_cache = timing_cache.for_build()
         ledger = Ledger(engine.name)
         from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK
 
@@ -92,6 +96,7 @@ class CupyBackend(Backend):
         engine.device = self.device
         engine.build_config = dict(engine.build_config, allow_tf32=options.allow_tf32)
         engine.cupy_program = program
+        _save(options.timing_cache)
 
     # -- run ------------------------------------------------------------------------------------------------
     def create_runner(self, engine):
@@ -107,3 +112,20 @@ class CupyBackend(Backend):
         """Device bytes the engine holds: weights, activations, workspace, io, total, peak."""
         program = getattr(engine, "cupy_program", None)
         return program.ledger.report() if program is not None else {}
+
+
+def _save(cache) -> None:
+    """Write what this build recorded to the cache's file; a failure is said (once per reason), not raised: the
+    engine is built."""
+    if cache is None or cache.path is None or not cache.unsaved:
+        return
+    try:
+        cache.save()
+    except OSError as exc:
+        _warn_once(f"could not save the timing cache {cache.path} ({type(exc).__name__}: {exc.strerror or exc}): "
+                   f"later builds time their tactics again")
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logger.warning("%s", message)

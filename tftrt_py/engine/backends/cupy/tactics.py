@@ -7,26 +7,33 @@ timed one after another, candidates timed while clocks rise or other work shares
 timed later for no reason of their own.
 
 Layers with the same signature (kind, shapes, dtypes, params) share the choice, and a tactic
-recorded in a plan for this GPU is rebuilt directly instead of being timed again.
+recorded in a plan for this GPU, or in the timing cache (engine/timing_cache.py) for this GPU, these
+library versions and these build options, is rebuilt directly instead of being timed again.
 With ``TFTRT_PY_CHECK_TACTICS=1`` every candidate is also checked against the numpy backend on
 the same random inputs and dropped (with a warning) when it disagrees.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
+import json
 import logging
 import statistics
 import threading
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+import tftrt_py
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.errors import BackendError
+from tftrt_py.engine.timing_cache import TimingCacheError, TimingKey
 
-__all__ = ["Tuner", "KeepAlive", "capture", "CAPTURE_LOCK"]
+__all__ = ["Tuner", "KeepAlive", "capture", "CAPTURE_LOCK", "device_versions"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +86,34 @@ def _matches(tactic: dict, prefer: dict) -> bool:
     return all(tactic.get(k) == prefer.get(k) for k in _MATCH_KEYS if k in prefer)
 
 
+def _distribution(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def device_versions() -> Dict[str, object]:
+    """This GPU and the versions of what builds and runs its kernels: the timing cache's device key."""
+    cupy = _device.require()
+    runtime = cupy.cuda.runtime
+    found = {"gpu": _device.device_name(), "tftrt_py": tftrt_py.__version__, "cupy": cupy.__version__,
+             "cuda_runtime": runtime.runtimeGetVersion(), "cuda_driver": runtime.driverGetVersion(),
+             "nvmath": _distribution("nvmath-python"), "triton": _distribution("triton")}
+    cudnn = _device.cudnn_module()
+    if cudnn is not None:
+        found.update(cudnn=cudnn.backend_version(), cudnn_frontend=getattr(cudnn, "__version__", None))
+    return found
+
+
 class Tuner:
     def __init__(self, rc, options, check: bool = False):
         self.rc, self.options, self.check = rc, options, check
         self.chosen: Dict[str, dict] = {}
         self.report: List[dict] = []
+        self.cache = options.timing_cache if options is not None else None
+        self._context: Optional[TimingKey] = None  # the options and device parts of this tuner's cache keys
         self._buffers: Dict[tuple, object] = {}
         self._busy_at = float("-inf")  # time.monotonic() when this tuner last timed something
 
@@ -113,20 +143,10 @@ class Tuner:
     # -- choice ------------------------------------------------------------------------------------
     def choose(self, spec: Spec, factory) -> Tuple[Op, dict]:
         sig = spec.signature()
-        prefer = spec.prefer or self.chosen.get(sig)
-        if prefer is not None and not self.check:
-            try:
-                cands = [c for c in factory(dataclasses.replace(spec, prefer=prefer)) if _matches(c.tactic, prefer)]
-            except Exception as exc:
-                logger.debug("recorded tactic for %s failed to build: %s", spec.layer.name, exc)
-                cands = []
-            if cands:
-                record = {"candidates": 1, **prefer, **cands[0].tactic}  # keeps ms and notes like int8
-                self.chosen.setdefault(sig, record)
-                return cands[0], record
-            if spec.prefer is not None:
-                logger.info("tactic %s recorded for %s is not available on this GPU: re-tuning", prefer,
-                            spec.layer.name)
+        found = None if self.check else self._recorded(spec, sig, factory)
+        if found is not None:
+            self.chosen.setdefault(sig, found[1])
+            return found
         cands = factory(dataclasses.replace(spec, prefer=None))
         if not cands:
             raise BackendError(f"no GPU implementation of {spec.layer.kind} layer {spec.layer.name!r} for these "
@@ -143,19 +163,92 @@ class Tuner:
             fitting = self._time_all(spec, fitting)
             record = dict(fitting[0].tactic, ms=round(fitting[0].ms, 5), candidates=len(cands))
         self.chosen[sig] = record
+        self._remember(sig, record, spec.layer.name)
         return fitting[0], record
 
+    def _recorded(self, spec: Spec, sig: str, factory) -> Optional[Tuple[Op, dict]]:
+        """(op, record) of a recorded tactic that still builds: the plan's for this layer or this build's for the
+        same signature, else the timing cache's; None where none does."""
+        earlier = spec.prefer or self.chosen.get(sig)
+        found = self._rebuild(spec, factory, earlier)
+        if found is not None:
+            return found
+        if spec.prefer is not None:
+            logger.info("tactic %s recorded for %s is not available on this GPU: re-tuning", spec.prefer,
+                        spec.layer.name)
+        cached = self._lookup(sig)
+        if cached is None or cached == earlier:
+            return None
+        found = self._rebuild(spec, factory, cached)
+        if found is None:
+            logger.info("tactic %s of the timing cache for %s no longer builds here: timing its candidates", cached,
+                        spec.layer.name)
+        return found
+
+    @staticmethod
+    def _rebuild(spec: Spec, factory, prefer: Optional[dict]) -> Optional[Tuple[Op, dict]]:
+        """(op, record) of the candidate matching the recorded tactic `prefer`, or None."""
+        if prefer is None:
+            return None
+        try:
+            cands = [c for c in factory(dataclasses.replace(spec, prefer=prefer)) if _matches(c.tactic, prefer)]
+        except Exception as exc:
+            logger.debug("recorded tactic for %s failed to build: %s", spec.layer.name, exc)
+            return None
+        # (the record keeps ms and notes like int8)
+        return (cands[0], {"candidates": 1, **prefer, **cands[0].tactic}) if cands else None
+
+    # -- the timing cache ------------------------------------------------------------------------------------
+    def _key(self, what: str) -> Optional[TimingKey]:
+        """The cache key of `what` (a layer signature, or an op's timing) under this tuner's options on this GPU;
+        None without a cache."""
+        if self.cache is None:
+            return None
+        if self._context is None:
+            o = self.options
+            options = {"allow_tf32": bool(o.allow_tf32), "strict_types": bool(o.strict_types),
+                       "max_workspace": int(o.max_workspace),
+                       "cudnn_plans": o.cudnn_plans, "cudnn_runtime_plans": o.cudnn_runtime_plans,
+                       "gemm": settings.GEMM.raw(), "int8_conv": settings.INT8_CONV.raw(),
+                       "fp8_conv": settings.FP8_CONV.raw()}
+            self._context = TimingKey.of("", options, device_versions())
+        return self._context._replace(layer=what)
+
+    def _lookup(self, what: str) -> Optional[dict]:
+        key = None if self.check else self._key(what)
+        return self.cache.lookup(key) if key is not None else None
+
+    def _remember(self, what: str, record: dict, name: str) -> None:
+        key = self._key(what)
+        if key is None:
+            return
+        try:
+            self.cache.record(key, record)
+        except TimingCacheError as exc:
+            logger.warning("the timing cache cannot hold the tactic of %s: %s", name, exc)
+
+    # -- timing ----------------------------------------------------------------------------------------------
     def fastest_ms(self, spec: Spec, factory) -> float:
         """Milliseconds of `spec`'s fastest tactic on this GPU (timed even when it is the only one)."""
         op, record = self.choose(spec, factory)
         if record.get("ms") is None:
             record["ms"] = round(self._time_all(spec, [op])[0].ms, 5)
+            if spec.prefer is None:
+                self._remember(spec.signature(), record, spec.layer.name)
         return record["ms"]
 
     def op_ms(self, op: Op, in_shapes, in_dtypes, out_shapes, out_dtypes) -> float:
-        """Milliseconds of one run of `op` on random operands of these shapes and dtypes."""
+        """Milliseconds of one run of `op` on random operands of these shapes and dtypes (the timing cache's, where
+        it holds them)."""
+        what = json.dumps(["op", type(op).__name__, op.tactic, in_shapes, in_dtypes, out_shapes, out_dtypes],
+                          sort_keys=True, default=str)
+        cached = self._lookup(what)
+        if cached is not None and type(cached.get("ms")) is float:
+            return cached["ms"]
         ins, outs = self._io(in_shapes, in_dtypes, out_shapes, out_dtypes)
-        return self._time(op, ins, outs)
+        ms = self._time(op, ins, outs)
+        self._remember(what, {"ms": ms}, type(op).__name__)
+        return ms
 
     def _io(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
         return ([self._buffer(s, d, f"in{i}") for i, (s, d) in enumerate(zip(in_shapes, in_dtypes))],

@@ -85,6 +85,8 @@ class BuildOptions:
     strict_types: bool = False
     #: The backend's tuning context (stream, handles, workspace) for building cuDNN plans.
     tuner: Any = None
+    #: The engine.timing_cache.TimingCache the tuner reads and fills (None: every choice is timed).
+    timing_cache: Any = None
 
 
 @dataclasses.dataclass
