@@ -3,21 +3,26 @@ function from a GraphDef."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import logging
 import os
 import weakref
-from typing import AbstractSet, Dict, Iterator, List, Sequence
+from typing import AbstractSet, Dict, Iterator, List, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import config_pb2, fingerprint_pb2, meta_graph_pb2
+from tensorflow.core.function.polymorphism import function_type as function_type_lib
 from tensorflow.python.eager import context, wrap_function
+from tensorflow.python.eager.polymorphic_function import atomic_function
 from tensorflow.python.framework import convert_to_constants, function_def_to_graph
 from tensorflow.python.grappler import tf_optimizer
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
+
+from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
            "function_from_graph_def", "SavedModelError"]
@@ -239,10 +244,48 @@ def _called_functions(nodes, library) -> set:
     return used
 
 
+#: Consts of at least this many bytes (weights) pass through grappler as Placeholders of their dtype and shape.
+LARGE_CONST_BYTES = 1 << 16
+
+
 def optimize(graph_def, graph, fetch_names: Sequence[str]):
-    """Run grappler's constant folding and friends, keeping the fetched tensors."""
+    """Run grappler's constant folding and friends, keeping the fetched tensors.
+
+    Grappler copies the graph several times over (meta graph, serialized, its own item, folded result), so a
+    model's weights would be copied as often: the Consts of LARGE_CONST_BYTES or more go through it as
+    Placeholders and come back afterwards. Folding stops at them (a Cast or Transpose of a weight stays an op;
+    the engines fold it when they are built) and everything smaller folds as before.
+    """
+    light = graph_pb2.GraphDef()
+    light.versions.CopyFrom(graph_def.versions)
+    light.library.CopyFrom(graph_def.library)
+    weights = {}
     for node in graph_def.node:
-        node.device = ""
+        if node.op == "Const" and node.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES:
+            weights[node.name] = node
+            stand_in = light.node.add(name=node.name, op="Placeholder", input=node.input)
+            stand_in.attr["dtype"].type = node.attr["dtype"].type
+            stand_in.attr["shape"].shape.CopyFrom(node.attr["value"].tensor.tensor_shape)
+        else:
+            light.node.add().CopyFrom(node)
+            light.node[-1].device = ""
+    optimized = _grappler(light, graph, fetch_names)
+    if not weights:
+        return optimized
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(optimized.versions)
+    out.library.CopyFrom(optimized.library)
+    for node in optimized.node:
+        weight = weights.get(node.name) if node.op == "Placeholder" else None
+        out.node.add().CopyFrom(node if weight is None else weight)
+        if weight is not None:
+            del out.node[-1].input[:]
+            out.node[-1].input.extend(node.input)
+            out.node[-1].device = ""
+    return out
+
+
+def _grappler(graph_def, graph, fetch_names: Sequence[str]):
     meta_graph = saver.export_meta_graph(graph_def=graph_def, graph=graph)
     fetches = meta_graph_pb2.CollectionDef()
     fetches.node_list.value.extend(fetch_names)
@@ -260,25 +303,37 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
     Input names, output names and nesting (dicts keep their key order), dtypes and shapes
     come from `func`; `input_names` are the graph's tensors fed by `func`'s flat inputs,
     `captures` maps further Placeholder names to outside tensors (captured by the function).
+
+    The engine ops' native segment functions (which hold the segments' weights) go into the eager context once
+    each, shared by every function made from the same definitions (see :func:`_segment_function`), rather than
+    through the graph import, which would copy each several times over; the rest of the library is imported with
+    the graph.
     """
     ctx = context.context()
-    for f in graph_def.library.function:  # replace stale definitions of the same name, keep identical ones
+    segment_names = {n.attr["segment_func"].func.name for n in graph_def.node if n.op == ENGINE_OP}
+    segments = [_segment_function(f) for f in graph_def.library.function if f.signature.name in segment_names]
+    rest = graph_pb2.GraphDef(versions=graph_def.versions, node=graph_def.node)
+    rest.library.function.extend(f for f in graph_def.library.function if f.signature.name not in segment_names)
+    rest.library.gradient.extend(graph_def.library.gradient)
+    for f in rest.library.function:  # replace stale definitions of the same name, keep identical ones
         while ctx.has_function(f.signature.name) and ctx.get_function_def(f.signature.name) != f:
             ctx.remove_function(f.signature.name)
 
     def import_graph_def():
-        tf.graph_util.import_graph_def(graph_def, name="")
+        tf.graph_util.import_graph_def(rest, name="")
         graph = tf.compat.v1.get_default_graph()
         for name, tensor in (captures or {}).items():
             graph.add_capture(tensor, graph.get_tensor_by_name(f"{name}:0"))
 
-    names = [f.signature.name for f in graph_def.library.function]
+    names = [f.signature.name for f in rest.library.function]
     ours = [n for n in names if n in _LIBRARY_USERS or not ctx.has_function(n)]
     wrapped = wrap_function.wrap_function(import_graph_def, [])
     element = wrapped.graph.as_graph_element
     fetches = nest.pack_sequence_as(func.structured_outputs, [element(n) for n in output_names])
     pruned = wrapped.prune([element(n) for n in input_names], fetches,
                            input_signature=func.structured_input_signature)
+    # the function keeps its native segments registered, and a SavedModel of it holds them (save exports children)
+    pruned._inference_function._children.extend(segments)  # pylint: disable=protected-access
     ours = [n for n in ours if ctx.has_function(n)]
     defined = wrapped.graph._functions  # pylint: disable=protected-access
     for name in ours:
@@ -287,6 +342,32 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
             _LIBRARY_DEFINED.setdefault(name, []).append(weakref.ref(defined[name]))
     weakref.finalize(pruned, _release_library, ours).atexit = False
     return pruned
+
+
+#: Native segment function name -> (digest of its definition, weak reference to its AtomicFunction).
+_SEGMENTS: Dict[str, Tuple[bytes, weakref.ref]] = {}
+
+
+def _segment_function(fdef):
+    """The AtomicFunction of native segment function `fdef`, registered in the eager context once per definition:
+    functions made from the same definition share it, and the last of them to go takes it out of the context
+    (TensorFlow counts the AtomicFunctions of each name)."""
+    name = fdef.signature.name
+    digest = hashlib.sha256(fdef.SerializeToString(deterministic=True)).digest()
+    known = _SEGMENTS.get(name)
+    atomic = known[1]() if known is not None and known[0] == digest else None
+    if atomic is not None:
+        return atomic
+    ctx = context.context()
+    while ctx.has_function(name):  # a stale definition of the same name
+        ctx.remove_function(name)
+    ctx.add_function_def(fdef)
+    spec = lambda arg: tf.TensorSpec(None, tf.as_dtype(arg.type))  # noqa: E731
+    function_type = function_type_lib.from_structured_signature(
+        (tuple(spec(a) for a in fdef.signature.input_arg), {}), [spec(a) for a in fdef.signature.output_arg])
+    atomic = atomic_function.AtomicFunction(name, ctx, function_type)
+    _SEGMENTS[name] = (digest, weakref.ref(atomic))
+    return atomic
 
 
 #: Library function name -> live functions of function_from_graph_def that added it to the eager context.

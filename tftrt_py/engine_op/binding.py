@@ -4,8 +4,8 @@ An engine restored from a file serves an op only when the digests agree, so a fo
 The digest must not change under transformations that keep the computation: ``tf.saved_model.load`` renames
 functions and may reorder a function's nodes, and ``convert_variables_to_constants_v2`` (the user guide's freeze
 step) re-serializes the library with nodes in another order and other names. So the segment is hashed as a
-dataflow graph (a Merkle digest): each node's digest is its op, its attributes and the digests of its inputs, in
-input order; names, node order, devices and framework annotations (attributes starting with ``_``) take no part.
+dataflow graph (a Merkle digest): each node's digest is its op, the digests of its attributes (a weight's bytes are
+hashed where they lie, never copied into text) and the digests of its inputs, in input order; names, node order, devices and framework annotations (attributes starting with ``_``) take no part.
 """
 from __future__ import annotations
 
@@ -96,14 +96,14 @@ def _node_digest(node, digests: Mapping[str, str], callees: Mapping[str, object]
         elif value.HasField("list") and value.list.func:
             attrs[key] = ["funcs", [_callee(f, callees, seen) for f in value.list.func]]
         else:
-            attrs[key] = value.SerializeToString(deterministic=True).hex()
+            attrs[key] = _attr_digest(value)
     op = _callee_digest(node.op, callees, seen) if node.op in callees else node.op
     return _sha(json.dumps([op, data, sorted(control), attrs]))
 
 
 def _callee(func, callees, seen) -> list:
     """A func attribute by the callee's digest (or name) and its instantiation attributes."""
-    attrs = {k: func.attr[k].SerializeToString(deterministic=True).hex() for k in sorted(func.attr)}
+    attrs = {k: _attr_digest(func.attr[k]) for k in sorted(func.attr)}
     return [_callee_digest(func.name, callees, seen), attrs]
 
 
@@ -113,6 +113,10 @@ def _callee_digest(name: str, callees, seen) -> str:
     if name not in seen:
         seen[name] = function_digest(callees[name], callees, seen)
     return seen[name]
+
+
+def _attr_digest(value) -> str:
+    return hashlib.sha256(value.SerializeToString(deterministic=True)).hexdigest()
 
 
 def _sha(text: str) -> str:
