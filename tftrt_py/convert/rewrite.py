@@ -137,38 +137,35 @@ def rewrite(graph_def, view: GraphView, segments: Sequence, attrs: EngineOpAttrs
             return "^" + owner.get(ref[1:], ref[1:])
         return refmap.get(tensor_ref(*split_ref(ref)), ref)
 
-    def copy_inputs(node, inputs, self_name):
-        mapped = [remap(r) for r in inputs]
+    def mapped_inputs(node) -> List[str]:
         seen, result = set(), []
-        for r in mapped:
-            if r.startswith("^") and (r in seen or r[1:] == self_name):
+        for r in map(remap, node.input):
+            if r.startswith("^") and (r in seen or r[1:] == node.name):
                 continue
             seen.add(r)
             result.append(r)
-        del node.input[:]
-        node.input.extend(result)
+        return result
 
-    for node in graph_def.node:
-        if node.name in owner:
+    nodes = [node for node in graph_def.node if node.name not in owner] + engines
+    inputs = {node.name: mapped_inputs(node) for node in nodes}
+    dropped = _unused_copies(inputs, {c for seg in segments for c in seg.copied_nodes}, fetches)
+    for node in nodes:  # each node copied once (a GraphDef's memory only grows: nothing is added to be removed)
+        if node.name in dropped:
             continue
         new = out.node.add()
         new.CopyFrom(node)
-        copy_inputs(new, node.input, node.name)
-    for node in engines:
-        new = out.node.add()
-        new.CopyFrom(node)
-        copy_inputs(new, node.input, node.name)
-    _drop_unused_copies(out, {c for seg in segments for c in seg.copied_nodes}, fetches)
+        del new.input[:]
+        new.input.extend(inputs[node.name])
     return out, {f: remap(f) for f in fetches}
 
 
-def _drop_unused_copies(graph_def, copies, fetches) -> None:
-    """Remove the nodes of `copies` (Consts, shape computations) that nothing reads any more."""
+def _unused_copies(inputs: Dict[str, List[str]], copies, fetches) -> set:
+    """The nodes of `copies` (Consts, shape computations) that nothing reads any more, given each node's inputs."""
+    dropped: set = set()
     while True:
-        used = {split_ref(r.lstrip("^"))[0] for n in graph_def.node for r in n.input}
+        used = {split_ref(r.lstrip("^"))[0] for name, refs in inputs.items() if name not in dropped for r in refs}
         used |= {split_ref(f)[0] for f in fetches}
-        keep = [n for n in graph_def.node if n.name not in copies or n.name in used]
-        if len(keep) == len(graph_def.node):
-            return
-        del graph_def.node[:]
-        graph_def.node.extend(keep)
+        more = {name for name in inputs if name in copies and name not in used and name not in dropped}
+        if not more:
+            return dropped
+        dropped |= more

@@ -23,7 +23,7 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
 from tftrt_py.engine_op import dispatcher, library
-from tftrt_py.engine_op.cache import engine_asset_name, pack_plans
+from tftrt_py.engine_op.cache import engine_asset_name, write_plans
 from tftrt_py.segmenter import segment_graph
 
 __all__ = ["TrtGraphConverterV2"]
@@ -132,6 +132,8 @@ class TrtGraphConverterV2:
         if self._use_dynamic_shape:
             attrs.profile_strategy = self._profile_strategy
         converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
+        engine_ops = len(segments)
+        del graph_def, view, result, segments  # the converted graph holds the weights now: one copy, not three
         # the engine ops outlive the functions and sessions this converter makes and drops, until it goes
         weakref.finalize(self, dispatcher.pin(n.attr["segment_key"].s.decode() for n in converted.node
                                               if n.op == ENGINE_OP))
@@ -140,7 +142,7 @@ class TrtGraphConverterV2:
         self._converted_graph_def = converted
         self._converted_func = graph_io.function_from_graph_def(self._func, converted, self._input_names,
                                                                 self._output_names, self._captures)
-        logger.info("converted %s: %d engine op(s)%s", self._input_saved_model_dir, len(segments),
+        logger.info("converted %s: %d engine op(s)%s", self._input_saved_model_dir, engine_ops,
                     "" if self.freeze else f", {len(self._variable_reads)} variable read(s) kept")
         if self._need_calibration:
             self._execute_calibration(calibration_input_fn)
@@ -295,12 +297,13 @@ class TrtGraphConverterV2:
                 continue
             node.attr[ALLOW_BUILD_ATTR].b = self._params.allow_build_at_runtime
             op = dispatcher.find(node.attr["segment_key"].s.decode())
-            plans = [e.serialize() for e in op.engines()] if op else []
-            if not plans:  # as TF-TRT: an op that built nothing gets no asset
+            engines = op.engines() if op else []
+            if not engines:  # as TF-TRT: an op that built nothing gets no asset
                 continue
             path = os.path.join(asset_dir, engine_asset_name(node.name))
-            with open(path, "wb") as f:
-                f.write(pack_plans(plans) if save_gpu_specific_engines else b"")
+            with open(path, "wb") as f:  # (left empty without save_gpu_specific_engines, as TF-TRT's)
+                if save_gpu_specific_engines:
+                    write_plans(f, engines)
             asset = tf.saved_model.Asset(path)
             assets.append(asset)
             placeholder = graph_def.node.add(name=f"{node.name}/engine_assets", op="Placeholder")
@@ -308,7 +311,7 @@ class TrtGraphConverterV2:
             node.input.insert(len(node.attr["InT"].list.type), f"{placeholder.name}:0")
             node.attr["Tassets"].list.type.append(tf.string.as_datatype_enum)
             captures[placeholder.name] = asset.asset_path
-            logger.info("saving %d engine(s) of %s", len(plans) if save_gpu_specific_engines else 0, node.name)
+            logger.info("saving %d engine(s) of %s", len(engines) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
         if not self.freeze:
             root.tftrt_variables = list(self._func.variables)

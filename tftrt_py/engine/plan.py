@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import re
 import struct
@@ -33,7 +34,7 @@ from tftrt_py.engine.network import Layer, Network, Tensor
 from tftrt_py.engine.profile import OptimizationProfile
 from tftrt_py.engine.types import DTYPES, PRECISIONS, dtype_name
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "Plan", "serialize", "deserialize", "read_header"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "MAX_VOLUME", "Plan", "PlanWriter", "serialize", "deserialize", "read_header"]
 
 MAGIC = b"TFTRTPLN"
 FORMAT_VERSION = 2
@@ -52,44 +53,66 @@ def _pad(n: int) -> int:
 
 def serialize(engine) -> bytes:
     """Plan bytes for `engine` (an :class:`~tftrt_py.engine.runtime.Engine`)."""
-    net = engine.network
-    blobs: List[bytes] = []
-    offset = 0
+    out = io.BytesIO()
+    PlanWriter(engine).write(out)
+    return out.getvalue()
 
-    def put(array: np.ndarray) -> dict:
-        nonlocal offset
-        data = np.ascontiguousarray(array).tobytes()
-        ref = {"offset": offset, "nbytes": len(data), "dtype": array.dtype.name, "shape": list(array.shape)}
-        blobs.append(data + b"\0" * _pad(len(data)))
-        offset += len(data) + _pad(len(data))
-        return ref
 
-    def tensor(t: Tensor) -> dict:
-        return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "dynamic_range": t.dynamic_range}
+class PlanWriter:
+    """The plan of one engine, written to a file as it is made: each weight goes from its array to the file
+    (and into the checksum) without a copy, so a plan of any size costs no memory beyond its header.
+    ``size`` is known before writing (an engine cache file records it ahead of the plan)."""
 
-    header = {
-        "name": net.name,
-        "binding": getattr(engine, "binding", None),
-        "memory_bytes": _tensor_bytes(net.inputs + [t for l in net.layers for t in l.outputs]),
-        "precision": engine.precision,
-        "backend": engine.backend_name,
-        "device": engine.device,
-        "build_config": engine.build_config,
-        "tactics": engine.tactics,
-        "inputs": [tensor(t) for t in net.inputs],
-        "outputs": [t.name for t in net.outputs],
-        "layers": [{"name": l.name, "kind": l.kind, "precision": l.precision,
-                    "inputs": [t.name for t in l.inputs], "outputs": [tensor(t) for t in l.outputs],
-                    "params": l.params, "weights": {k: put(v) for k, v in l.weights.items()}}
-                   for l in net.layers],
-    }
-    if getattr(engine, "profile", None) is not None:
-        header["profile"] = engine.profile.as_dict()
-    header["blob_bytes"] = offset
-    head = json.dumps(header, separators=(",", ":")).encode()
-    body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head
-    body += b"\0" * _pad(len(body)) + b"".join(blobs)
-    return body + hashlib.sha256(body).digest()
+    def __init__(self, engine):
+        net = engine.network
+        self._arrays: List[np.ndarray] = []
+        offset = 0
+
+        def put(array: np.ndarray) -> dict:
+            nonlocal offset
+            data = np.ascontiguousarray(array)
+            ref = {"offset": offset, "nbytes": data.nbytes, "dtype": array.dtype.name, "shape": list(array.shape)}
+            self._arrays.append(data)
+            offset += data.nbytes + _pad(data.nbytes)
+            return ref
+
+        def tensor(t: Tensor) -> dict:
+            return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "dynamic_range": t.dynamic_range}
+
+        header = {
+            "name": net.name,
+            "binding": getattr(engine, "binding", None),
+            "memory_bytes": _tensor_bytes(net.inputs + [t for l in net.layers for t in l.outputs]),
+            "precision": engine.precision,
+            "backend": engine.backend_name,
+            "device": engine.device,
+            "build_config": engine.build_config,
+            "tactics": engine.tactics,
+            "inputs": [tensor(t) for t in net.inputs],
+            "outputs": [t.name for t in net.outputs],
+            "layers": [{"name": l.name, "kind": l.kind, "precision": l.precision,
+                        "inputs": [t.name for t in l.inputs], "outputs": [tensor(t) for t in l.outputs],
+                        "params": l.params, "weights": {k: put(v) for k, v in l.weights.items()}}
+                       for l in net.layers],
+        }
+        if getattr(engine, "profile", None) is not None:
+            header["profile"] = engine.profile.as_dict()
+        header["blob_bytes"] = offset
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head
+        self._head = head + b"\0" * _pad(len(head))
+        self.size = len(self._head) + offset + _DIGEST
+
+    def write(self, f) -> int:
+        """Write the plan to binary file `f`; the bytes written (``size``)."""
+        digest = hashlib.sha256(self._head)
+        f.write(self._head)
+        for array in self._arrays:
+            for chunk in (memoryview(array.reshape(-1)).cast("B"), b"\0" * _pad(array.nbytes)):
+                digest.update(chunk)
+                f.write(chunk)
+        f.write(digest.digest())
+        return self.size
 
 
 def _tensor_bytes(tensors) -> int:

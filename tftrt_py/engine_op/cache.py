@@ -14,8 +14,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from tftrt_py import settings
 from tftrt_py.engine.errors import PlanError
+from tftrt_py.engine.plan import PlanWriter
 
-__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "unpack_plans", "read_asset", "MAX_ASSET_BYTES_ENV"]
+__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "write_plans", "unpack_plans", "read_asset", "MAX_ASSET_BYTES_ENV"]
 
 Key = Tuple[Tuple[int, ...], ...]
 
@@ -93,6 +94,16 @@ def pack_plans(plans: Sequence[bytes]) -> bytes:
     for plan in plans:
         body += [_LEN.pack(len(plan)), plan]
     return b"".join(body)
+
+
+def write_plans(f, engines: Sequence[object]) -> None:
+    """Write the engine-cache file of `engines` (as :func:`pack_plans` of their plans) to binary file `f`, each
+    plan streamed from its engine's weights (:class:`~tftrt_py.engine.plan.PlanWriter`), never whole in memory."""
+    f.write(_HEAD.pack(_MAGIC, _VERSION, len(engines)))
+    for engine in engines:
+        writer = PlanWriter(engine)
+        f.write(_LEN.pack(writer.size))
+        writer.write(f)
 
 
 def unpack_plans(data: bytes) -> List[bytes]:
