@@ -8,6 +8,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Engine ops serve on the numpy backend, the reference the suite's tolerances and FP16/INT8 emulation assume
 # (tests/engine/onnxruntime and tests/engine/gpu pick their backends themselves).
 os.environ.setdefault("TFTRT_PY_BACKEND", "numpy")
+# GPU tests time their tactics: a shared timing cache would hand one test's (possibly restricted) choice to another
+# (tests of the cache pass theirs explicitly)
+os.environ.setdefault("TFTRT_PY_TIMING_CACHE", "0")
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "models"))

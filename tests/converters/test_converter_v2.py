@@ -13,6 +13,8 @@ from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.errors import AlreadyConvertedError
 from tftrt_py.converters.summary import conversion_ratio
+from tftrt_py.engine.timing_cache import TimingCache
+from tftrt_py.engine_op import dispatcher
 from tftrt_py.engine_op import op as engine_op
 
 
@@ -458,3 +460,31 @@ print(json.dumps({{"outputs": outs, "stats": trt.engine_op_stats()}}))
 """
     result = run_json_process(code, [f.tolist() for f in feeds])
     return result["outputs"], result["stats"]
+
+
+def test_timing_cache_passed_in_reaches_every_engine_build_and_comes_back(saved_model, tmp_path):
+    cache = TimingCache()
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), timing_cache=cache)
+    converter.convert()
+    converter.build(input_fn=lambda: iter([random_array((2, 16))]))
+    (key,) = fresh_segment_keys(converter)
+    op = dispatcher.find(key.decode())
+    assert converter.timing_cache is cache and op.builder_config().timing_cache is cache
+
+
+def test_timing_cache_given_as_a_path_is_loaded_from_and_saved_to_it(saved_model, tmp_path):
+    path = tmp_path / "cache.json"
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), timing_cache=str(path))
+    assert isinstance(converter.timing_cache, TimingCache) and converter.timing_cache.path == str(path)
+
+
+def test_timing_cache_false_builds_without_one_and_none_uses_the_process_default(saved_model, monkeypatch, tmp_path):
+    assert trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), timing_cache=False).timing_cache is None
+    monkeypatch.setenv("TFTRT_PY_TIMING_CACHE", str(tmp_path / "default.json"))
+    default = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp")).timing_cache
+    assert default is not None and default.path == str(tmp_path / "default.json")
+
+
+def test_timing_cache_of_another_type_is_refused_saying_what_to_pass(saved_model):
+    with pytest.raises(TypeError, match="pass a TimingCache, the path of a cache file, False"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), timing_cache=3)

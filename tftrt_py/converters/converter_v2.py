@@ -22,6 +22,7 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
+from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.cache import engine_asset_name, write_plans
 from tftrt_py.segmenter import segment_graph
@@ -43,6 +44,17 @@ def _convert_to_tensors(inp):
         raise RuntimeError(f"Failed to convert input to tensor: {exc}") from exc
 
 
+def _timing_cache(value):
+    """The converter's timing_cache argument as BuilderConfig takes it: None (the default cache), False (none), a
+    TimingCache, or the path of a cache file (loaded; builds save to it)."""
+    if value is None or value is False or isinstance(value, TimingCache):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return TimingCache.load(os.fspath(value))
+    raise TypeError(f"timing_cache is {type(value).__name__}; pass a TimingCache, the path of a cache file, False "
+                    f"(no cache) or None (the default one)")
+
+
 class TrtGraphConverterV2:
     """Converts a TF2 SavedModel signature so its supported subgraphs run in tftrt_py engines."""
 
@@ -50,7 +62,8 @@ class TrtGraphConverterV2:
                  use_dynamic_shape=None, dynamic_shape_profile_strategy=None,
                  max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, precision_mode=TrtPrecisionMode.FP32,
                  minimum_segment_size=3, maximum_cached_engines=1, use_calibration=True, allow_build_at_runtime=True,
-                 conversion_params: Optional[TrtConversionParams] = None, calibration_algorithm=None):
+                 conversion_params: Optional[TrtConversionParams] = None, calibration_algorithm=None,
+                 timing_cache=None):
         if not tf.executing_eagerly():
             raise RuntimeError("TrtGraphConverterV2 needs eager execution (TF2 behaviour); use TrtGraphConverter "
                                "in tf.compat.v1 graph mode")
@@ -61,6 +74,7 @@ class TrtGraphConverterV2:
                 use_calibration=use_calibration, allow_build_at_runtime=allow_build_at_runtime,
                 calibration_algorithm=calibration_algorithm)
         self._params = parse_conversion_params(conversion_params)
+        self._timing_cache = _timing_cache(timing_cache)
         self._input_saved_model_dir = input_saved_model_dir
         self._input_saved_model_tags = input_saved_model_tags or [tag_constants.SERVING]
         self._input_saved_model_signature_key = (input_saved_model_signature_key
@@ -88,6 +102,15 @@ class TrtGraphConverterV2:
             self.freeze = True
         self._variable_reads = {}  # without freezing: ReadVariableOp name -> the variable it reads
         self._captures = {}  # Placeholder name -> the outside tensor it captures (variable handles, unfrozen)
+
+    @property
+    def timing_cache(self) -> Optional[TimingCache]:
+        """The timing cache this converter's engines build with (TensorRT's ITimingCache; our addition to TF-TRT's
+        API): the one passed in, else the process's default (``TFTRT_PY_TIMING_CACHE``); None when off. Its
+        ``serialize()`` gives it back as bytes, ``save(path)`` as a file."""
+        if self._timing_cache is None:
+            return default_timing_cache()
+        return None if self._timing_cache is False else self._timing_cache
 
     # -- convert --------------------------------------------------------------
     def convert(self, calibration_input_fn=None):
@@ -135,8 +158,8 @@ class TrtGraphConverterV2:
         engine_ops = len(segments)
         del graph_def, view, result, segments  # the converted graph holds the weights now: one copy, not three
         # the engine ops outlive the functions and sessions this converter makes and drops, until it goes
-        weakref.finalize(self, dispatcher.pin(n.attr["segment_key"].s.decode() for n in converted.node
-                                              if n.op == ENGINE_OP))
+        weakref.finalize(self, dispatcher.pin((n.attr["segment_key"].s.decode() for n in converted.node
+                                               if n.op == ENGINE_OP), self._timing_cache))
         variables.mark_weight_inputs(converted, self._variable_reads)
         self._output_names = [fetch_map[n] for n in output_names]
         self._converted_graph_def = converted

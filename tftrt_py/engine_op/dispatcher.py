@@ -56,6 +56,7 @@ _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
 _COLLECTING: Dict[str, List[tuple]] = {}  # segment key -> input shapes seen while collecting (ops share the list)
 _CALIBRATING: Dict[str, Optional[str]] = {}  # segment key of an op not created yet -> its calibrator (None: default)
+_TIMING: Dict[str, object] = {}  # pinned segment key -> the timing cache its engines build with (see pin)
 
 
 def _text(key) -> str:
@@ -119,8 +120,9 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
             op = _OPS[key] = latest
         calibration_data = node.attr["calibration_data"].s if "calibration_data" in node.attr else b""
         if op is None:
-            op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def, callees)
+            op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def, callees, binding=key[2])
             op.key = key
+            op.timing_cache = _TIMING.get(segment_key)
             op.collecting = _COLLECTING.get(segment_key)
             if segment_key in _CALIBRATING:
                 op.calibration.start(_CALIBRATING.pop(segment_key))
@@ -171,13 +173,17 @@ def release(handle: int) -> None:
             del _LATEST[key]
 
 
-def pin(segment_keys) -> Callable[[], None]:
+def pin(segment_keys, timing_cache=None) -> Callable[[], None]:
     """Keep the ops of `segment_keys` (now and created later) alive while no kernel holds them, until the function
-    returned is called (once; a converter calls it when it is dropped)."""
+    returned is called (once; a converter calls it when it is dropped). Meanwhile their engines build with
+    `timing_cache` (a BuilderConfig.timing_cache: None for the process's default)."""
     keys = [_text(k) for k in segment_keys]
     with _LOCK:
         for key in keys:
             _PINS[key] = _PINS.get(key, 0) + 1
+            _TIMING[key] = timing_cache
+            if key in _LATEST:
+                _LATEST[key].timing_cache = timing_cache
     done = []
 
     def unpin() -> None:
@@ -190,6 +196,7 @@ def pin(segment_keys) -> Callable[[], None]:
                 if _PINS[key]:
                     continue
                 del _PINS[key]
+                _TIMING.pop(key, None)
                 op = _LATEST.get(key)
                 if op is not None and id(op) not in _USERS:
                     del _LATEST[key]

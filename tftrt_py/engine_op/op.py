@@ -124,8 +124,9 @@ class EngineOp:
     """
 
     profiler = None  # an engine.Profiler receiving layer times, see set_profiler
+    timing_cache = None  # BuilderConfig.timing_cache of its builds (a converter's, see dispatcher.pin)
 
-    def __init__(self, node_def, function_def: bytes, callees: bytes = b""):
+    def __init__(self, node_def, function_def: bytes, callees: bytes = b"", binding: Optional[str] = None):
         node = NodeView(node_def)
         self.name = node.name.split("/")[-1]  # canonical: without the prefix of an inlining call
         self.segment_key = node.attr("segment_key") or node.name
@@ -141,6 +142,8 @@ class EngineOp:
         self._binding: Optional[tuple] = None  # (function_def, its digest)
         self._callees = b""
         self.set_function(function_def, callees)
+        if binding is not None:  # computed by the caller already (a whole pass over the weights)
+            self._binding = (self._function_def, binding)
         self._contexts: Dict[tuple, object] = {}
         self.lock = threading.RLock()
         self.loaded_assets: set = set()
@@ -201,7 +204,8 @@ class EngineOp:
         return self._segment_graph
 
     def builder_config(self) -> BuilderConfig:
-        return BuilderConfig(precision=self.precision, max_workspace_size=self.workspace, backend=self.backend)
+        return BuilderConfig(precision=self.precision, max_workspace_size=self.workspace, backend=self.backend,
+                             timing_cache=self.timing_cache)
 
     def build(self, shapes):
         """Build and cache an engine for `shapes`; its cache key, or None (remembered) when the build fails."""
