@@ -8,14 +8,16 @@ The fresh process starts with an empty timing cache (TFTRT_PY_TIMING_CACHE in a 
 Triton kernel caches; the warm process reuses all three. Each row: build seconds (network to a GPU program ready to
 run, tactics chosen), whether the warm build chose the same tactics, and the median latency of both engines (the same
 tactics must run as fast). INT8 ranges come from max |value| over two random batches through an FP32 engine (that
-build is not timed).
+build is not timed). ``--profile N`` prints each build's N most expensive functions (cProfile, cumulative).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import hashlib
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -38,31 +40,38 @@ def child(args) -> None:
     rng = np.random.default_rng(0)
     cases = []
     if args.resnet_batches:
-        model = resnet50.spec()
+        cnn = resnet50.spec()
         calib = [{"input": cupy.asarray(rng.standard_normal((8, 224, 224, 3)).astype(np.float32))} for _ in range(2)]
-        ranges = max_abs_ranges(lambda: resnet50.network(8, 224, model), calib, backend="cupy")
+        cnn_ranges = max_abs_ranges(lambda: resnet50.network(8, 224, cnn), calib, backend="cupy")
         for batch in args.resnet_batches:
             for precision in ("INT8", "FP16"):
-                cases.append((f"resnet50 b{batch}", precision, lambda b=batch: resnet50.network(b, 224, model),
-                              ranges, {"input": rng.standard_normal((batch, 224, 224, 3)).astype(np.float32)}))
+                cases.append((f"resnet50 b{batch}", precision, lambda b=batch: resnet50.network(b, 224, cnn),
+                              cnn_ranges, {"input": rng.standard_normal((batch, 224, 224, 3)).astype(np.float32)}))
     if args.bert_layers:
-        model, layers, seq = bert.spec(), args.bert_layers, 128
+        encoder, layers, seq = bert.spec(), args.bert_layers, 128
         calib = [{"x": cupy.asarray(rng.standard_normal((8, seq, 768)).astype(np.float32))} for _ in range(2)]
-        ranges = max_abs_ranges(lambda: bert.network(8, seq, model, dtype="float32", layers=layers), calib,
-                                backend="cupy")
+        bert_ranges = max_abs_ranges(lambda: bert.network(8, seq, encoder, dtype="float32", layers=layers), calib,
+                                     backend="cupy")
         for precision in ("FP16", "INT8"):
             cases.append((f"bert {layers} layers b{args.bert_batch}", precision,
-                          lambda: bert.network(args.bert_batch, seq, model, layers=layers), ranges,
+                          lambda: bert.network(args.bert_batch, seq, encoder, layers=layers), bert_ranges,
                           {"x": rng.standard_normal((args.bert_batch, seq, 768)).astype(np.float16)}))
     rows = []
     for name, precision, network, ranges, feed in cases:
         net = network()
         if precision in ("INT8", "FP8"):
             apply_ranges(net, ranges)
+        profiler = cProfile.Profile() if args.profile else None
         start = time.perf_counter()
+        if profiler:
+            profiler.enable()
         engine = Builder(BuilderConfig(precision=precision, backend="cupy")).build_engine(net)
         engine.prepare()
         seconds = time.perf_counter() - start
+        if profiler:
+            profiler.disable()
+            print(f"  profile of {name} {precision} ({os.environ['TFTRT_PHASE']} caches):", file=sys.stderr)
+            pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
         ctx = engine.create_execution_context()
         inputs = {k: cupy.asarray(v) for k, v in feed.items()}
         for _ in range(5):
@@ -88,6 +97,8 @@ def main() -> None:
     parser.add_argument("--resnet-batches", type=int, nargs="*", default=[1, 128])
     parser.add_argument("--bert-layers", type=int, default=12)
     parser.add_argument("--bert-batch", type=int, default=32)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the N functions taking most time (cumulative) of each build (cProfile)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -97,11 +108,12 @@ def main() -> None:
     env = dict(os.environ, TFTRT_PY_TIMING_CACHE=os.path.join(caches, "timing_cache.json"),
                CUPY_CACHE_DIR=os.path.join(caches, "cupy"), TRITON_CACHE_DIR=os.path.join(caches, "triton"))
     command = [sys.executable, os.path.abspath(__file__), "--child", "--bert-layers", str(args.bert_layers),
-               "--bert-batch", str(args.bert_batch), "--resnet-batches", *map(str, args.resnet_batches)]
+               "--bert-batch", str(args.bert_batch), "--profile", str(args.profile),
+               "--resnet-batches", *map(str, args.resnet_batches)]
     runs = {}
     for phase in ("fresh", "warm"):
         print(f"{phase} caches:", file=sys.stderr, flush=True)
-        done = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True)
+        done = subprocess.run(command, env=dict(env, TFTRT_PHASE=phase), check=True, stdout=subprocess.PIPE, text=True)
         runs[phase] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"{runs['fresh']['device']}, {time.strftime('%Y-%m-%d')}; build = network -> GPU program (tactics chosen)")
     print(f"{'engine':<26} {'precision':<9} {'fresh s':>8} {'warm s':>7} {'same tactics':>12} {'fresh ms':>9} "

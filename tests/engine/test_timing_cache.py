@@ -395,8 +395,10 @@ def test_single_candidate_times_and_op_times_are_cached_too(gpu):
     assert gpu.timed == [["only"], ["FakeOp"]] and len(cache) == 2
 
     gpu.timed.clear()
+    built = gpu.built
     warm = tactics.Tuner(None, options)
     assert warm.fastest_ms(spec_of(options), gpu.factory) == 0.5
+    assert gpu.built == built  # a cached time needs no tactic built (no kernel compiled)
     assert warm.op_ms(step, [(1, 4)], ["float16"], [(1, 4)], ["int8"]) == 0.25
     assert gpu.timed == []
     warm.op_ms(step, [(2, 4)], ["float16"], [(2, 4)], ["int8"])  # other shapes: timed
