@@ -22,6 +22,7 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
+from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.cache import engine_asset_name, write_plans
@@ -102,6 +103,8 @@ class TrtGraphConverterV2:
             self.freeze = True
         self._variable_reads = {}  # without freezing: ReadVariableOp name -> the variable it reads
         self._captures = {}  # Placeholder name -> the outside tensor it captures (variable handles, unfrozen)
+        # the last attribute made here is the last one freed: the memory of the others goes back to the system then
+        self._memory = MemoryReturn()
 
     @property
     def timing_cache(self) -> Optional[TimingCache]:
@@ -170,6 +173,7 @@ class TrtGraphConverterV2:
         if self._need_calibration:
             self._execute_calibration(calibration_input_fn)
         self._converted = True
+        release_freed_memory()
         return self._converted_func
 
     def _execute_calibration(self, calibration_input_fn):
@@ -217,6 +221,7 @@ class TrtGraphConverterV2:
                 args, kwargs = _convert_to_tensors(inp)
                 self._converted_func(*args, **kwargs)
         self._build_called_once = True
+        release_freed_memory()
         if self._int8_without_calibration:
             self._check_quantization_ranges()
         for line in summary_lib.describe_native_runs(self.native_engine_ops(),
@@ -309,6 +314,7 @@ class TrtGraphConverterV2:
             self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
         finally:
             shutil.rmtree(asset_dir, ignore_errors=True)
+            release_freed_memory()
 
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         graph_def = type(self._converted_graph_def)()

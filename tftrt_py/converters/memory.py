@@ -1,0 +1,42 @@
+"""Giving freed memory back to the system between conversion stages.
+
+A conversion frees gigabytes at a time (graphs, functions and engines holding a model's weights), but glibc's
+allocator keeps freed heap pages mapped for later use, so the process's resident memory would stay at its peak after
+the converter is dropped. :func:`release_freed_memory` asks glibc to return them (``malloc_trim``); elsewhere it does
+nothing. Memory TensorFlow's own allocators pool (oneDNN's, when its kernels are on) stays theirs.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+
+__all__ = ["release_freed_memory", "MemoryReturn"]
+
+
+@functools.lru_cache(maxsize=None)
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def release_freed_memory() -> None:
+    """Collect garbage, then give the allocator's free pages back to the system (glibc only)."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+class MemoryReturn:
+    """Gives freed memory back when it goes: an object's last attribute holding one does so once the object's
+    other attributes (made before it) are freed."""
+
+    def __del__(self):
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
