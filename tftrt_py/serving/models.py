@@ -22,6 +22,8 @@ __all__ = ["TensorSpec", "Signature", "Servable", "VersionStatus", "ModelManager
 
 SERVE_TAG = "serve"
 INIT_OP_SIGNATURE = "__saved_model_init_op"
+#: Refreshes that collect garbage again while an unloaded version is still referenced (requests in flight).
+UNLOAD_COLLECTIONS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,9 +173,10 @@ class ModelManager:
         self._status: Dict[str, Dict[int, VersionStatus]] = {s.name: {} for s in specs}
         self._failed: Dict[str, Set[int]] = {s.name: set() for s in specs}
         self._unlisted: Set[str] = set()  # models whose base path could not be listed at the last refresh
-        #: weak references to unloaded servables and their signatures not freed yet (a request in flight held
-        #: one at the last collection): once one is gone, the next refresh collects again
-        self._dropped: List[weakref.ref] = []
+        #: unloaded versions not freed yet (a request in flight held them at the last collection) -> weak references
+        #: to the servable and its signatures, and the refreshes that collected since: each refresh collects again
+        #: until they go, at most UNLOAD_COLLECTIONS times
+        self._dropped: Dict[Tuple[str, int], Tuple[List[weakref.ref], int]] = {}
         self._lock = threading.Lock()  # guards _servables and _status
         self._refreshing = threading.Lock()
         self._stop = threading.Event()
@@ -202,9 +205,17 @@ class ModelManager:
                     continue
                 loaded |= self._load_new(spec, selected)
                 unloaded += [(spec.name, v) for v in self._unload_unselected(spec.name, selected)]
-            if loaded or unloaded or any(ref() is None for ref in self._dropped):
+            if loaded or unloaded or self._dropped:
                 _collect_and_freeze()
-                self._dropped = [ref for ref in self._dropped if ref() is not None]
+            for key, (refs, collections) in list(self._dropped.items()):
+                if all(ref() is None for ref in refs):
+                    del self._dropped[key]
+                elif collections + 1 >= UNLOAD_COLLECTIONS:
+                    logger.warning("model %s version %d is still referenced after %d collections", *key,
+                                   UNLOAD_COLLECTIONS)
+                    del self._dropped[key]
+                else:
+                    self._dropped[key] = (refs, collections + 1)
             with self._lock:
                 for name, version in unloaded:
                     self._status[name][version] = VersionStatus(version, "END")
@@ -270,7 +281,8 @@ class ModelManager:
             for version in going:
                 servable = loaded.pop(version)
                 self._status[name][version] = VersionStatus(version, "UNLOADING")
-                self._dropped += [weakref.ref(servable)] + [weakref.ref(s) for s in servable.signatures.values()]
+                self._dropped[(name, version)] = (
+                    [weakref.ref(servable)] + [weakref.ref(s) for s in servable.signatures.values()], 0)
         return going
 
     def start_polling(self, seconds: float) -> None:
