@@ -366,6 +366,8 @@ def _segment_function(fdef):
     function_type = function_type_lib.from_structured_signature(
         (tuple(spec(a) for a in fdef.signature.input_arg), {}), [spec(a) for a in fdef.signature.output_arg])
     atomic = atomic_function.AtomicFunction(name, ctx, function_type)
+    for gone in [n for n, (_, ref) in _SEGMENTS.items() if ref() is None]:  # functions dropped since
+        del _SEGMENTS[gone]
     _SEGMENTS[name] = (digest, weakref.ref(atomic))
     return atomic
 
