@@ -24,12 +24,16 @@ def _malloc_trim():
         return None
 
 
-def release_freed_memory() -> None:
-    """Collect garbage, then give the allocator's free pages back to the system (glibc only)."""
-    gc.collect()
+def _trim() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def release_freed_memory() -> None:
+    """Collect garbage, then give the allocator's free pages back to the system (glibc only)."""
+    gc.collect()
+    _trim()
 
 
 class MemoryReturn:
@@ -37,6 +41,4 @@ class MemoryReturn:
     other attributes (made before it) are freed."""
 
     def __del__(self):
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
+        _trim()
