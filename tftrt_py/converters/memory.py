@@ -36,9 +36,25 @@ def release_freed_memory() -> None:
     _trim()
 
 
+_pending = False
+
+
+def _after_collection(phase: str, info: dict) -> None:
+    """gc callback: after the first full collection since a MemoryReturn went, give the pages back (what its
+    owner held in reference cycles, TensorFlow's functions and graphs, is freed by that collection)."""
+    global _pending
+    if _pending and phase == "stop" and info.get("generation") == 2:
+        _pending = False
+        _trim()
+
+
 class MemoryReturn:
     """Gives freed memory back when it goes: an object's last attribute holding one does so once the object's
-    other attributes (made before it) are freed."""
+    other attributes (made before it) are freed, and again after the next full garbage collection."""
 
     def __del__(self):
+        global _pending
         _trim()
+        _pending = True
+        if _after_collection not in gc.callbacks:
+            gc.callbacks.append(_after_collection)
