@@ -1,16 +1,19 @@
 """Peak memory and time of a conversion, stage by stage: load, convert, build, save, and what stays after the
 converter is dropped, for a Keras application exported in another process (random weights, nothing downloaded).
 
-    python benchmarks/conversion_memory.py [--model vgg16] [--batch 1] [--size 224] [--precision FP32]
+    python benchmarks/conversion_memory.py [--model vgg16] [--batch 1] [--size 224] [--precision FP32] [--pooled]
 
 RSS is sampled every 5 ms from /proc/self/statm; figures are above the RSS after importing TensorFlow and
-tftrt_py, in GB, next to the model's weight bytes.
+tftrt_py, in GB, next to the model's weight bytes. As tftrt-convert does, the script sets
+TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 (unless set) before TensorFlow allocates; --pooled leaves TensorFlow's oneDNN
+allocator pooling what it frees (the default of a script importing TensorFlow on an x86 CPU).
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,8 +65,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--precision", default="FP32")
+    parser.add_argument("--pooled", action="store_true", help="keep TensorFlow's oneDNN allocator pooling")
     args = parser.parse_args()
+    if not args.pooled:
+        from tftrt_py import settings
+
+        settings.ONEDNN_SYSTEM_ALLOCATOR.set_default("1")
     tmp = tempfile.mkdtemp()
+    try:
+        _measure(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(args, tmp) -> None:
+    from tftrt_py import settings
+
     src = os.path.join(tmp, "native")
     done = subprocess.run([sys.executable, "-c", EXPORT, APPS[args.model], src, str(args.size)], check=True,
                           capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -86,7 +103,7 @@ def main() -> None:
         return out
 
     params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=args.precision)
-    converter = stage("load", lambda: trt.TrtGraphConverterV2(input_saved_model_dir=src,
+    converter = stage("init", lambda: trt.TrtGraphConverterV2(input_saved_model_dir=src,
                                                                         conversion_params=params))
     stage("convert", converter.convert)
     image = np.random.default_rng(0).standard_normal((args.batch, args.size, args.size, 3)).astype(np.float32)
@@ -99,8 +116,9 @@ def main() -> None:
         gc.collect()
     stage("converter dropped", drop)
     gb = 1 << 30
+    allocator = settings.ONEDNN_SYSTEM_ALLOCATOR.raw()
     print(f"{args.model} ({weights / gb:.2f} GB of weights), batch {args.batch}, {args.precision}; RSS above "
-          f"{base / gb:.2f} GB after imports")
+          f"{base / gb:.2f} GB after imports; TF_ONEDNN_USE_SYSTEM_ALLOCATOR={allocator}")
     print(f"{'stage':<20} {'s':>7} {'peak GB':>8} {'x weights':>9} {'after GB':>9}")
     for name, seconds, peak, after in rows:
         print(f"{name:<20} {seconds:7.1f} {peak / gb:8.2f} {peak / weights:9.1f} {after / gb:9.2f}")

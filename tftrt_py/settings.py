@@ -171,6 +171,10 @@ GEMM = Setting("TFTRT_PY_GEMM", None, "tests: the only cupy GEMM path (cublas, c
 INT8_CONV = Setting("TFTRT_PY_INT8_CONV", None, "tests: the only cupy int8 convolution path")
 FP8_CONV = Setting("TFTRT_PY_FP8_CONV", None, "tests: the only cupy FP8 convolution path")
 POISON = Setting("TFTRT_PY_POISON", False, "tests: 1 fills cupy buffers with NaN bytes", lambda text: text == "1")
+ONEDNN_SYSTEM_ALLOCATOR = Setting("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", None,
+                                  "TensorFlow's: tftrt-convert sets it to 1 unless it is set, so memory TensorFlow frees "
+                                  "goes back to the system (its oneDNN allocator pools it); read only at TensorFlow's "
+                                  "first allocation")
 FORCE_GPU_ALLOW_GROWTH = Setting("TF_FORCE_GPU_ALLOW_GROWTH", None, "TensorFlow's: read to decide how engines share a "
                                                                     "GPU with TensorFlow")
 

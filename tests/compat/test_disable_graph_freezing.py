@@ -184,7 +184,7 @@ def conv_segment():
 
 def test_bind_weights_gives_an_engine_built_at_serving_time_its_weights():
     """What an engine op building at run time calls with its inputs: the engine takes the weight inputs'
-    values as weights (a Conv2D filter must be one) and no longer reads those bindings; values bound once
+    values as weights (a Conv2D filter must be one) and binds only the other inputs; values bound once
     stay (later ones are ignored, as engines keep the weights they were built with)."""
     shapes = [(2, 6, 6, 3), (3, 3, 3, 4)]
     x, w = (RNG.normal(0, 1, s).astype(np.float32) for s in shapes)
@@ -193,14 +193,26 @@ def test_bind_weights_gives_an_engine_built_at_serving_time_its_weights():
         build_engine(segment, shapes)
     variables.bind_weights(segment, node, [x, w])
     variables.bind_weights(segment, node, [x, w + 1])
-    engine = build_engine(segment, shapes)
-    (got,) = engine.create_execution_context().execute_v2([x, np.full(shapes[1], np.nan, np.float32)])
+    engine = build_engine(segment, shapes[:1])
+    assert [t.shape for t in engine.inputs] == [shapes[0]]
+    (got,) = engine.create_execution_context().execute_v2([x])
     want = tf.nn.conv2d(x, w, 1, "SAME").numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_weight_of_another_shape_than_the_binding_is_refused():
+def test_bound_weights_are_copies_unless_the_caller_says_nothing_writes_them():
+    segment, node = conv_segment()
+    w = RNG.normal(0, 1, (3, 3, 3, 4)).astype(np.float32)
+    variables.bind_weights(segment, node, [None, w])
+    assert not np.shares_memory(segment.weights[1], w)
+    segment, node = conv_segment()
+    variables.bind_weights(segment, node, {1: w}, copy=False)
+    assert segment.weights[1] is w
+
+
+def test_a_weight_of_another_shape_than_the_segment_takes_is_refused():
     segment, node = conv_segment()
     variables.bind_weights(segment, node, [None, np.ones((3, 3, 3, 5), np.float32)])
-    with pytest.raises(Exception, match="weight input 1 holds float32"):
-        build_engine(segment, [(2, 6, 6, 3), (3, 3, 3, 4)])
+    with pytest.raises(Exception, match=r"weight input 1 holds float32\[3, 3, 3, 5\], but the segment takes "
+                                        r"float32\[3, 3, 3, 4\]"):
+        build_engine(segment, [(2, 6, 6, 3)])

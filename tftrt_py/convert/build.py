@@ -5,8 +5,8 @@ A segment is a GraphDef plus its inputs (Placeholder names, in binding order) an
 Placeholders ``TensorRTInputPH_<i>`` and Identity nodes ``TensorRTOutputPH_<i>``; a native
 segment FunctionDef (possibly renamed by a SavedModel round trip) gives them by its
 signature. Engine bindings are always named ``TensorRTInputPH_<i>`` / ``TensorRTOutputPH_<i>``.
-Inputs given in ``SegmentGraph.weights`` (variable values, see convert/variables.py) keep their binding but
-the engine reads the value given as weights, not the binding.
+Inputs given in ``SegmentGraph.weights`` (variable values, see convert/variables.py) are no bindings: the
+engine takes the value given as weights, and its bindings number the other inputs in order.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class SegmentGraph:
     graph_def: object
     inputs: List[str]  # Placeholder node names, in binding order
     outputs: List[str]  # tensor refs, in binding order
-    #: input index -> the value engines take as weights for that input (their binding goes unread)
+    #: input index -> the value engines take as weights for that input (no binding)
     weights: Dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -82,16 +82,20 @@ def segment_refusal(fdef, callees: Sequence = ()) -> Optional[str]:
 
 def network_from_segment(segment: SegmentGraph, input_shapes: Sequence[Sequence[int]], name: str = "engine",
                          precision: str = "FP32") -> Network:
-    """Define the engine network of a segment for concrete `input_shapes` (one per input)."""
+    """Define the engine network of a segment for concrete `input_shapes` (one per input that is not weights)."""
     view = GraphView(segment.graph_def)
-    if len(input_shapes) != len(segment.inputs):
-        raise ConversionError(f"segment {name!r} has {len(segment.inputs)} inputs, got {len(input_shapes)} shapes")
+    bound = [i for i in range(len(segment.inputs)) if i not in segment.weights]
+    if len(input_shapes) != len(bound):
+        raise ConversionError(f"segment {name!r} has {len(bound)} inputs, got {len(input_shapes)} shapes")
     network = Network(name)
     ctx = ConversionContext(network, precision)
-    for i, (node_name, shape) in enumerate(zip(segment.inputs, input_shapes)):
+    for i, node_name in enumerate(segment.inputs):
         node = view.nodes[node_name]
-        binding = network.add_input(f"{INPUT_PREFIX}{i}", node.attr("dtype"), shape)
-        ctx.set_outputs(node, [binding if i not in segment.weights else _weights(segment, i, binding)])
+        if i in segment.weights:
+            ctx.set_outputs(node, [_weights(segment, i, node)])
+        else:
+            k = len(network.inputs)
+            ctx.set_outputs(node, [network.add_input(f"{INPUT_PREFIX}{k}", node.attr("dtype"), input_shapes[k])])
     needed = _needed_nodes(view, segment)
     for node in view.topological_order():
         if node.name in needed and node.name not in segment.inputs:
@@ -104,11 +108,13 @@ def network_from_segment(segment: SegmentGraph, input_shapes: Sequence[Sequence[
     return network
 
 
-def _weights(segment: SegmentGraph, index: int, binding) -> Weights:
-    value = segment.weights[index]
-    if value.shape != tuple(binding.shape) or value.dtype.name != binding.dtype:
-        raise ConversionError(f"weight input {index} holds {value.dtype.name}{list(value.shape)}, but the engine is "
-                              f"built for {binding.dtype}{list(binding.shape)}")
+def _weights(segment: SegmentGraph, index: int, node) -> Weights:
+    """The value of weight input `index` (Placeholder `node`), checked against the dtype and shape it declares."""
+    value, dtype, shape = segment.weights[index], node.attr("dtype"), node.attr("shape")
+    known = shape is not None and None not in shape
+    if value.dtype.name != dtype or (known and value.shape != shape):
+        raise ConversionError(f"weight input {index} holds {value.dtype.name}{list(value.shape)}, but the segment "
+                              f"takes {dtype}{list(shape) if known else ''}")
     return Weights(value)
 
 

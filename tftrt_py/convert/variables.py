@@ -1,12 +1,18 @@
-"""Conversion without graph freezing (TF-TRT's ``TF_TRT_EXPERIMENTAL_FEATURES=disable_graph_freezing``).
+"""Variables kept as variables: all of them without graph freezing (TF-TRT's
+``TF_TRT_EXPERIMENTAL_FEATURES=disable_graph_freezing``), the large ones when freezing (:func:`large_variables`).
 
-The signature's variables stay variables: each read of a captured variable (ReadVariableOp) stays native and
-its value enters the engine ops that use it as an ordinary input, marked in the engine op's WEIGHT_INPUTS_ATTR.
-The segmenter sees those reads as constants of the variables' values (:class:`WeightsView`), so converters
-needing weights accept them; an engine takes the values as weights when it is built (:func:`bind_weights`:
-the converter binds the variables' values at build(); a loaded op binds the first values it runs with).
-As in TF-TRT, engines keep the values they were built with: assigning a variable later changes what the
-native ops compute, not the engines.
+Each read of a kept variable (ReadVariableOp) stays native and its value enters the engine ops that use it as
+an input, marked in the engine op's WEIGHT_INPUTS_ATTR. The segmenter sees those reads as constants of the
+variables' values (:class:`WeightsView`), so converters needing weights accept them. Engines take the values as
+weights, not as bindings (:func:`bind_weights`: the converter's ops take the variables' reads at convert(),
+sharing their memory; a loaded op copies the first values it runs with); every call still passes them, and the
+op and the kernel's native replays skip them (:func:`engine_inputs`). As in TF-TRT, engines keep the values
+they were built with: assigning a variable later changes what the native ops compute, not the engines.
+
+Freezing keeps large variables so a model's weights are held once, by the variables (the engines' networks
+share their memory), rather than in every copy of the graph a conversion makes (frozen GraphDef, segment
+functions, the op's FunctionDef, the saved model's proto), and the converted SavedModel saves them through
+its checkpoint, streamed to disk, with no 2 GB GraphDef limit.
 """
 from __future__ import annotations
 
@@ -20,9 +26,10 @@ from tftrt_py import settings
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
 
-__all__ = ["EXPERIMENTAL_FEATURES_ENV", "DISABLE_GRAPH_FREEZING", "WEIGHT_INPUTS_ATTR",
-           "is_experimental_feature_activated", "captured_variables", "variable_reads", "WeightsView",
-           "reads_as_inputs", "mark_weight_inputs", "weight_inputs", "bind_weights"]
+__all__ = ["EXPERIMENTAL_FEATURES_ENV", "DISABLE_GRAPH_FREEZING", "WEIGHT_INPUTS_ATTR", "LARGE_VARIABLE_BYTES",
+           "is_experimental_feature_activated", "captured_variables", "large_variables", "only_read",
+           "variable_values", "variable_reads", "WeightsView",
+           "reads_as_inputs", "mark_weight_inputs", "weight_inputs", "engine_inputs", "bind_weights"]
 
 #: TF-TRT's switch: comma-separated names of experimental features to turn on.
 EXPERIMENTAL_FEATURES_ENV = settings.EXPERIMENTAL_FEATURES.name
@@ -32,6 +39,8 @@ WEIGHT_INPUTS_ATTR = "_tftrt_weight_inputs"
 
 #: Ops passing a resource handle on unchanged (function inlining turns arguments into Identities).
 _HANDLE_PASS_THROUGH = ("Identity",)
+#: Freezing keeps variables of this many bytes or more as variables (see large_variables).
+LARGE_VARIABLE_BYTES = 1 << 20
 
 
 def is_experimental_feature_activated(feature_name: str) -> bool:
@@ -44,6 +53,36 @@ def captured_variables(func) -> Dict[str, tf.Variable]:
     by_handle = {id(v.handle): v for v in func.variables}
     return {internal.op.name: by_handle[id(external)] for external, internal in func.graph.captures
             if id(external) in by_handle}
+
+
+def large_variables(func, min_bytes: int = LARGE_VARIABLE_BYTES) -> Dict[str, tf.Variable]:
+    """Placeholder name in `func`'s graph -> the captured variable, for those of `min_bytes` or more."""
+    def nbytes(v):
+        return v.shape.num_elements() * v.dtype.size if v.shape.is_fully_defined() else 0
+    return {name: v for name, v in captured_variables(func).items() if nbytes(v) >= min_bytes}
+
+
+def only_read(graph_def, placeholders) -> set:
+    """The `placeholders` (resource handles) every use of which, through Identities, is a ReadVariableOp in
+    `graph_def` (with its calls inlined): variables that can stay variables, their reads feeding engines.
+    Others (gathered by ResourceGather, passed into control flow, assigned) are frozen."""
+    users: Dict[str, list] = {}
+    for node in graph_def.node:
+        for ref in node.input:
+            if not ref.startswith("^"):
+                users.setdefault(split_ref(ref)[0], []).append(node)
+
+    def read_only(name, depth=0):
+        return depth < 64 and all(
+            user.op == "ReadVariableOp" or (user.op in _HANDLE_PASS_THROUGH and read_only(user.name, depth + 1))
+            for user in users.get(name, ()))
+    return {name for name in placeholders if read_only(name)}
+
+
+def variable_values(reads: Mapping[str, tf.Variable]) -> Dict[str, np.ndarray]:
+    """Read name -> its variable's value now, sharing the variable's memory (read-only; TensorFlow copies a
+    variable's buffer before writing it while a read of it is alive)."""
+    return {name: np.asarray(v.value()) for name, v in reads.items()}
 
 
 def variable_reads(graph_def, captured: Mapping[str, tf.Variable]) -> Dict[str, tf.Variable]:
@@ -61,14 +100,15 @@ def variable_reads(graph_def, captured: Mapping[str, tf.Variable]) -> Dict[str, 
 
 
 class WeightsView(GraphView):
-    """The graph as the segmenter sees it: each variable read a Const holding the variable's value now.
+    """The graph as the segmenter sees it: each variable read a Const holding the variable's value now, and no
+    resource handles left that only those reads used (they are no ops to convert or to report native).
 
     The Consts' protos carry dtype and shape only (no copy of the weights; no 2 GB GraphDef limit); their
     values come from the variables.
     """
 
     def __init__(self, graph_def, reads: Mapping[str, tf.Variable]):
-        self.values = {name: v.numpy() for name, v in reads.items()}
+        self.values = variable_values(reads)
         view = type(graph_def)()
         view.CopyFrom(graph_def)
         for node in view.node:
@@ -80,11 +120,26 @@ class WeightsView(GraphView):
                 node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
                 node.attr["value"].tensor.dtype = node.attr["dtype"].type
                 node.attr["value"].tensor.tensor_shape.CopyFrom(tf.TensorShape(value.shape).as_proto())
+        _drop_unused_handles(view)
         super().__init__(view)
 
     def const_value(self, ref: str):
         name, port = split_ref(ref)
         return self.values[name] if name in self.values and port == 0 else super().const_value(ref)
+
+
+def _drop_unused_handles(graph_def) -> None:
+    """Remove the resource Placeholders and pass-through Identities of `graph_def` that nothing uses."""
+    resource = tf.resource.as_datatype_enum
+    while True:
+        used = {split_ref(ref.lstrip("^"))[0] for node in graph_def.node for ref in node.input}
+        unused = [i for i, node in enumerate(graph_def.node) if node.name not in used and (
+            (node.op == "Placeholder" and node.attr["dtype"].type == resource) or
+            (node.op in _HANDLE_PASS_THROUGH and node.attr["T"].type == resource))]
+        if not unused:
+            return
+        for i in reversed(unused):
+            del graph_def.node[i]
 
 
 def reads_as_inputs(segments: Sequence, reads: Mapping[str, object]) -> List:
@@ -112,9 +167,19 @@ def weight_inputs(node_def) -> List[int]:
     return list(node_def.attr[WEIGHT_INPUTS_ATTR].list.i) if WEIGHT_INPUTS_ATTR in node_def.attr else []
 
 
-def bind_weights(segment, node_def, values: Sequence[np.ndarray]) -> None:
-    """Give `segment` (a build.SegmentGraph) the values of its weight inputs, copied from `values` (one per
-    engine op input, as the op runs them) unless it has them already: engines built from it take them as
-    weights."""
+def engine_inputs(node_def) -> List[int]:
+    """The indices of an engine op's data inputs its engines bind (every one but the weight inputs)."""
+    weights = set(weight_inputs(node_def))
+    return [i for i in range(len(node_def.attr["InT"].list.type)) if i not in weights]
+
+
+def bind_weights(segment, node_def, values, copy: bool = True) -> None:
+    """Give `segment` (a build.SegmentGraph) the values of its weight inputs from `values` (indexable by engine
+    op input index) unless it has them already: engines built from it take them as weights.
+
+    `copy=False` keeps the arrays given: only for values nothing writes later (a variable's read, which
+    TensorFlow copies on write while it is referenced); the kernel's inputs are TensorFlow's buffers for the
+    duration of one call, so the op copies them.
+    """
     missing = [i for i in weight_inputs(node_def) if i not in segment.weights]
-    segment.weights.update({i: np.array(values[i], copy=True) for i in missing})
+    segment.weights.update({i: np.array(values[i], copy=True) if copy else values[i] for i in missing})

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from tftrt_py.convert import variables
 from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
-from tftrt_py.convert.graph import GraphView
+from tftrt_py.convert.graph import GraphView, split_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
@@ -101,8 +101,9 @@ class TrtGraphConverterV2:
             logger.warning("Disabling graph freezing is only possible in dynamic shape mode. The graph will be "
                            "frozen.")
             self.freeze = True
-        self._variable_reads = {}  # without freezing: ReadVariableOp name -> the variable it reads
-        self._captures = {}  # Placeholder name -> the outside tensor it captures (variable handles, unfrozen)
+        self._variable_reads = {}  # ReadVariableOp name -> the kept variable it reads
+        self._captures = {}  # Placeholder name -> the outside tensor it captures (handles of kept variables)
+        self._variables = []  # the variables kept as variables (see convert.variables), saved with the model
         # the last attribute made here is the last one freed: the memory of the others goes back to the system then
         self._memory = MemoryReturn()
 
@@ -133,13 +134,18 @@ class TrtGraphConverterV2:
         saved_model, func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
         output_names = [t.name for t in func.outputs]
-        if self.freeze:  # the loaded model goes: the graph holds the weights now
-            graph_def, self._input_names = graph_io.frozen_graph_def(func)
-            self._func, graph, captured = graph_io.signature_of(func), tf.Graph(), {}
+        if self.freeze:  # the loaded model goes but for its large variables: the graph holds the other weights
+            captured = self._large_variables(func)
+            graph_def, self._input_names = graph_io.frozen_graph_def(func, keep=captured)
+            self._captures = {internal.op.name: external for external, internal in func.graph.captures
+                              if internal.op.name in captured}
+            self._variables = list(captured.values())
+            self._func, graph = graph_io.signature_of(func), tf.Graph()
             del saved_model, func
         else:
             self._saved_model, self._func, graph = saved_model, func, func.graph
             self._captures = {internal.op.name: external for external, internal in func.graph.captures}
+            self._variables = list(func.variables)
             self._input_names = [t.name for t in func.inputs if t.op.name not in self._captures]
             graph_def, captured = func.graph.as_graph_def(), variables.captured_variables(func)
         graph_def = graph_io.inline_calls(graph_def, keep={n.split(":")[0] for n in output_names})
@@ -159,22 +165,37 @@ class TrtGraphConverterV2:
             attrs.profile_strategy = self._profile_strategy
         converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
         engine_ops = len(segments)
+        values = view.values if self._variable_reads else {}
         del graph_def, view, result, segments  # the converted graph holds the weights now: one copy, not three
-        # the engine ops outlive the functions and sessions this converter makes and drops, until it goes
-        weakref.finalize(self, dispatcher.pin((n.attr["segment_key"].s.decode() for n in converted.node
-                                               if n.op == ENGINE_OP), self._timing_cache))
         variables.mark_weight_inputs(converted, self._variable_reads)
+        # the engine ops outlive the functions and sessions this converter makes and drops, until it goes; those
+        # reading variables take their values now (sharing the variables' memory)
+        weights = {n.attr["segment_key"].s.decode(): {i: values[split_ref(n.input[i])[0]]
+                                                      for i in variables.weight_inputs(n)}
+                   for n in converted.node if n.op == ENGINE_OP}
+        weakref.finalize(self, dispatcher.pin(weights, self._timing_cache,
+                                              {k: w for k, w in weights.items() if w}))
         self._output_names = [fetch_map[n] for n in output_names]
         self._converted_graph_def = converted
         self._converted_func = graph_io.function_from_graph_def(self._func, converted, self._input_names,
                                                                 self._output_names, self._captures)
         logger.info("converted %s: %d engine op(s)%s", self._input_saved_model_dir, engine_ops,
-                    "" if self.freeze else f", {len(self._variable_reads)} variable read(s) kept")
+                    f", {len(self._variable_reads)} variable read(s) kept" if self._variable_reads else "")
         if self._need_calibration:
             self._execute_calibration(calibration_input_fn)
         self._converted = True
         release_freed_memory()
         return self._converted_func
+
+    @staticmethod
+    def _large_variables(func):
+        """The variables of `func` freezing keeps (placeholder name -> variable): those of LARGE_VARIABLE_BYTES
+        or more that only ReadVariableOps use (see convert.variables)."""
+        large = variables.large_variables(func)
+        if not large:
+            return {}
+        kept = variables.only_read(graph_io.inline_calls(func.graph.as_graph_def()), large)
+        return {name: v for name, v in large.items() if name in kept}
 
     def _execute_calibration(self, calibration_input_fn):
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
@@ -267,13 +288,11 @@ class TrtGraphConverterV2:
                 self._converted_func(*args, **kwargs)
         finally:
             collected = {key: dispatcher.stop_collecting(key) for key in keys}
-        nodes = {n.attr["segment_key"].s.decode(): n for n in self._engine_nodes()}
         for key in keys:
             op = dispatcher.find(key)
             profiles = profiles_lib.make_profiles(self._profile_strategy, collected[key])
             if op is None or not profiles:
                 continue
-            self._bind_variable_values(op, nodes[key])
             if len(profiles) > self._params.maximum_cached_engines:
                 logger.warning("%s: %s makes %d profiles but maximum_cached_engines is %d: later profile "
                                "engines evict earlier ones", op.name, self._profile_strategy, len(profiles),
@@ -281,12 +300,6 @@ class TrtGraphConverterV2:
             op.add_profiles(profiles, collected[key])
             logger.info("%s: %d profile engine(s) (%s) for %d collected shape(s)", op.name, len(profiles),
                         self._profile_strategy, len(collected[key]))
-
-    def _bind_variable_values(self, op, node):
-        """Without freezing: the op's engines take the values its variable inputs hold now as weights."""
-        reads = {i: self._variable_reads[node.input[i].split(":")[0]] for i in variables.weight_inputs(node)}
-        if reads:
-            variables.bind_weights(op.segment_graph(), node, {i: v.numpy() for i, v in reads.items()})
 
     # -- save -----------------------------------------------------------------
     def _engine_nodes(self):
@@ -342,8 +355,8 @@ class TrtGraphConverterV2:
             captures[placeholder.name] = asset.asset_path
             logger.info("saving %d engine(s) of %s", len(engines) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
-        if not self.freeze:
-            root.tftrt_variables = list(self._func.variables)
+        if self._variables:
+            root.tftrt_variables = self._variables
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
                                                 {**captures, **self._captures})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},

@@ -103,15 +103,16 @@ def freeze(func):
     return convert_to_constants.convert_variables_to_constants_v2(func, lower_control_flow=False)
 
 
-def frozen_graph_def(func):
-    """(GraphDef of `func` with its variables as constants, names of its remaining input tensors), as
-    :func:`freeze` gives, without importing the GraphDef into another function."""
+def frozen_graph_def(func, keep: AbstractSet[str] = frozenset()):
+    """(GraphDef of `func` with its variables as constants, names of its input tensors), as :func:`freeze` gives,
+    without importing the GraphDef into another function. The variables captured by the Placeholders named in
+    `keep` stay captured variables (neither constants nor inputs)."""
     data = convert_to_constants._FunctionConverterDataInEager(  # pylint: disable=protected-access
-        func=func, lower_control_flow=False, aggressive_inlining=False)
+        func=func, lower_control_flow=False, aggressive_inlining=False, variable_names_denylist=set(keep) or None)
     graph_def, converted = convert_to_constants._replace_variables_by_constants(  # pylint: disable=protected-access
         converter_data=data)
     captured = {id(func.graph.internal_captures[i]) for i in converted}
-    return graph_def, [t.name for t in func.inputs if id(t) not in captured]
+    return graph_def, [t.name for t in func.inputs if id(t) not in captured and t.op.name not in keep]
 
 
 def signature_of(func):

@@ -8,10 +8,12 @@ import numpy as np
 import tensorflow as tf
 
 from tftrt_py.convert.build import OUTPUT_PREFIX
+from tftrt_py.convert.graph import split_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
+from tftrt_py.convert.variables import weight_inputs
 from tftrt_py.engine_op import dispatcher
 
-__all__ = ["print_summary", "engine_op_counts", "conversion_ratio", "native_runs", "engine_ratio",
+__all__ = ["print_summary", "engine_op_counts", "weight_feeds", "conversion_ratio", "native_runs", "engine_ratio",
            "describe_native_runs"]
 
 COLUMNS = [("TRTEngineOP Name", .20), ("Device", .09), ("# Nodes", .05), ("# Inputs", .09), ("# Outputs", .09),
@@ -27,7 +29,8 @@ def _row(fields, positions, print_fn):
 
 
 def engine_op_counts(graph_def):
-    """Engine op name -> Counter of the op types in its native segment (TF-TRT counts these as converted)."""
+    """Engine op name -> Counter of the op types in its native segment (TF-TRT counts these as converted), and of
+    the nodes giving it weights (:func:`weight_feeds`)."""
     functions = {f.signature.name: f for f in graph_def.library.function}
     counts = {}
     for node in graph_def.node:
@@ -35,14 +38,43 @@ def engine_op_counts(graph_def):
             fdef = functions.get(node.attr["segment_func"].func.name)
             nodes = fdef.node_def if fdef is not None else []
             counts[node.name] = collections.Counter(n.op for n in nodes if not n.name.startswith(OUTPUT_PREFIX))
+    ops = {n.name: n.op for n in graph_def.node}
+    for name, engine in weight_feeds(graph_def).items():
+        counts[engine][ops[name]] += 1
     return counts
+
+
+def weight_feeds(graph_def):
+    """Node name -> the engine op it gives weights: the reads of kept variables feeding engine ops' weight
+    inputs, and the resource handles only those reads use (convert.variables). They count with the engine, as
+    the Consts a frozen graph has in their place do."""
+    nodes = {n.name: n for n in graph_def.node}
+    users = collections.defaultdict(list)  # node name -> (consumer, input index) of its data outputs
+    for node in graph_def.node:
+        for i, ref in enumerate(node.input):
+            if not ref.startswith("^"):
+                users[split_ref(ref)[0]].append((node, i))
+    feeds = {}
+    for node in graph_def.node:
+        for i in weight_inputs(node) if node.op == ENGINE_OP else ():
+            stack = [split_ref(node.input[i])[0]]
+            while stack:
+                name = stack.pop()
+                if name in feeds or name not in nodes or not all(
+                        user.name in feeds or (user.op == ENGINE_OP and j in weight_inputs(user))
+                        for user, j in users[name]):
+                    continue
+                feeds[name] = node.name
+                stack.extend(split_ref(r)[0] for r in nodes[name].input if not r.startswith("^"))
+    return feeds
 
 
 def conversion_ratio(graph_def):
     """(ops inside engines, all ops) as TF-TRT's summary counts them."""
     counts = engine_op_counts(graph_def)
     inside = sum(sum(c.values()) for c in counts.values())
-    outside = sum(1 for n in graph_def.node if n.op != ENGINE_OP)
+    feeds = weight_feeds(graph_def)
+    outside = sum(1 for n in graph_def.node if n.op != ENGINE_OP and n.name not in feeds)
     return inside, inside + outside
 
 

@@ -57,6 +57,7 @@ _LOCK = threading.Lock()
 _COLLECTING: Dict[str, List[tuple]] = {}  # segment key -> input shapes seen while collecting (ops share the list)
 _CALIBRATING: Dict[str, Optional[str]] = {}  # segment key of an op not created yet -> its calibrator (None: default)
 _TIMING: Dict[str, object] = {}  # pinned segment key -> the timing cache its engines build with (see pin)
+_WEIGHTS: Dict[str, dict] = {}  # pinned segment key -> its op's weight input values (see pin)
 
 
 def _text(key) -> str:
@@ -123,6 +124,8 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
             op = _OPS[key] = _LATEST[segment_key] = EngineOp(node, function_def, callees, binding=key[2])
             op.key = key
             op.timing_cache = _TIMING.get(segment_key)
+            if segment_key in _WEIGHTS:
+                op.bind_weights(_WEIGHTS[segment_key])
             op.collecting = _COLLECTING.get(segment_key)
             if segment_key in _CALIBRATING:
                 op.calibration.start(_CALIBRATING.pop(segment_key))
@@ -139,16 +142,14 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
 
 def run(handle: int, inputs, assets, allocate=None) -> Optional[List[np.ndarray]]:
     op, allow_build = _HANDLES[handle]
-    arrays = [np.frombuffer(buf, dtype=dtype).reshape(shape) for dtype, shape, buf in inputs]
-    return op.run(arrays, assets, allow_build, allocate)
+    return op.run(op.arrays(inputs), assets, allow_build, allocate)
 
 
 def replay(handle: int, inputs):
     """A native replay for the kernel of `handle` at `inputs` (as for run): (its packed form, the replay, which
     the kernel keeps alive while it holds it), None (not now) or False (never for this op)."""
     op, _ = _HANDLES[handle]
-    arrays = [np.frombuffer(buf, dtype=dtype).reshape(shape) for dtype, shape, buf in inputs]
-    found = op.native_replay(arrays)
+    found = op.native_replay(op.arrays(inputs))
     return (found.pack(), found) if found else found
 
 
@@ -173,17 +174,24 @@ def release(handle: int) -> None:
             del _LATEST[key]
 
 
-def pin(segment_keys, timing_cache=None) -> Callable[[], None]:
+def pin(segment_keys, timing_cache=None, weights=None) -> Callable[[], None]:
     """Keep the ops of `segment_keys` (now and created later) alive while no kernel holds them, until the function
     returned is called (once; a converter calls it when it is dropped). Meanwhile their engines build with
-    `timing_cache` (a BuilderConfig.timing_cache: None for the process's default)."""
+    `timing_cache` (a BuilderConfig.timing_cache: None for the process's default), and an op with weight inputs
+    takes `weights[segment key]` (input index -> its variable's read) as their values instead of copying them
+    from its first run."""
     keys = [_text(k) for k in segment_keys]
+    weights = {_text(k): v for k, v in (weights or {}).items()}
     with _LOCK:
         for key in keys:
             _PINS[key] = _PINS.get(key, 0) + 1
             _TIMING[key] = timing_cache
+            if key in weights:
+                _WEIGHTS[key] = weights[key]
             if key in _LATEST:
                 _LATEST[key].timing_cache = timing_cache
+                if key in weights:
+                    _LATEST[key].bind_weights(weights[key])
     done = []
 
     def unpin() -> None:
@@ -197,6 +205,7 @@ def pin(segment_keys, timing_cache=None) -> Callable[[], None]:
                     continue
                 del _PINS[key]
                 _TIMING.pop(key, None)
+                _WEIGHTS.pop(key, None)
                 op = _LATEST.get(key)
                 if op is not None and id(op) not in _USERS:
                     del _LATEST[key]

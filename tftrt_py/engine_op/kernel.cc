@@ -453,10 +453,13 @@ class PackedReader {
 };
 
 // A replay from dispatcher.replay's packed list, checked against the inputs
-// of `ctx` (their byte sizes) and the op's output dtypes; null with a Python
-// exception set when it does not fit. GIL held.
+// of `ctx` its engine binds (`engine_inputs`: their byte sizes) and the op's
+// output dtypes; null with a Python exception set when it does not fit. GIL
+// held.
 std::unique_ptr<Replay> ParseReplay(PyObject* packed, OpKernelContext* ctx,
-                                    int n_in, const DataTypeVector& out_types) {
+                                    const std::vector<int>& engine_inputs,
+                                    const DataTypeVector& out_types) {
+  const int n_in = static_cast<int>(engine_inputs.size());
   PyRef seq(PySequence_Fast(packed, "the packed replay must be a list of ints"));
   if (!seq) return nullptr;
   PackedReader r(seq.get());
@@ -488,10 +491,11 @@ std::unique_ptr<Replay> ParseReplay(PyObject* packed, OpKernelContext* ctx,
       return nullptr;
     }
     b.nbytes = nbytes;
-    if (nbytes != ctx->input(i).tensor_data().size()) {
+    const Tensor& input = ctx->input(engine_inputs[i]);
+    if (nbytes != input.tensor_data().size()) {
       PyErr_Format(PyExc_ValueError, "replay input %d holds %llu bytes, the tensor %zu",
                    i, static_cast<unsigned long long>(nbytes),
-                   ctx->input(i).tensor_data().size());
+                   input.tensor_data().size());
       return nullptr;
     }
     replay->inputs.push_back(b);
@@ -549,6 +553,17 @@ class TRTEngineOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_func", &func_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("InT", &in_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("OutT", &out_types_));
+    // Weight inputs (variable values the engines took as weights when built)
+    // are no engine bindings: replays skip them.
+    std::vector<int> weights;
+    if (tensorflow::HasNodeAttr(def(), "_tftrt_weight_inputs")) {
+      OP_REQUIRES_OK(ctx, tensorflow::GetNodeAttr(def(), "_tftrt_weight_inputs", &weights));
+    }
+    for (int i = 0; i < static_cast<int>(in_types_.size()); ++i) {
+      if (std::find(weights.begin(), weights.end(), i) == weights.end()) {
+        engine_inputs_.push_back(i);
+      }
+    }
     OP_REQUIRES(ctx, PythonUsable(),
                 errors::FailedPrecondition(
                     Prefix(), "needs a Python interpreter (tftrt_py)"));
@@ -658,10 +673,10 @@ class TRTEngineOp : public AsyncOpKernel {
  private:
   std::string Prefix() const { return absl::StrCat("TRTEngineOp ", name(), ": "); }
 
-  // The input dtypes and shapes: what a replay serves.
+  // The dtypes and shapes of the inputs engines bind: what a replay serves.
   std::string ReplayKey(OpKernelContext* ctx) const {
     std::string key;
-    for (size_t i = 0; i < in_types_.size(); ++i) {
+    for (int i : engine_inputs_) {
       const Tensor& t = ctx->input(i);
       absl::StrAppend(&key, static_cast<int>(t.dtype()), ":");
       for (int d = 0; d < t.dims(); ++d) absl::StrAppend(&key, t.dim_size(d), ",");
@@ -744,7 +759,7 @@ class TRTEngineOp : public AsyncOpKernel {
     const int64_t start = Nanoseconds();
     int rc = r.set_context(r.context);
     for (size_t i = 0; rc == 0 && i < r.inputs.size(); ++i) {
-      rc = CopyIn(ctx, r, r.inputs[i], ctx->input(i).tensor_data().data());
+      rc = CopyIn(ctx, r, r.inputs[i], ctx->input(engine_inputs_[i]).tensor_data().data());
     }
     const int64_t copied = Nanoseconds();
     if (rc == 0) rc = r.launch(r.graph, r.stream);
@@ -809,7 +824,7 @@ class TRTEngineOp : public AsyncOpKernel {
     if (result && result.get() != Py_None) {
       PyObject* packed = nullptr;
       if (PyArg_ParseTuple(result.get(), "OO", &packed, &keep)) {
-        replay = ParseReplay(packed, ctx, static_cast<int>(in_types_.size()), out_types_);
+        replay = ParseReplay(packed, ctx, engine_inputs_, out_types_);
       }
     }
     if (PyErr_Occurred()) {
@@ -1053,6 +1068,7 @@ class TRTEngineOp : public AsyncOpKernel {
   tensorflow::NameAttrList func_;
   DataTypeVector in_types_;
   DataTypeVector out_types_;
+  std::vector<int> engine_inputs_;  // the inputs engines bind, in order
   int64_t handle_ = 0;   // from dispatcher.create
   bool created_ = false;  // whether release() is owed
 

@@ -21,7 +21,7 @@ from tftrt_py.convert import build as build_lib
 from tftrt_py.convert.errors import MissingQuantizationRangeError
 from tftrt_py.convert.graph import NodeView
 from tftrt_py.convert.params import DEFAULT_CALIBRATORS
-from tftrt_py.convert.variables import bind_weights, weight_inputs
+from tftrt_py.convert.variables import bind_weights, engine_inputs, weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError
 from tftrt_py.engine.backends import default_backend_name
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
@@ -133,7 +133,11 @@ class EngineOp:
         self.precision = node.attr("precision_mode", b"FP32").decode().upper()
         self.out_dtypes = [np.dtype(t) for t in node.attr("OutT") or []]
         self._node_def = node_def
-        self._unbound_weights = bool(weight_inputs(node_def))
+        #: the inputs its engines bind: all but the weight inputs (variable values, see convert.variables), which
+        #: engines take as weights once (see _bind_weights) and no call passes on
+        self._weight_inputs = frozenset(weight_inputs(node_def))
+        self._engine_inputs = engine_inputs(node_def) if self._weight_inputs else None
+        self._unbound_weights = self._engine_inputs is not None
         self.workspace = int(node.attr("workspace_size_bytes") or 1 << 30)
         self.backend = engine_backend()
         self.cache = EngineCache(int(node.attr("max_cached_engines_count") or 1))
@@ -291,6 +295,13 @@ class EngineOp:
                 context.profiler = profiler
 
     # -- execution ----------------------------------------------------------
+    def arrays(self, inputs) -> List[Optional[np.ndarray]]:
+        """The kernel's inputs ((dtype name, shape, buffer) each) as arrays over TensorFlow's buffers; once the
+        weights are bound, None for the weight inputs (engines do not read them)."""
+        skip = () if self._unbound_weights or self._engine_inputs is None else self._weight_inputs
+        return [None if i in skip else np.frombuffer(buf, dtype=dtype).reshape(shape)
+                for i, (dtype, shape, buf) in enumerate(inputs)]
+
     def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True, allocate=None
             ) -> Optional[List[np.ndarray]]:
         """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively.
@@ -302,17 +313,20 @@ class EngineOp:
             raise RecursiveSegmentError(f"no engine or native segment can serve it: {self.refused}")
         if assets:
             loading.load_assets(self, assets)
+        weights = arrays if self._unbound_weights else None  # bound once an engine is built from the segment
+        if self._engine_inputs is not None:  # variables kept as variables: engines take their values as weights
+            arrays = [arrays[i] for i in self._engine_inputs]
         shapes = tuple(tuple(a.shape) for a in arrays)
         collected = self.collecting
         if collected is not None:  # profile collection (TF-TRT's _profile_generation_mode): run natively
             if shapes not in collected:
                 collected.append(shapes)
             return None
-        if self._unbound_weights:  # variables kept as variables: engines take their values as weights
-            self._bind_weights(arrays)
         if self.calibration.active:  # INT8 calibration: an FP32 engine records its tensors
+            if weights is not None:
+                self._bind_weights(weights)
             return self._calibrate(arrays)
-        context = self._context_for(shapes, allow_build)
+        context = self._context_for(shapes, allow_build, weights)
         if context is None:
             return None
         out_dtypes = self.out_dtypes
@@ -332,9 +346,11 @@ class EngineOp:
         the backend offers none)."""
         if not native_replays_allowed():
             return False
+        if self._engine_inputs is not None:
+            arrays = [arrays[i] for i in self._engine_inputs]
         shapes = tuple(tuple(a.shape) for a in arrays)
         with self.lock:
-            if self.profiler is not None or self.calibration.active or self._unbound_weights or \
+            if self.profiler is not None or self.calibration.active or \
                     self.collecting is not None:
                 return None
             key = self.cache.lookup(shapes)
@@ -360,18 +376,28 @@ class EngineOp:
             for replay in list(self._replays):
                 replay.revoke()
 
-    def _bind_weights(self, arrays: List[np.ndarray]) -> None:
+    def _bind_weights(self, arrays, copy: bool = True) -> None:
         """Give the segment the values of the op's weight inputs (variables read natively, see
-        convert.variables) from its first run, so engines built at serving time have them."""
+        convert.variables): from the first run needing a build (copies of the kernel's inputs), or from the
+        converter before (`arrays` by input index, reads of its variables, kept as they are)."""
         with self.lock:
             if self._unbound_weights and self._function_def:
-                bind_weights(self.segment_graph(), self._node_def, arrays)
+                bind_weights(self.segment_graph(), self._node_def, arrays, copy=copy)
                 self._unbound_weights = False
 
-    def _context_for(self, shapes, allow_build: bool):
-        """The context (pool) serving `shapes`, building an engine when allowed; None after a fallback."""
+    def bind_weights(self, values) -> None:
+        """Take `values` (weight input index -> a variable's read) as the weights of the op's engines, unless it
+        has them already (the converter's, see dispatcher.pin)."""
+        self._bind_weights(values, copy=False)
+
+    def _context_for(self, shapes, allow_build: bool, weights=None):
+        """The context (pool) serving `shapes`, building an engine when allowed; None after a fallback. An engine
+        built from the segment takes the weight inputs' values from `weights` (this run's inputs), unless bound:
+        engines loaded from plans have theirs."""
         with self.lock:
             key = self.cache.lookup(shapes)
+            if weights is not None and (key is None or isinstance(self.cache.get(key), ProfileEngine)):
+                self._bind_weights(weights)
             if key is not None:
                 self.stats.hits += 1
             elif shapes in self.cache.failed:

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tftrt_py import settings
 from tftrt_py.convert.params import CALIBRATION_ALGORITHMS, quantized
 from tftrt_py.engine.types import PRECISIONS
 from tftrt_py.tools.cli import ToolError, add_common_flags, one_line, run_tool, shape_str
@@ -225,6 +226,9 @@ def _run(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    # before TensorFlow allocates: its oneDNN allocator would keep the memory of the SavedModel's load (1x the
+    # weights) and of the variables until the process ends; a conversion process is better off without the pool
+    settings.ONEDNN_SYSTEM_ALLOCATOR.set_default("1")
     return run_tool(build_parser(), _run, argv)
 
 

@@ -87,6 +87,31 @@ def test_lower_gives_a_checked_onnx_model_and_refuses_kinds_without_lowering():
         lower(_detector())
 
 
+def test_large_constants_stay_out_of_the_model_proto_and_the_session_takes_the_arrays():
+    """A network's weights reach ONNX Runtime once (add_external_initializers), not through the proto's bytes."""
+    from tftrt_py.engine.backends.onnxruntime.graph import EXTERNAL_BYTES
+
+    rng = np.random.default_rng(5)
+    net = Network("wide_conv")
+    x = net.add_input("TensorRTInputPH_0", "float32", (2, 8, 8, 3))
+    kernel = rng.standard_normal((3, 3, 3, 64)).astype("float32")  # 6.9 kB: external
+    assert kernel.nbytes >= EXTERNAL_BYTES
+    conv = net.add_layer("Convolution", [x], dict(strides=[1, 1], dilations=[1, 1], pre_padding=[1, 1],
+                                                  post_padding=[1, 1], groups=1, activation={"type": "relu"}),
+                         {"kernel": kernel, "bias": rng.standard_normal(64).astype("float32")}, name="conv")
+    net.mark_output(conv.outputs[0], name="TensorRTOutputPH_0")
+    external = {}
+    model = lower(net, external=external)
+    assert model.ByteSize() < kernel.nbytes and len(external) == 1
+    (proto,) = [w for w in model.graph.initializer if w.name in external]
+    assert proto.data_location == proto.EXTERNAL and not proto.raw_data
+    backend = get_backend("onnxruntime")
+    feed = {"TensorRTInputPH_0": rng.standard_normal((2, 8, 8, 3)).astype(np.float32)}
+    (got,) = backend.session(model, external).run(None, feed)
+    (want,) = backend.session(lower(net)).run(None, feed)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_sessions_take_the_backends_thread_count(monkeypatch):
     backend = get_backend("onnxruntime")
     monkeypatch.setenv("TFTRT_PY_CPU_THREADS", "3")

@@ -127,9 +127,10 @@ class OnnxRuntimeBackend(Backend):
         """Intra-op threads of the sessions this backend makes: what the process allows (threads.cpu_threads)."""
         return cpu_threads()
 
-    def session(self, model):
+    def session(self, model, external: Optional[dict] = None):
         """An InferenceSession of ONNX `model` (pruned, from its bytes: no file), every graph optimization on but
-        those DISABLED_OPTIMIZERS names, with SESSION_CONFIG."""
+        those DISABLED_OPTIMIZERS names, with SESSION_CONFIG; `external` gives the arrays of the initializers the
+        model names as external data (see lowering.lower)."""
         ort = self._ort
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -140,7 +141,12 @@ class OnnxRuntimeBackend(Backend):
         threads = self.threads()
         if threads:
             options.intra_op_num_threads = int(threads)
-        return ort.InferenceSession(prune(model).SerializeToString(), sess_options=options,
+        model = prune(model)
+        live = {w.name for w in model.graph.initializer}
+        names = [name for name in external or () if name in live]
+        if names:  # copied once into the session's graph; the options let them go once it is made
+            options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names])
+        return ort.InferenceSession(model.SerializeToString(), sess_options=options,
                                     providers=["CPUExecutionProvider"])
 
     # -- build --------------------------------------------------------------------------------------------
@@ -166,7 +172,9 @@ class OnnxRuntimeBackend(Backend):
                 inputs = list({t.name: t for layer in run for t in layer.inputs if t.name not in made}.values())
                 outputs = list({t.name: t for layer in run for t in layer.outputs
                                 if users.get(t.name, -1) >= end}.values())
-                steps.append(_Session(self.session(lower(network, run, inputs, outputs)), inputs, outputs))
+                external = {}
+                model = lower(network, run, inputs, outputs, external=external)
+                steps.append(_Session(self.session(model, external), inputs, outputs))
             start = end
         return Program(steps)
 

@@ -5,16 +5,21 @@ Lowerings add nodes through :class:`Graph` only; ``onnx`` is imported when a gra
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["Graph", "onnx_dtype", "compute_dtype", "prune", "OPSET", "CONTRIB"]
+__all__ = ["Graph", "onnx_dtype", "compute_dtype", "prune", "OPSET", "CONTRIB", "EXTERNAL_BYTES"]
 
 #: The ONNX opset lowered graphs use (BitCast needs 26; ONNX Runtime 1.32 runs it).
 OPSET = 26
 #: ONNX Runtime's contrib domain (version 1): its fused kernels where they compute the layers' math.
 CONTRIB = "com.microsoft"
+#: Constants of this many bytes or more stay out of the model proto when the graph is given an `external` dict:
+#: the proto names them as external data and the session takes the arrays themselves
+#: (``SessionOptions.add_external_initializers``), copying each once, where serializing them into the proto and
+#: parsing it back would copy a model's weights several times over.
+EXTERNAL_BYTES = 1 << 12
 
 
 def onnx_dtype(dtype) -> int:
@@ -30,11 +35,16 @@ def compute_dtype(dtype: str) -> str:
 
 
 class Graph:
-    """Nodes and initializers of one ONNX graph; every value gets a fresh name."""
+    """Nodes and initializers of one ONNX graph; every value gets a fresh name.
 
-    def __init__(self):
+    With `external` (a dict), constants of EXTERNAL_BYTES or more go there by initializer name, not into the
+    proto (see EXTERNAL_BYTES).
+    """
+
+    def __init__(self, external: Optional[Dict[str, np.ndarray]] = None):
         self.nodes: list = []
         self.initializers: list = []
+        self.external = external
         self._ids = itertools.count()
         #: uint8 forms of engine tensors by tensor name (see :mod:`.int8`): value names, or makers of them
         self.uint8: Dict[str, Union[str, Callable[[], str]]] = {}
@@ -54,11 +64,19 @@ class Graph:
 
     def const(self, value, dtype=None) -> str:
         """An initializer holding `value` (cast to `dtype` when given)."""
-        from onnx import numpy_helper
+        from onnx import TensorProto, numpy_helper
 
-        array = np.array(value, dtype=dtype, order="C")  # (ascontiguousarray makes scalars 1-d)
+        array = np.asarray(value, dtype=dtype, order="C")  # (ascontiguousarray makes scalars 1-d); not copied
         name = self.fresh("const")
-        self.initializers.append(numpy_helper.from_array(array, name))
+        if self.external is None or array.nbytes < EXTERNAL_BYTES:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        proto = TensorProto(name=name, data_type=onnx_dtype(array.dtype), dims=array.shape,
+                            data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", "tftrt_py-external"), ("offset", "0"), ("length", str(array.nbytes))):
+            proto.external_data.add(key=key, value=value)
+        self.initializers.append(proto)
+        self.external[name] = array
         return name
 
     def ints(self, values: Sequence[int]) -> str:

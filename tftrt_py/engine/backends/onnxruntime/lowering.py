@@ -73,10 +73,11 @@ def _info(name: str, t: Tensor):
 
 
 def lower(network: Network, layers: Optional[Sequence[Layer]] = None, inputs: Optional[Sequence[Tensor]] = None,
-          outputs: Optional[Sequence[Tensor]] = None):
+          outputs: Optional[Sequence[Tensor]] = None, external: Optional[dict] = None):
     """The ``onnx.ModelProto`` computing `network`: graph inputs and outputs named and typed as its bindings
     (an output that repeats a name gets a fresh one; outputs are positional). `layers`, `inputs` and
-    `outputs` lower a part of it instead (the layers, in order, from those tensors to those).
+    `outputs` lower a part of it instead (the layers, in order, from those tensors to those). With `external`
+    (a dict), large constants go there instead of into the proto (see :data:`.graph.EXTERNAL_BYTES`).
 
     Raises BackendError naming a layer whose kind has no lowering (see NUMPY_KINDS).
     """
@@ -85,7 +86,7 @@ def lower(network: Network, layers: Optional[Sequence[Layer]] = None, inputs: Op
     layers = network.layers if layers is None else layers
     inputs = network.inputs if inputs is None else inputs
     outputs = network.outputs if outputs is None else outputs
-    g = Graph()
+    g = Graph(external)
     values = _Values(g)
     for t in inputs:
         values.names[t.name] = t.name

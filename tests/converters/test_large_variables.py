@@ -1,0 +1,172 @@
+"""Freezing keeps large variables as variables: the weights are held once, by the variables, and the converted
+SavedModel saves them in its checkpoint; the engines take their values as weights, not as bindings."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrt_py import trt_convert as trt
+from tftrt_py.convert import variables
+from tftrt_py.engine_op import dispatcher
+
+RNG = np.random.default_rng(2112)
+WIDTH, HIDDEN, VOCAB = 64, 4096, 4096  # the dense kernel and the embedding are 1 MiB each: kept / gathered
+
+
+class LargeModel(tf.Module):
+    """A 1 MiB Dense kernel (read only: kept), a small bias (frozen) and a 1 MiB embedding table gathered by
+    ResourceGather (frozen: a gather of a constant converts, a gather of a variable would stay native)."""
+
+    def __init__(self):
+        self.kernel = tf.Variable(RNG.normal(0, 0.1, (WIDTH, HIDDEN)).astype(np.float32))
+        self.bias = tf.Variable(RNG.normal(0, 0.1, (HIDDEN,)).astype(np.float32))
+        self.embedding = tf.Variable(RNG.normal(0, 0.1, (VOCAB, WIDTH)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, WIDTH], tf.float32), tf.TensorSpec([None], tf.int32)])
+    def serve(self, x, ids):
+        h = x + tf.nn.embedding_lookup(self.embedding, ids)
+        return {"y": tf.nn.relu(tf.matmul(h, self.kernel) + self.bias)}
+
+
+def feeds(batch):
+    return {"x": tf.constant(RNG.normal(0, 1, (batch, WIDTH)).astype(np.float32)),
+            "ids": tf.constant(RNG.integers(0, VOCAB, batch).astype(np.int32))}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    model = LargeModel()
+    path = str(tmp_path_factory.mktemp("large") / "model")
+    tf.saved_model.save(model, path, signatures=model.serve)
+    return path
+
+
+def engine_nodes(converter):
+    return [n for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
+
+
+@pytest.fixture(params=[False, True], ids=["static", "dynamic"])
+def converted(request, model_dir, tmp_path):
+    """(converter, saved directory) after convert, build at batch 4, save."""
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir, use_dynamic_shape=request.param)
+    converter.convert()
+    converter.build(input_fn=lambda: iter([feeds(4)]))
+    out = str(tmp_path / "converted")
+    converter.save(out)
+    return converter, out
+
+
+def test_only_the_large_variable_that_is_only_read_stays_a_variable(converted):
+    converter, _ = converted
+    assert converter.freeze
+    graph = converter._converted_graph_def
+    assert [n.op for n in engine_nodes(converter)] == ["TRTEngineOp"]
+    (node,) = engine_nodes(converter)
+    reads = [n for n in graph.node if n.op == "ReadVariableOp"]
+    assert len(reads) == 1 and [node.input[i] for i in variables.weight_inputs(node)] == [f"{reads[0].name}:0"]
+    assert "ResourceGather" not in {n.op for n in graph.node}  # the embedding was frozen and converts
+    # the converted graph and its functions carry the frozen embedding's bytes, not the kernel's
+    assert graph.ByteSize() < VOCAB * WIDTH * 4 + WIDTH * HIDDEN * 4 // 4
+
+
+def test_the_engines_share_the_variables_memory_and_bind_only_the_other_inputs(converted):
+    converter, _ = converted
+    (node,) = engine_nodes(converter)
+    op = dispatcher.find(node.attr["segment_key"].s.decode())
+    (kept,) = converter._variables
+    (index,) = variables.weight_inputs(node)
+    assert np.shares_memory(op.segment_graph().weights[index], np.asarray(kept.value()))
+    for engine in op.engines():
+        assert len(engine.inputs) == len(variables.engine_inputs(node)) == 2
+
+
+def test_the_saved_model_keeps_the_large_variable_and_serves_as_the_original_at_any_batch(converted, model_dir):
+    _, out = converted
+    saved = [name for name, _ in tf.train.list_variables(os.path.join(out, "variables", "variables"))
+             if name.endswith("VARIABLE_VALUE")]
+    assert len(saved) == 1
+    loaded, original = tf.saved_model.load(out), tf.saved_model.load(model_dir)
+    serve, want = loaded.signatures["serving_default"], original.signatures["serving_default"]
+    for batch in (4, 3, 1):  # built, and two built at serving time from the values the op binds on its first run
+        inputs = feeds(batch)
+        np.testing.assert_allclose(serve(**inputs)["y"].numpy(), want(**inputs)["y"].numpy(), rtol=1e-5, atol=1e-5)
+    inputs = feeds(3)
+    x = inputs["x"].numpy()
+    x[0, 0], x[1, 1] = np.nan, np.inf
+    inputs["x"] = tf.constant(x)
+    got, expected = serve(**inputs)["y"].numpy(), want(**inputs)["y"].numpy()
+    # NaN propagates as through TF's default kernels (oneDNN's fused MatMul+BiasAdd+Relu gives 0: docs/backends.md)
+    assert np.isnan(got[0]).all()
+    np.testing.assert_allclose(got[1:], expected[1:], rtol=1e-5, atol=1e-5)  # the Inf row: Inf or 0 as TF's
+    served = [s for s in dispatcher.stats().values() if s["engine_runs"]]
+    assert served and all(s["fallback_total"] == 0 for s in served)
+
+
+def test_the_user_guides_freeze_step_serves_the_saved_engines(converted, model_dir):
+    """Loading, then convert_variables_to_constants_v2 as the TF-TRT user guide does: the kept variable's read
+    becomes a constant feeding the engine op, which serves with the engine saved (no build)."""
+    from tensorflow.python.framework import convert_to_constants
+
+    _, out = converted
+    loaded, original = tf.saved_model.load(out), tf.saved_model.load(model_dir)
+    frozen = convert_to_constants.convert_variables_to_constants_v2(loaded.signatures["serving_default"])
+    before = set(dispatcher.engine_ops())
+    inputs = feeds(4)
+    (got,) = frozen(*[inputs[name] for name in sorted(inputs)])  # as the guide calls it: sorted input names
+    np.testing.assert_allclose(got.numpy(), original.signatures["serving_default"](**inputs)["y"].numpy(),
+                               rtol=1e-5, atol=1e-5)
+    (op,) = [op for key, op in dispatcher.engine_ops().items() if key not in before]
+    stats = op.stats.as_dict()
+    assert (stats["engine_runs"], stats["builds"], stats["fallback_total"]) == (1, 0, 0)
+
+
+def test_a_loaded_op_copies_the_weights_only_when_it_builds_an_engine(model_dir, tmp_path):
+    """Served from its saved engine, a loaded op holds no copy of the variable; an input no engine serves builds
+    one from the segment, with the values that run passed."""
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir)
+    converter.convert()
+    converter.build(input_fn=lambda: iter([feeds(4)]))
+    out = str(tmp_path / "converted")
+    converter.save(out)
+    (node,) = engine_nodes(converter)
+    del converter
+    loaded, original = tf.saved_model.load(out), tf.saved_model.load(model_dir)
+    serve, want = loaded.signatures["serving_default"], original.signatures["serving_default"]
+    before = set(dispatcher.engine_ops())
+    serve(**feeds(4))
+    (op,) = [op for key, op in dispatcher.engine_ops().items() if key not in before]
+    assert op.segment_graph().weights == {} and op.stats.builds == 0
+    inputs = feeds(6)
+    np.testing.assert_allclose(serve(**inputs)["y"].numpy(), want(**inputs)["y"].numpy(), rtol=1e-5, atol=1e-5)
+    assert op.stats.builds == 1 and set(op.segment_graph().weights) == set(variables.weight_inputs(node))
+
+
+def test_engines_keep_the_values_of_conversion_time(model_dir, tmp_path):
+    """As frozen constants would: assigning the variable after convert() changes no engine."""
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir)
+    converter.convert()
+    (kept,) = converter._variables
+    inputs = feeds(2)
+    before = converter._converted_func(**inputs)["y"].numpy()
+    kept.assign(tf.zeros_like(kept))
+    np.testing.assert_array_equal(converter._converted_func(**inputs)["y"].numpy(), before)
+
+
+def test_small_variables_are_frozen_as_before(tmp_path):
+    class Small(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(RNG.normal(0, 1, (8, 8)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def serve(self, x):
+            return {"y": tf.tanh(tf.matmul(x, self.w))}
+
+    model = Small()
+    path = str(tmp_path / "small")
+    tf.saved_model.save(model, path, signatures=model.serve)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=path)
+    converter.convert()
+    assert converter._variables == []
+    assert "ReadVariableOp" not in {n.op for n in converter._converted_graph_def.node}
+    assert all(variables.weight_inputs(n) == [] for n in engine_nodes(converter))
