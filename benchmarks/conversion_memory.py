@@ -51,12 +51,31 @@ class Peak:
 
 EXPORT = """
 import sys, keras
-model = getattr(keras.applications, sys.argv[1])(weights=None, input_shape=(int(sys.argv[3]),) * 2 + (3,))
+if sys.argv[1] == "bert":  # keras-hub BERT-base, random weights
+    import keras_hub
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.BertBackbone(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768,
+                                          intermediate_dim=3072, dropout=0.0, max_sequence_length=512)
+else:
+    model = getattr(keras.applications, sys.argv[1])(weights=None, input_shape=(int(sys.argv[3]),) * 2 + (3,))
 model.export(sys.argv[2], verbose=False)
 print(sum(int(w.numpy().nbytes) for w in model.weights))
 """
 
-APPS = {"vgg16": "VGG16", "resnet50": "ResNet50", "mobilenetv2": "MobileNetV2", "inceptionv3": "InceptionV3"}
+APPS = {"vgg16": "VGG16", "resnet50": "ResNet50", "mobilenetv2": "MobileNetV2", "inceptionv3": "InceptionV3",
+        "bert": "bert"}
+SEQ = 128  # BERT's sequence length
+
+
+def feed(model: str, batch: int, size: int):
+    """One build input of `model`: numpy arrays by input name (BERT), or the image (a tuple)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if model == "bert":
+        return {"token_ids": rng.integers(1, 30522, (batch, SEQ)).astype(np.int32),
+                "segment_ids": np.zeros((batch, SEQ), np.int32), "padding_mask": np.ones((batch, SEQ), np.int32)}
+    return (rng.standard_normal((batch, size, size, 3)).astype(np.float32),)
 
 
 def main() -> None:
@@ -86,9 +105,6 @@ def _measure(args, tmp) -> None:
                           capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     weights = int(done.stdout.split()[-1])
 
-    import numpy as np
-    import tensorflow as tf
-
     from tftrt_py import trt_convert as trt
 
     gc.collect()
@@ -106,8 +122,8 @@ def _measure(args, tmp) -> None:
     converter = stage("init", lambda: trt.TrtGraphConverterV2(input_saved_model_dir=src,
                                                                         conversion_params=params))
     stage("convert", converter.convert)
-    image = np.random.default_rng(0).standard_normal((args.batch, args.size, args.size, 3)).astype(np.float32)
-    stage("build", lambda: converter.build(lambda: [(tf.constant(image),)]))
+    inputs = feed(args.model, args.batch, args.size)
+    stage("build", lambda: converter.build(lambda: [inputs]))
     stage("save", lambda: converter.save(os.path.join(tmp, "trt")))
 
     def drop():

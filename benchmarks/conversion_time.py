@@ -1,0 +1,111 @@
+"""Conversion time end to end, as a user converts: keras-hub BERT-base (FP16) and Keras ResNet50 (INT8, calibrated),
+exported with random weights, then ``convert()`` (with INT8 calibration), ``build()`` and ``save()`` timed in a
+fresh process with empty caches and again in a new process with those caches warm (timing cache, cupy and Triton
+kernel caches).
+
+    python benchmarks/conversion_time.py [--models bert resnet50] [--batch 8]
+
+Figures are wall-clock seconds per stage, the process's imports excluded; the engines serve the batch given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "models"), os.path.join(ROOT, "benchmarks")]
+
+#: model -> (exporter in served_gpu, feed maker in served_gpu, precision)
+MODELS = {"bert": ("bert_keras", "bert_feed", "FP16"), "resnet50": ("resnet50_keras", "resnet50_feed", "INT8")}
+
+
+def export(name: str, directory: str) -> None:
+    import served_gpu
+
+    getattr(served_gpu, MODELS[name][0])(directory)
+
+
+def convert(name: str, source: str, out: str, batch: int) -> dict:
+    import numpy as np
+
+    import served_gpu
+
+    stages, start = {}, time.perf_counter()
+    import tensorflow as tf
+
+    from tftrt_py import trt_convert as trt
+
+    stages["imports"] = time.perf_counter() - start
+    feed, precision = getattr(served_gpu, MODELS[name][1]), MODELS[name][2]
+    rng = np.random.default_rng(0)
+
+    def inputs():
+        return [{k: tf.constant(v) for k, v in feed(batch, rng).items()}]
+
+    params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=source, conversion_params=params)
+    start = time.perf_counter()
+    if precision == "INT8":
+        converter.convert(calibration_input_fn=lambda: iter(inputs() + inputs()))
+    else:
+        converter.convert()
+    stages["convert"] = time.perf_counter() - start
+    start = time.perf_counter()
+    converter.build(input_fn=lambda: iter(inputs()))
+    stages["build"] = time.perf_counter() - start
+    start = time.perf_counter()
+    converter.save(out, overwrite=True)
+    stages["save"] = time.perf_counter() - start
+    stats = trt.engine_op_stats()
+    stages["engine_ops"] = len(stats)
+    stages["fallbacks"] = sum(s["fallback_total"] for s in stats.values())
+    return stages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--child", nargs=3, metavar=("STEP", "MODEL", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        step, name, directory = args.child
+        if step == "export":
+            export(name, directory)
+        else:
+            print(json.dumps(convert(name, directory, directory + "_trt", args.batch)))
+        return
+    work = tempfile.mkdtemp(prefix="tftrt_conversion_time_")
+    try:
+        env = dict(os.environ, TFTRT_PY_TIMING_CACHE=os.path.join(work, "timing_cache.json"),
+                   CUPY_CACHE_DIR=os.path.join(work, "cupy"), TRITON_CACHE_DIR=os.path.join(work, "triton"),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        rows = []
+        for name in args.models:
+            source = os.path.join(work, name)
+            subprocess.run([sys.executable, __file__, "--child", "export", name, source], env=env, check=True)
+            for phase in ("fresh", "warm"):
+                done = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--child", "convert",
+                                       name, source], env=env, check=True, stdout=subprocess.PIPE, text=True)
+                stages = json.loads(done.stdout.strip().splitlines()[-1])
+                rows.append((name, MODELS[name][2], phase, stages))
+                print(name, phase, stages, file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{time.strftime('%Y-%m-%d')}, batch {args.batch}; seconds (imports excluded from the total)")
+    print(f"{'model':<10} {'precision':<9} {'caches':<6} {'convert':>8} {'build':>7} {'save':>6} {'total':>7} "
+          f"{'engine ops':>10} {'fallbacks':>9}")
+    for name, precision, phase, s in rows:
+        total = s["convert"] + s["build"] + s["save"]
+        print(f"{name:<10} {precision:<9} {phase:<6} {s['convert']:8.1f} {s['build']:7.1f} {s['save']:6.1f} "
+              f"{total:7.1f} {s['engine_ops']:>10} {s['fallbacks']:>9}")
+
+
+if __name__ == "__main__":
+    main()
