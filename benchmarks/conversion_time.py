@@ -3,15 +3,17 @@ exported with random weights, then ``convert()`` (with INT8 calibration), ``buil
 fresh process with empty caches and again in a new process with those caches warm (timing cache, cupy and Triton
 kernel caches).
 
-    python benchmarks/conversion_time.py [--models bert resnet50] [--batch 8]
+    python benchmarks/conversion_time.py [--models bert resnet50] [--batch 8] [--profile N]
 
 Figures are wall-clock seconds per stage, the process's imports excluded; the engines serve the batch given.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,7 @@ def export(name: str, directory: str) -> None:
     getattr(served_gpu, MODELS[name][0])(directory)
 
 
-def convert(name: str, source: str, out: str, batch: int) -> dict:
+def convert(name: str, source: str, out: str, batch: int, profile: int = 0) -> dict:
     import numpy as np
 
     import served_gpu
@@ -45,9 +47,13 @@ def convert(name: str, source: str, out: str, batch: int) -> dict:
     feed, precision = getattr(served_gpu, MODELS[name][1]), MODELS[name][2]
     rng = np.random.default_rng(0)
 
-    def inputs():
-        return [{k: tf.constant(v) for k, v in feed(batch, rng).items()}]
+    def inputs():  # by name; one input positionally (Keras names it after its tensor, keras_tensor_<n>)
+        arrays = {k: tf.constant(v) for k, v in feed(batch, rng).items()}
+        return [arrays if len(arrays) > 1 else tuple(arrays.values())]
 
+    profiler = cProfile.Profile() if profile else None
+    if profiler:
+        profiler.enable()
     params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision)
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=source, conversion_params=params)
     start = time.perf_counter()
@@ -62,6 +68,9 @@ def convert(name: str, source: str, out: str, batch: int) -> dict:
     start = time.perf_counter()
     converter.save(out, overwrite=True)
     stages["save"] = time.perf_counter() - start
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(profile)
     stats = trt.engine_op_stats()
     stages["engine_ops"] = len(stats)
     stages["fallbacks"] = sum(s["fallback_total"] for s in stats.values())
@@ -72,6 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the N functions of most cumulative time in each conversion (cProfile)")
     parser.add_argument("--child", nargs=3, metavar=("STEP", "MODEL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -79,7 +90,7 @@ def main() -> None:
         if step == "export":
             export(name, directory)
         else:
-            print(json.dumps(convert(name, directory, directory + "_trt", args.batch)))
+            print(json.dumps(convert(name, directory, directory + "_trt", args.batch, args.profile)))
         return
     work = tempfile.mkdtemp(prefix="tftrt_conversion_time_")
     try:
@@ -91,8 +102,9 @@ def main() -> None:
             source = os.path.join(work, name)
             subprocess.run([sys.executable, __file__, "--child", "export", name, source], env=env, check=True)
             for phase in ("fresh", "warm"):
-                done = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--child", "convert",
-                                       name, source], env=env, check=True, stdout=subprocess.PIPE, text=True)
+                done = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--profile",
+                                       str(args.profile), "--child", "convert", name, source], env=env, check=True,
+                                      stdout=subprocess.PIPE, text=True)
                 stages = json.loads(done.stdout.strip().splitlines()[-1])
                 rows.append((name, MODELS[name][2], phase, stages))
                 print(name, phase, stages, file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftrt_py import trt_convert as trt
+from tftrt_py import settings, trt_convert as trt
 from tftrt_py.convert import variables
 from tftrt_py.engine_op import dispatcher
 
@@ -27,6 +27,12 @@ class LargeModel(tf.Module):
     def serve(self, x, ids):
         h = x + tf.nn.embedding_lookup(self.embedding, ids)
         return {"y": tf.nn.relu(tf.matmul(h, self.kernel) + self.bias)}
+
+
+@pytest.fixture(autouse=True)
+def keep_any_size(monkeypatch):
+    """This model's variables are small: keep them whatever they total (the default keeps 512 MiB or more)."""
+    monkeypatch.setenv(settings.KEEP_VARIABLES.name, "0")
 
 
 def feeds(batch):
@@ -151,6 +157,24 @@ def test_engines_keep_the_values_of_conversion_time(model_dir, tmp_path):
     before = converter._converted_func(**inputs)["y"].numpy()
     kept.assign(tf.zeros_like(kept))
     np.testing.assert_array_equal(converter._converted_func(**inputs)["y"].numpy(), before)
+
+
+def test_variables_totalling_less_than_the_setting_are_frozen(model_dir, monkeypatch):
+    monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(3 << 20))  # the kept-able kernel holds 1 MiB
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir)
+    converter.convert()
+    assert converter._variables == []
+    assert "ReadVariableOp" not in {n.op for n in converter._converted_graph_def.node}
+
+
+def test_the_reads_read_the_captured_handles_directly(converted):
+    """No Identity of a handle is left between a read and its variable (each node costs the served call)."""
+    converter, _ = converted
+    graph = converter._converted_graph_def
+    nodes = {n.name: n for n in graph.node}
+    (read,) = [n for n in graph.node if n.op == "ReadVariableOp"]
+    assert nodes[read.input[0].split(":")[0]].op == "Placeholder"
+    assert not [n for n in graph.node if n.op == "Identity" and n.attr["T"].type == tf.resource.as_datatype_enum]
 
 
 def test_small_variables_are_frozen_as_before(tmp_path):

@@ -56,7 +56,8 @@ class LargeDense(tf.Module):
         return {"y": tf.matmul(tf.nn.relu(tf.matmul(x, self.w[0])), self.w[1])}
 
 
-def test_native_replays_skip_the_weight_inputs_of_large_variables(tmp_path):
+def test_native_replays_skip_the_weight_inputs_of_large_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFTRT_PY_KEEP_VARIABLES_BYTES", "0")  # 8 MiB of weights: keep them anyway
     model = LargeDense()
     source = str(tmp_path / "dense")
     tf.saved_model.save(model, source, signatures=model.serve)

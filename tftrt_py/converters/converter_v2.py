@@ -14,6 +14,7 @@ from tensorflow.python.saved_model import signature_constants, tag_constants
 from tensorflow.python.trackable import autotrackable
 from tqdm import tqdm
 
+from tftrt_py import settings
 from tftrt_py.convert import variables
 from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
@@ -151,6 +152,7 @@ class TrtGraphConverterV2:
         graph_def = graph_io.inline_calls(graph_def, keep={n.split(":")[0] for n in output_names})
         graph_def = graph_io.optimize(graph_def, graph, self._input_names + output_names)
         self._variable_reads = variables.variable_reads(graph_def, captured)
+        variables.read_directly(graph_def, self._variable_reads)
         view = variables.WeightsView(graph_def, self._variable_reads) if self._variable_reads else GraphView(graph_def)
         params = self._params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size, fetches=output_names,
@@ -190,12 +192,14 @@ class TrtGraphConverterV2:
     @staticmethod
     def _large_variables(func):
         """The variables of `func` freezing keeps (placeholder name -> variable): those of LARGE_VARIABLE_BYTES
-        or more that only ReadVariableOps use (see convert.variables)."""
+        or more that only ReadVariableOps use, when together they hold TFTRT_PY_KEEP_VARIABLES_BYTES or more (see
+        convert.variables)."""
         large = variables.large_variables(func)
-        if not large:
+        if sum(variables.nbytes(v) for v in large.values()) < settings.KEEP_VARIABLES.get():
             return {}
         kept = variables.only_read(graph_io.inline_calls(func.graph.as_graph_def()), large)
-        return {name: v for name, v in large.items() if name in kept}
+        large = {name: v for name, v in large.items() if name in kept}
+        return large if sum(variables.nbytes(v) for v in large.values()) >= settings.KEEP_VARIABLES.get() else {}
 
     def _execute_calibration(self, calibration_input_fn):
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
