@@ -168,7 +168,7 @@ class TrtGraphConverterV2:
         converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
         engine_ops = len(segments)
         values = view.values if self._variable_reads else {}
-        del graph_def, view, result, segments  # the converted graph holds the weights now: one copy, not three
+        del graph_def, view, result, segments  # the converted graph and kept variables hold the weights now
         variables.mark_weight_inputs(converted, self._variable_reads)
         # the engine ops outlive the functions and sessions this converter makes and drops, until it goes; those
         # reading variables take their values now (sharing the variables' memory)
@@ -269,8 +269,10 @@ class TrtGraphConverterV2:
             if op is None or not op.missing_ranges:
                 continue
             names = sorted({t for ts in op.missing_ranges.values() for t in ts})
-            # an engine input is named by the graph tensor feeding it
-            names = [node.input[int(t[len(INPUT_PREFIX):])] if t.startswith(INPUT_PREFIX) else t for t in names]
+            # an engine input is named by the graph tensor feeding it (engines number the inputs not weights)
+            bound = variables.engine_inputs(node)
+            names = [node.input[bound[int(t[len(INPUT_PREFIX):])]] if t.startswith(INPUT_PREFIX) else t
+                     for t in names]
             problems.append(f"{node.name}: {', '.join(names)}")
             tensors += names
         if problems:
