@@ -48,10 +48,6 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def engine_nodes(converter):
-    return [n for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
-
-
 @pytest.fixture(params=[False, True], ids=["static", "dynamic"])
 def converted(request, model_dir, tmp_path):
     """(converter, saved directory) after convert, build at batch 4, save."""
@@ -67,8 +63,8 @@ def test_only_the_large_variable_that_is_only_read_stays_a_variable(converted):
     converter, _ = converted
     assert converter.freeze
     graph = converter._converted_graph_def
-    assert [n.op for n in engine_nodes(converter)] == ["TRTEngineOp"]
-    (node,) = engine_nodes(converter)
+    assert [n.op for n in converter._engine_nodes()] == ["TRTEngineOp"]
+    (node,) = converter._engine_nodes()
     reads = [n for n in graph.node if n.op == "ReadVariableOp"]
     assert len(reads) == 1 and [node.input[i] for i in variables.weight_inputs(node)] == [f"{reads[0].name}:0"]
     assert "ResourceGather" not in {n.op for n in graph.node}  # the embedding was frozen and converts
@@ -78,7 +74,7 @@ def test_only_the_large_variable_that_is_only_read_stays_a_variable(converted):
 
 def test_the_engines_share_the_variables_memory_and_bind_only_the_other_inputs(converted):
     converter, _ = converted
-    (node,) = engine_nodes(converter)
+    (node,) = converter._engine_nodes()
     op = dispatcher.find(node.attr["segment_key"].s.decode())
     (kept,) = converter._variables
     (index,) = variables.weight_inputs(node)
@@ -135,7 +131,7 @@ def test_a_loaded_op_copies_the_weights_only_when_it_builds_an_engine(model_dir,
     converter.build(input_fn=lambda: iter([feeds(4)]))
     out = str(tmp_path / "converted")
     converter.save(out)
-    (node,) = engine_nodes(converter)
+    (node,) = converter._engine_nodes()
     del converter
     loaded, original = tf.saved_model.load(out), tf.saved_model.load(model_dir)
     serve, want = loaded.signatures["serving_default"], original.signatures["serving_default"]
@@ -193,4 +189,4 @@ def test_small_variables_are_frozen_as_before(tmp_path):
     converter.convert()
     assert converter._variables == []
     assert "ReadVariableOp" not in {n.op for n in converter._converted_graph_def.node}
-    assert all(variables.weight_inputs(n) == [] for n in engine_nodes(converter))
+    assert all(variables.weight_inputs(n) == [] for n in converter._engine_nodes())

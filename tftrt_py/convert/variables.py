@@ -5,9 +5,10 @@ Each read of a kept variable (ReadVariableOp) stays native and its value enters 
 an input, marked in the engine op's WEIGHT_INPUTS_ATTR. The segmenter sees those reads as constants of the
 variables' values (:class:`WeightsView`), so converters needing weights accept them. Engines take the values as
 weights, not as bindings (:func:`bind_weights`: the converter's ops take the variables' reads at convert(),
-sharing their memory; a loaded op copies the first values it runs with); every call still passes them, and the
-op and the kernel's native replays skip them (:func:`engine_inputs`). As in TF-TRT, engines keep the values
-they were built with: assigning a variable later changes what the native ops compute, not the engines.
+sharing their memory; a loaded op copies the values of the first call that builds an engine from its segment);
+every call still passes them, and the op and the kernel's native replays skip them (:func:`engine_inputs`).
+As in TF-TRT, engines keep the values they were built with: assigning a variable later changes what the native
+ops compute, not the engines.
 
 Freezing keeps large variables so a model's weights are held once, by the variables (the engines' networks
 share their memory), rather than in every copy of the graph a conversion makes (frozen GraphDef, segment
@@ -17,7 +18,7 @@ its checkpoint, streamed to disk, with no 2 GB GraphDef limit.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -74,12 +75,9 @@ def read_directly(graph_def, reads: Mapping[str, object]) -> None:
     inlining leaves one per call): each node of the served graph costs its executor microseconds per call."""
     nodes = {n.name: n for n in graph_def.node}
     for name in reads:
-        read = nodes[name]
-        source = nodes.get(split_ref(read.input[0])[0])
-        while source is not None and source.op in _HANDLE_PASS_THROUGH and source.input:
-            source = nodes.get(split_ref(source.input[0])[0])
+        source = _handle_source(nodes, nodes[name].input[0])
         if source is not None:
-            read.input[0] = source.name
+            nodes[name].input[0] = source
     _drop_unused_handles(graph_def, placeholders=False)
 
 
@@ -109,15 +107,17 @@ def variable_values(reads: Mapping[str, tf.Variable]) -> Dict[str, np.ndarray]:
 def variable_reads(graph_def, captured: Mapping[str, tf.Variable]) -> Dict[str, tf.Variable]:
     """ReadVariableOp node name -> the captured variable it reads (through Identities of the handle)."""
     nodes = {n.name: n for n in graph_def.node}
-
-    def source(ref):
-        node = nodes.get(split_ref(ref)[0])
-        while node is not None and node.op in _HANDLE_PASS_THROUGH and node.input:
-            node = nodes.get(split_ref(node.input[0])[0])
-        return None if node is None else node.name
-
-    reads = {n.name: captured.get(source(n.input[0])) for n in graph_def.node if n.op == "ReadVariableOp"}
+    reads = {n.name: captured.get(_handle_source(nodes, n.input[0])) for n in graph_def.node
+             if n.op == "ReadVariableOp"}
     return {name: v for name, v in reads.items() if v is not None}
+
+
+def _handle_source(nodes, ref: str) -> Optional[str]:
+    """The node a resource handle `ref` comes from, past pass-through Identities (None if not in `nodes`)."""
+    node = nodes.get(split_ref(ref)[0])
+    while node is not None and node.op in _HANDLE_PASS_THROUGH and node.input:
+        node = nodes.get(split_ref(node.input[0])[0])
+    return None if node is None else node.name
 
 
 class WeightsView(GraphView):
