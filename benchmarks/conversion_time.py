@@ -70,7 +70,8 @@ def convert(name: str, source: str, out: str, batch: int, profile: int = 0) -> d
     stages["save"] = time.perf_counter() - start
     if profiler:
         profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(profile)
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(profile)
     stats = trt.engine_op_stats()
     stages["engine_ops"] = len(stats)
     stages["fallbacks"] = sum(s["fallback_total"] for s in stats.values())
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="print the N functions of most cumulative time in each conversion (cProfile)")
+                        help="print each conversion's N functions of most cumulative and own time (cProfile)")
     parser.add_argument("--child", nargs=3, metavar=("STEP", "MODEL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -1,5 +1,6 @@
 """Graph I/O: function calls are inlined before segmentation (Keras' XLA-compiled grouped convolutions too),
-loops stay native while the ops around them convert, and a damaged saved_model.pb is one clear error."""
+weights are held once, loops stay native while the ops around them convert, and a damaged saved_model.pb is one
+clear error."""
 import os
 import shutil
 
@@ -10,6 +11,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from support import frozen_graph_def, random_array
 from tftrt_py import trt_convert as trt
+from tftrt_py.convert.graph import LARGE_CONST_BYTES
 from tftrt_py.converters import graph_io
 from tftrt_py.converters.graph_io import CALL_OPS, inline_calls
 from tftrt_py.converters.summary import weight_feeds
@@ -102,6 +104,42 @@ def test_calls_named_in_keep_stay_with_their_functions():
     assert {n.name for n in call_ops(inlined)} == kept
     assert [f.signature.name for f in inlined.library.function] == [
         n.attr["f"].func.name for n in call_ops(inlined)]
+
+
+# -- optimize: weights pass grappler as stand-ins ----------------------------------------------------------
+class ReadsInACall(tf.Module):
+    """A call reading twelve weights and returning two results: inlined, both results wait on a NoOp that waits on
+    every read (the call's control outputs), too many edges for grappler to fold the NoOp away."""
+
+    def __init__(self):
+        self.w = [tf.Variable(random_array([128, 128]) / 16) for _ in range(12)]  # 64 KiB each: LARGE_CONST_BYTES
+
+    @tf.function
+    def dense(self, x):
+        for w in self.w:
+            x = tf.nn.relu(tf.matmul(x, w))
+        return {"y": x, "z": x + 1.0}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 128], tf.float32)])
+    def serve(self, x):
+        return self.dense(x)
+
+
+def test_weights_a_call_waits_on_are_held_once_in_their_engines_segment(tmp_path):
+    module = ReadsInACall()
+    tf.saved_model.save(module, str(tmp_path), signatures=module.serve)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path))
+    func = converter.convert()
+    graph_def = converter._converted_graph_def
+    assert [n.name for n in graph_def.node if n.op == "Const"
+            and n.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES] == []
+    segment, = graph_def.library.function
+    assert sum(n.op == "Const" and n.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES
+               for n in segment.node_def) == 12
+    x = tf.constant(random_array([3, 128]))
+    want, got = module.serve(x), func(x=x)
+    for key in want:
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-5)
 
 
 # -- Keras models whose grouped convolutions are XLA-compiled calls convert to one engine ------------------

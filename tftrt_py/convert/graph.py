@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
-__all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr"]
+__all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr", "LARGE_CONST_BYTES", "without_weights",
+           "restore_weights"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -30,6 +31,45 @@ def split_ref(ref: str) -> Tuple[str, int]:
 
 def tensor_ref(name: str, port: int = 0) -> str:
     return f"{name}:{port}"
+
+
+#: Consts of at least this many bytes (weights) stand in as Placeholders where TF only needs the graph's structure.
+LARGE_CONST_BYTES = 1 << 16
+
+
+def without_weights(graph_def) -> Tuple[graph_pb2.GraphDef, Dict[str, object]]:
+    """(`graph_def` with each Const of LARGE_CONST_BYTES or more replaced by a Placeholder of its dtype and shape,
+    those Consts by name).
+
+    TF copies a graph on each import, serialization and grappler pass; a model's weights would be copied as often.
+    Its shape inference and rewrites see the same dtypes and shapes through the stand-ins (no shape argument is
+    that large), and :func:`restore_weights` puts the Consts back afterwards.
+    """
+    light = graph_pb2.GraphDef()
+    light.versions.CopyFrom(graph_def.versions)
+    light.library.CopyFrom(graph_def.library)
+    weights = {}
+    for node in graph_def.node:
+        if node.op == "Const" and node.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES:
+            weights[node.name] = node
+            stand_in = light.node.add(name=node.name, op="Placeholder", input=node.input, device=node.device)
+            stand_in.attr["dtype"].type = node.attr["dtype"].type
+            stand_in.attr["shape"].shape.CopyFrom(node.attr["value"].tensor.tensor_shape)
+        else:
+            light.node.add().CopyFrom(node)
+    return light, weights
+
+
+def restore_weights(nodes, weights: Dict[str, object]) -> None:
+    """Turn the stand-ins among `nodes` (NodeDefs of a GraphDef or FunctionDef) back into the Consts of
+    :func:`without_weights`, keeping each node's inputs and device as they are now."""
+    for node in nodes:
+        weight = weights.get(node.name) if node.op == "Placeholder" else None
+        if weight is not None:
+            node.op = "Const"
+            node.attr.clear()
+            node.attr["dtype"].CopyFrom(weight.attr["dtype"])
+            node.attr["value"].CopyFrom(weight.attr["value"])
 
 
 def decode_attr(value: attr_value_pb2.AttrValue):
@@ -108,7 +148,7 @@ class GraphView:
         dtypes, shapes, counts = {}, {}, {}
         graph = tf.Graph()
         with graph.as_default():
-            tf.graph_util.import_graph_def(self.graph_def, name="")
+            tf.graph_util.import_graph_def(without_weights(self.graph_def)[0], name="")
         for op in graph.get_operations():
             counts[op.name] = len(op.outputs)
             for i, t in enumerate(op.outputs):

@@ -11,7 +11,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_shape_pb2
 from tensorflow.python.framework import graph_to_function_def
 
 from tftrt_py.convert.build import INPUT_PREFIX, OUTPUT_PREFIX
-from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
+from tftrt_py.convert.graph import GraphView, restore_weights, split_ref, tensor_ref, without_weights
 
 __all__ = ["ENGINE_OP", "ALLOW_BUILD_ATTR", "MAX_BATCH_SIZE_ANNOTATION", "EngineOpAttrs", "engine_name",
            "native_segment_name", "rewrite", "native_segment_function", "segment_max_batch_size"]
@@ -61,9 +61,10 @@ def segment_max_batch_size(segment, view: GraphView, default: int) -> int:
 
 def native_segment_function(segment_graph_def, name: str):
     """FunctionDef `name` whose args are the TensorRTInputPH_i and results the TensorRTOutputPH_i."""
+    light, weights = without_weights(segment_graph_def)
     graph = tf.Graph()
     with graph.as_default():
-        tf.graph_util.import_graph_def(segment_graph_def, name="")
+        tf.graph_util.import_graph_def(light, name="")
     ops = graph.get_operations()
     by_index = lambda prefix: sorted((op for op in ops if op.name.startswith(prefix)),
                                      key=lambda op: int(op.name.rsplit("_", 1)[1]))
@@ -73,6 +74,7 @@ def native_segment_function(segment_graph_def, name: str):
     fdef = graph_to_function_def.graph_to_function_def(graph, body, inputs, outputs,
                                                        out_names=[t.op.name for t in outputs])
     fdef.signature.name = name
+    restore_weights(fdef.node_def, weights)
     return fdef
 
 

@@ -22,6 +22,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
+from tftrt_py.convert.graph import restore_weights, without_weights
 from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
@@ -245,45 +246,28 @@ def _called_functions(nodes, library) -> set:
     return used
 
 
-#: Consts of at least this many bytes (weights) pass through grappler as Placeholders of their dtype and shape.
-LARGE_CONST_BYTES = 1 << 16
-
-
 def optimize(graph_def, graph, fetch_names: Sequence[str]):
     """Run grappler's constant folding and friends, keeping the fetched tensors.
 
-    Grappler copies the graph several times over (meta graph, serialized, its own item, folded result), so a
-    model's weights would be copied as often: the Consts of LARGE_CONST_BYTES or more go through it as
-    Placeholders and come back afterwards. Folding stops at them (a Cast or Transpose of a weight stays an op;
-    the engines fold it when they are built) and everything smaller folds as before.
+    Grappler copies the graph several times over (meta graph, serialized, its own item, folded result), so the
+    weights go through it as stand-ins (:func:`without_weights`) and come back afterwards. Folding stops at them
+    (a Cast or Transpose of a weight stays an op; the engines fold it when they are built) and everything
+    smaller folds as before. Control edges from those Consts go, as grappler drops those from the Consts it sees.
     """
-    light = graph_pb2.GraphDef()
-    light.versions.CopyFrom(graph_def.versions)
-    light.library.CopyFrom(graph_def.library)
-    weights = {}
-    for node in graph_def.node:
-        if node.op == "Const" and node.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES:
-            weights[node.name] = node
-            stand_in = light.node.add(name=node.name, op="Placeholder", input=node.input)
-            stand_in.attr["dtype"].type = node.attr["dtype"].type
-            stand_in.attr["shape"].shape.CopyFrom(node.attr["value"].tensor.tensor_shape)
-        else:
-            light.node.add().CopyFrom(node)
-            light.node[-1].device = ""
+    light, weights = without_weights(graph_def)
+    for node in light.node:
+        node.device = ""
     optimized = _grappler(light, graph, fetch_names)
-    if not weights:
-        return optimized
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(optimized.versions)
-    out.library.CopyFrom(optimized.library)
+    # a control edge from a Const without inputs orders nothing; kept, it would hold the weight in the graph
+    # beside the segment that copies it in
+    inert = {f"^{name}" for name, node in weights.items() if not node.input}
     for node in optimized.node:
-        weight = weights.get(node.name) if node.op == "Placeholder" else None
-        out.node.add().CopyFrom(node if weight is None else weight)
-        if weight is not None:
-            del out.node[-1].input[:]
-            out.node[-1].input.extend(node.input)
-            out.node[-1].device = ""
-    return out
+        if inert.intersection(node.input):
+            kept = [r for r in node.input if r not in inert]
+            del node.input[:]
+            node.input.extend(kept)
+    restore_weights(optimized.node, weights)
+    return optimized
 
 
 def _grappler(graph_def, graph, fetch_names: Sequence[str]):
