@@ -390,3 +390,12 @@ def test_an_unparsable_saved_model_pb_is_one_line_without_the_checksum_claim(sav
                                                        r"saved_model.pb.: Error parsing message") as info:
         graph_io.load_signature(model_dir, ["serve"], "serving_default")
     assert "\n" not in str(info.value) and "fingerprint" not in str(info.value)
+
+
+def test_functions_first_called_with_grappler_off_leave_the_process_setting_as_it_was():
+    options = tf.config.optimizer.get_experimental_options
+    before = options().get("disable_meta_optimizer", False)
+    with graph_io.grappler_off():
+        assert options()["disable_meta_optimizer"] is True
+        assert float(tf.function(lambda x: x * 2.0)(tf.constant(1.5))) == 3.0
+    assert options().get("disable_meta_optimizer", False) == before

@@ -1,9 +1,10 @@
 """How the cupy tuner times candidates (tactics.Tuner._rounds, fake timers, no GPU): after an idle spell it keeps
 the GPU busy before timing, then times every candidate in interleaved rounds and keeps each one's median, so a
-clock still rising does not favour the candidates timed last."""
+clock still rising does not favour the candidates timed last; operands are random values made on the host."""
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from tftrt_py.engine.backends.cupy import tactics
@@ -46,3 +47,17 @@ def test_candidates_are_timed_in_interleaved_rounds_and_a_failing_one_is_dropped
     assert gpu.calls[:6] == ["a", "b", "c", "a", "b", "c"]
     assert gpu.calls.count("a") == gpu.calls.count("c") == tactics.ROUNDS
     assert [op.tactic["op"] for op, _ in alive] == ["a", "c"]
+
+
+@pytest.mark.parametrize("dtype, low, high", [("float32", -1, 1), ("float16", -1, 1), ("int8", -127, 127)])
+def test_candidates_time_on_random_operands_made_on_the_host(dtype, low, high):
+    block = tactics._random_block(dtype)
+    assert block.dtype == dtype and block.size == tactics.RANDOM_BLOCK
+    assert low <= block.min() < 0 < block.max() <= high
+    assert len(np.unique(block)) > 100  # not a constant, nor a few values
+
+
+def test_fp8_operands_are_e4m3_codes_of_both_signs_without_nan():
+    codes = tactics._random_block("uint8")
+    assert not np.isin(codes, [0x7f, 0xff]).any()  # E4M3's NaNs
+    assert (codes >= 0x80).any() and (codes < 0x80).any()

@@ -213,8 +213,7 @@ class TrtGraphConverterV2:
         batches = 0
         try:
             for inp in tqdm(calibration_input_fn(), desc=f"{precision} calibration ({algorithm})", unit="batch"):
-                args, kwargs = _convert_to_tensors(inp)
-                self._converted_func(*args, **kwargs)
+                self._run(inp)
                 batches += 1
         finally:
             tables = [dispatcher.finish_calibrating(key) for key in keys]
@@ -227,6 +226,14 @@ class TrtGraphConverterV2:
         self._calibration_seconds = time.perf_counter() - start
         logger.info("%s calibration (%s) of %d engine op(s) over %d batch(es): %.2f s", precision, algorithm,
                     len(nodes), batches, self._calibration_seconds)
+
+    def _run(self, inp) -> None:
+        """Run the converted function on one of input_fn's inputs, without TF's graph optimizer: the graph was
+        optimized before segmentation, and on its first call grappler would copy every native segment's weights
+        through its passes again (seconds for BERT-base)."""
+        args, kwargs = _convert_to_tensors(inp)
+        with graph_io.grappler_off():
+            self._converted_func(*args, **kwargs)
 
     # -- build ----------------------------------------------------------------
     def build(self, input_fn):
@@ -243,8 +250,7 @@ class TrtGraphConverterV2:
             self._build_profiles(input_fn)
         else:
             for inp in input_fn():
-                args, kwargs = _convert_to_tensors(inp)
-                self._converted_func(*args, **kwargs)
+                self._run(inp)
         self._build_called_once = True
         release_freed_memory()
         if self._int8_without_calibration:
@@ -290,8 +296,7 @@ class TrtGraphConverterV2:
             dispatcher.start_collecting(key)
         try:
             for inp in input_fn():
-                args, kwargs = _convert_to_tensors(inp)
-                self._converted_func(*args, **kwargs)
+                self._run(inp)
         finally:
             collected = {key: dispatcher.stop_collecting(key) for key in keys}
         for key in keys:

@@ -2,6 +2,7 @@
 function from a GraphDef."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -26,7 +27,7 @@ from tftrt_py.convert.graph import restore_weights, without_weights
 from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
-           "function_from_graph_def", "SavedModelError"]
+           "function_from_graph_def", "grappler_off", "SavedModelError"]
 
 logger = logging.getLogger(__name__)
 
@@ -268,6 +269,18 @@ def optimize(graph_def, graph, fetch_names: Sequence[str]):
             node.input.extend(kept)
     restore_weights(optimized.node, weights)
     return optimized
+
+
+@contextlib.contextmanager
+def grappler_off():
+    """Functions first called within run without TF's graph optimizer (the process's setting, restored after)."""
+    ctx = context.context()
+    before = ctx.get_optimizer_experimental_options().get("disable_meta_optimizer", False)
+    ctx.set_optimizer_experimental_options({"disable_meta_optimizer": True})
+    try:
+        yield
+    finally:
+        ctx.set_optimizer_experimental_options({"disable_meta_optimizer": before})
 
 
 def _grappler(graph_def, graph, fetch_names: Sequence[str]):

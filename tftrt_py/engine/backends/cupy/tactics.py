@@ -107,6 +107,27 @@ def device_versions() -> Dict[str, object]:
     return found
 
 
+#: Values in the host block a timing buffer repeats: random operands without device random kernels, which would be
+#: compiled (seconds) on a machine's first build.
+RANDOM_BLOCK = 1 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def _random_block(dtype: str) -> np.ndarray:
+    """RANDOM_BLOCK random values of `dtype` to time on: floats uniform in [-1, 1], int8 in [-127, 127] (quantized
+    operands: never time on zeros), uint8 E4M3 codes (FP8 operands) without NaNs, bools even; zeros otherwise."""
+    rng = np.random.default_rng(0)
+    if dtype in ("float32", "float16"):
+        return rng.uniform(-1.0, 1.0, RANDOM_BLOCK).astype(dtype)
+    if dtype == "bool":
+        return rng.uniform(0.0, 1.0, RANDOM_BLOCK) > 0.5
+    if dtype == "int8":
+        return rng.integers(-127, 128, RANDOM_BLOCK, dtype=np.int8)
+    if dtype == "uint8":
+        return (rng.integers(0, 0x7f, RANDOM_BLOCK) | (rng.integers(0, 2, RANDOM_BLOCK) << 7)).astype(np.uint8)
+    return np.zeros(RANDOM_BLOCK, dtype)
+
+
 class Tuner:
     def __init__(self, rc, options, check: bool = False):
         self.rc, self.options, self.check = rc, options, check
@@ -126,17 +147,11 @@ class Tuner:
         if key not in self._buffers:
             cupy = _device.require()
             with self.rc.stream:
-                if dtype in ("float32", "float16"):
-                    arr = cupy.random.uniform(-1.0, 1.0, tuple(shape), dtype=cupy.float32).astype(dtype)
-                elif dtype == "bool":
-                    arr = cupy.random.uniform(0, 1, tuple(shape)) > 0.5
-                elif dtype == "int8":  # quantized operands: never time on zeros
-                    arr = cupy.random.randint(-127, 128, tuple(shape)).astype(cupy.int8)
-                elif dtype == "uint8":  # E4M3 codes (FP8 operands), NaN's left out
-                    arr = (cupy.random.randint(0, 0x7f, tuple(shape)) | (cupy.random.randint(0, 2, tuple(shape))
-                                                                         << 7)).astype(cupy.uint8)
-                else:
-                    arr = cupy.zeros(tuple(shape), dtype=dtype)
+                arr = cupy.empty(tuple(shape), dtype=dtype)
+                flat, block = arr.reshape(-1), _random_block(dtype)
+                for start in range(0, flat.size, block.size):  # the block repeated
+                    part = flat[start:start + block.size]
+                    part.set(block[:part.size], stream=self.rc.stream)
             self._buffers[key] = arr
         return self._buffers[key]
 
