@@ -206,8 +206,13 @@ class FlatTuner:
 
     def __init__(self, quantized, step):
         self.quantized, self.step = quantized, step
+        self.prebuilt, self.timed = [], []
+
+    def prebuild(self, jobs):
+        self.prebuilt += [spec for spec, _ in jobs]
 
     def fastest_ms(self, spec, factory):
+        self.timed.append(spec)
         return self.quantized if spec.quant is not None else 1.0
 
     def op_ms(self, op, *shapes_and_dtypes):
@@ -230,3 +235,17 @@ def test_an_attention_block_pays_one_quantize_step_for_its_chain_and_one_for_q_k
     assert set(kept) == {"qkv", "attention", "o"}, choice
     kept, choice = program.keep_faster_quantized(built, layers, "INT8", FlatTuner(0.9, 0.5), BuildOptions(), {})
     assert set(kept) == set(), choice  # 0.5 + 3 x 0.9 against 3 x 1.0
+
+
+def test_the_specs_each_layer_is_timed_with_are_handed_to_the_tuner_to_build_together_first(monkeypatch):
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import quant_planning as program
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+    attention_kernel_available(monkeypatch)
+    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: None)
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    tuner = FlatTuner(0.7, 0.5)
+    program.keep_faster_quantized(built, program.quantized_layers(built, "INT8"), "INT8", tuner, BuildOptions(), {})
+    assert len(tuner.prebuilt) == 6  # quantized and fp16 for each of qkv, attention and o
+    assert [s.signature() for s in tuner.prebuilt] == [s.signature() for s in tuner.timed]

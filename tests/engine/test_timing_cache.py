@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -403,3 +404,25 @@ def test_single_candidate_times_and_op_times_are_cached_too(gpu):
     assert gpu.timed == []
     warm.op_ms(step, [(2, 4)], ["float16"], [(2, 4)], ["int8"])  # other shapes: timed
     assert gpu.timed == [["FakeOp"]]
+
+
+def test_candidates_built_ahead_side_by_side_are_the_ones_timed_and_recorded_tactics_are_not_built_ahead(
+        gpu, monkeypatch):
+    runtime = SimpleNamespace(getDevice=lambda: 0, setDevice=lambda device: None)
+    monkeypatch.setattr(tactics._device, "require", lambda: SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    options = BuildOptions(timing_cache=TimingCache())
+    tactics.Tuner(None, options).choose(spec_of(options, width=8), gpu.factory)  # the cache holds width 8
+    gpu.built, gpu.timed[:] = 0, []
+    threads = []
+
+    def factory(spec):
+        threads.append(threading.current_thread().name)
+        return gpu.factory(spec)
+
+    tuner = tactics.Tuner(None, options)
+    specs = [spec_of(options, name=f"conv_{width}", width=width) for width in (4, 8, 16)]
+    tuner.prebuild([(spec, factory) for spec in specs])
+    assert gpu.built == 2 and all(name.startswith("tftrt-prebuild") for name in threads)
+    assert [tuner.choose(spec, factory)[0].tactic["op"] for spec in specs] == ["fast"] * 3
+    assert gpu.built == 3  # width 8: the recorded tactic alone, built when chosen
+    assert gpu.timed == [["slow", "fast", "middle"]] * 2

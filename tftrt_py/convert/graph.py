@@ -11,10 +11,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2
 
 __all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr", "LARGE_CONST_BYTES", "without_weights",
-           "restore_weights"]
+           "function_without_weights", "restore_weights"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -48,16 +48,30 @@ def without_weights(graph_def) -> Tuple[graph_pb2.GraphDef, Dict[str, object]]:
     light = graph_pb2.GraphDef()
     light.versions.CopyFrom(graph_def.versions)
     light.library.CopyFrom(graph_def.library)
+    return light, _copy_standing_in(graph_def.node, light.node)
+
+
+def function_without_weights(fdef) -> function_pb2.FunctionDef:
+    """FunctionDef `fdef` with its weights stood in for, as :func:`without_weights` does for a GraphDef."""
+    light = function_pb2.FunctionDef()
+    for field in ("signature", "attr", "arg_attr", "resource_arg_unique_id", "ret", "control_ret"):
+        getattr(light, field).MergeFrom(getattr(fdef, field))
+    _copy_standing_in(fdef.node_def, light.node_def)
+    return light
+
+
+def _copy_standing_in(nodes, out) -> Dict[str, object]:
+    """Copy `nodes` into the repeated field `out`, the large Consts as stand-ins; those Consts by name."""
     weights = {}
-    for node in graph_def.node:
+    for node in nodes:
         if node.op == "Const" and node.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES:
             weights[node.name] = node
-            stand_in = light.node.add(name=node.name, op="Placeholder", input=node.input, device=node.device)
+            stand_in = out.add(name=node.name, op="Placeholder", input=node.input, device=node.device)
             stand_in.attr["dtype"].type = node.attr["dtype"].type
             stand_in.attr["shape"].shape.CopyFrom(node.attr["value"].tensor.tensor_shape)
         else:
-            light.node.add().CopyFrom(node)
-    return light, weights
+            out.add().CopyFrom(node)
+    return weights
 
 
 def restore_weights(nodes, weights: Dict[str, object]) -> None:

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import logging
 import os
+import types
 import weakref
 from typing import AbstractSet, Dict, Iterator, List, Sequence, Tuple
 
@@ -23,7 +24,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
-from tftrt_py.convert.graph import restore_weights, without_weights
+from tftrt_py.convert.graph import function_without_weights, restore_weights, without_weights
 from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
@@ -363,7 +364,11 @@ def _segment_function(fdef):
     spec = lambda arg: tf.TensorSpec(None, tf.as_dtype(arg.type))  # noqa: E731
     function_type = function_type_lib.from_structured_signature(
         (tuple(spec(a) for a in fdef.signature.input_arg), {}), [spec(a) for a in fdef.signature.output_arg])
-    atomic = atomic_function.AtomicFunction(name, ctx, function_type)
+    # its FuncGraph (TF builds one to save a function that has none) from the definition without the weights: the
+    # same inputs and outputs, without importing every weight into a graph
+    light = types.SimpleNamespace(definition=function_without_weights(fdef), function_type=function_type,
+                                  children=[], call_options=atomic_function.CallOptions())
+    atomic = atomic_function.AtomicFunction(name, ctx, function_type, cached_graph=atomic_function.to_func_graph(light))
     for gone in [n for n, (_, ref) in _SEGMENTS.items() if ref() is None]:  # functions dropped since
         del _SEGMENTS[gone]
     _SEGMENTS[name] = (digest, weakref.ref(atomic))

@@ -1,5 +1,6 @@
 """The timing cache on a GPU: a build with a cache that an earlier build filled (in memory, or saved and loaded as a
-new process would) times nothing and chooses the same tactics."""
+new process would) times nothing and chooses the same tactics; the candidates a build times are built ahead, side by
+side."""
 import numpy as np
 import pytest
 
@@ -39,3 +40,33 @@ def test_a_warm_cache_times_nothing_and_chooses_the_same_tactics(precision, monk
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 3)).astype(np.float32)
     outs = [e.create_execution_context().execute_v2([x])[0] for e in (first, third)]
     assert_close(outs[1], outs[0], precision, "the warm-built engine")
+
+
+@pytest.mark.parametrize("precision", ["FP32", "FP16", "INT8"])
+def test_every_timed_layer_takes_the_candidates_built_ahead_side_by_side(precision, monkeypatch):
+    built_in, unused = [], []
+    prebuild, release = tactics.Tuner.prebuild, tactics.Tuner.release
+
+    def watched_prebuild(self, jobs):
+        prebuild(self, jobs)
+        built_in.extend(self._prebuilt)
+
+    def watched_release(self):
+        unused.extend(self._prebuilt)
+        release(self)
+
+    monkeypatch.setattr(tactics.Tuner, "prebuild", watched_prebuild)
+    monkeypatch.setattr(tactics.Tuner, "release", watched_release)
+    def network():
+        net = conv_relu_pool_net()
+        for t in [*net.inputs, *(t for layer in net.layers for t in layer.outputs)] if precision == "INT8" else ():
+            t.dynamic_range = 4.0
+        return net
+
+    engine = Builder(BuilderConfig(precision, backend="cupy")).build_engine(network())
+    assert built_in and unused == [], (built_in, unused)
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 3)).astype(np.float32)
+    want = Builder(BuilderConfig(precision, backend="numpy")).build_engine(network()).create_execution_context()
+    got, ref = engine.create_execution_context().execute_v2([x])[0], want.execute_v2([x])[0]
+    tol = {"FP32": 1e-4, "FP16": 1e-2, "INT8": 5e-2}[precision] * max(1.0, float(np.max(np.abs(ref))))
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=0, err_msg="an engine of candidates built ahead")

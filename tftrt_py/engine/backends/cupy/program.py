@@ -245,6 +245,26 @@ class _Builder:
         self.prog.tactics[layer.name] = record
         self.weights.append(op)
 
+    def float_specs(self) -> List[Tuple[Spec, object]]:
+        """(spec, factory) of each float layer that will be a step of its own, as add_step will make it (inputs cast
+        to the compute dtype, outputs stored as storage_dtype says), for Tuner.prebuild to build their candidates
+        side by side ahead. Layers whose spec is only known as the program is laid out (views, quantized layers and
+        their neighbours) are left out: add_step builds theirs."""
+        q, skip = self.quant, ("Identity", "Shuffle", "NMS", *POINTWISE_KINDS)
+        specs = []
+        for layer in self.net.layers:
+            factory = FACTORIES.get(layer.kind)
+            if factory is None or layer.kind in skip or any(layer.name in names for names in (
+                    self.prefer, q.layers, q.pools, q.dual_writers)):
+                continue
+            cdt = compute_dtype(layer, self.precision)
+            specs.append((Spec(layer, [t.shape for t in layer.inputs],
+                               [cdt if t.dtype in FLOATS else t.dtype for t in layer.inputs],
+                               [t.shape for t in layer.outputs],
+                               [storage_dtype(t, layer, self.precision) for t in layer.outputs], cdt, self.options),
+                          factory))
+        return specs
+
     def operands(self, layer, cdt: str, out_dtypes: List[str]):
         """(input slots, output dtypes, the spec's quant dict, (slot, shape, format) of a second, quantized output)
         of `layer`: a max pool on quantized values, a quantized layer, or a float one (which may write a quantized
@@ -291,6 +311,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     build = _Builder(net, precision, options, prefer, plan_quantization(net, precision, tuner, options, prefer),
                      tuner)
     build.prog.ledger = ledger
+    tuner.prebuild(build.float_specs())
     build.add_inputs()
     start = time.perf_counter()
     for layer in net.layers:

@@ -179,13 +179,9 @@ def _measure(layer, fmt: str, quantized_out: bool, sole_reader: set, tuner: Tune
     """`sole_reader`: names of float32 engine inputs only this layer reads (the fp16 kernel then pays their cast,
     which the quantize step replaces)."""
     factory = FACTORIES[layer.kind]
-    out = [layer.outputs[0].shape]
-    operands, quant = quant_plan(layer, fmt)
+    operands, _ = quant_plan(layer, fmt)
     qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
-    reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind != "MatrixMultiply"]
-    q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
-             [FORMATS[fmt].storage if i in qshapes else _fp16_dtype(layer.inputs[i]) for i in reads], out,
-             [FORMATS[fmt].storage if quantized_out else "float16"], "float16", options, quant=quant)
+    q, fp16 = _specs(layer, fmt, quantized_out, options)
     try:
         q_ms = tuner.fastest_ms(q, factory)
     except BackendError as exc:  # no quantized kernel for these shapes
@@ -199,11 +195,24 @@ def _measure(layer, fmt: str, quantized_out: bool, sole_reader: set, tuner: Tune
         src = "float32" if layer.inputs[i].name in sole_reader else "float16"
         step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr, FORMATS[fmt].qfunc)
         steps[i] = tuner.op_ms(step, [shape], [src], [qshapes[i]], [FORMATS[fmt].storage])
-    fp16 = Spec(layer, [t.shape for t in layer.inputs], [_fp16_dtype(t) for t in layer.inputs], out, ["float16"],
-                "float16", options)
     casts = sum(tuner.op_ms(CastOp("float32", "float16"), [t.shape], ["float32"], [t.shape], ["float16"])
                 for t in layer.inputs if t.name in sole_reader)
     return _Costs(q_ms, steps, tuner.fastest_ms(fp16, factory) + casts)
+
+
+def _specs(layer, fmt: str, quantized_out: bool, options: BuildOptions) -> Tuple[Spec, Spec]:
+    """The specs `layer` is timed with: quantized (operands of `fmt`, its output too where `quantized_out`), and
+    in fp16."""
+    out = [layer.outputs[0].shape]
+    operands, quant = quant_plan(layer, fmt)
+    qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
+    reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind != "MatrixMultiply"]
+    q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
+             [FORMATS[fmt].storage if i in qshapes else _fp16_dtype(layer.inputs[i]) for i in reads], out,
+             [FORMATS[fmt].storage if quantized_out else "float16"], "float16", options, quant=quant)
+    fp16 = Spec(layer, [t.shape for t in layer.inputs], [_fp16_dtype(t) for t in layer.inputs], out, ["float16"],
+                "float16", options)
+    return q, fp16
 
 
 def _fp16_dtype(t) -> str:
@@ -283,6 +292,11 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     costs: Dict[str, _Costs] = {}
     recorded: Dict[str, bool] = {}
     readers = net.consumers()
+    measured = [layer for layer in net.layers if layer.name in layers
+                and (prefer.get(layer.name) or {}).get(_quant_format(layer, precision).lower()) is None]
+    tuner.prebuild([(spec, FACTORIES[layer.kind]) for layer in measured
+                    for spec in _specs(layer, _quant_format(layer, precision), layer.outputs[0].name in direct,
+                                       options)])
     for layer in net.layers:
         if layer.name not in layers:
             continue

@@ -14,6 +14,7 @@ the same random inputs and dropped (with a warning) when it disagrees.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import importlib.metadata
@@ -49,6 +50,8 @@ WARM_UP_MS = 25.0
 IDLE_S = 0.5
 ROUNDS = 5
 INNER = 5
+#: Threads building candidates side by side (Tuner.prebuild).
+PREBUILD_THREADS = 8
 
 
 class KeepAlive:
@@ -136,10 +139,37 @@ class Tuner:
         self.cache = options.timing_cache if options is not None else None
         self._context: Optional[TimingKey] = None  # the options and device parts of this tuner's cache keys
         self._buffers: Dict[tuple, object] = {}
+        self._prebuilt: Dict[str, List[Op]] = {}  # layer signature -> candidates built ahead (prebuild)
         self._busy_at = float("-inf")  # time.monotonic() when this tuner last timed something
 
     def release(self) -> None:
+        if self._prebuilt:
+            logger.debug("%d candidate sets built ahead went unused: %s", len(self._prebuilt), list(self._prebuilt))
         self._buffers.clear()
+        self._prebuilt.clear()
+
+    def prebuild(self, jobs) -> None:
+        """Build the candidates of `jobs` ((spec, factory) pairs) side by side in threads, ahead of the choose()
+        calls that time them: cuDNN plans (NVIDIA's frontend finalizes plans from several threads on one handle
+        too) and kernels compile in parallel, one after another they take most of a fresh build. Nothing is timed
+        meanwhile (a CUDA graph capture would see the other threads' allocations), and the specs whose tactic is
+        recorded or cached are left to choose(), which builds only that one."""
+        todo = {}
+        for spec, factory in jobs:
+            sig = spec.signature()
+            if spec.prefer is None and sig not in self.chosen and sig not in self._prebuilt and sig not in todo \
+                    and self._lookup(sig) is None:
+                todo[sig] = (spec, factory)
+        if len(todo) < 2:
+            return
+        device = _device.require().cuda.runtime.getDevice()
+        with concurrent.futures.ThreadPoolExecutor(min(PREBUILD_THREADS, len(todo)), "tftrt-prebuild",
+                                                   _device.require().cuda.runtime.setDevice, (device,)) as pool:
+            futures = {sig: pool.submit(factory, dataclasses.replace(spec, prefer=None))
+                       for sig, (spec, factory) in todo.items()}
+        for sig, future in futures.items():
+            if future.exception() is None:  # else choose() builds it again and reports the failure
+                self._prebuilt[sig] = future.result()
 
     # -- buffers -----------------------------------------------------------------------------------
     def _buffer(self, shape, dtype, role: str):
@@ -162,7 +192,9 @@ class Tuner:
         if found is not None:
             self.chosen.setdefault(sig, found[1])
             return found
-        cands = factory(dataclasses.replace(spec, prefer=None))
+        cands = self._prebuilt.pop(sig, None)
+        if cands is None:
+            cands = factory(dataclasses.replace(spec, prefer=None))
         if not cands:
             raise BackendError(f"no GPU implementation of {spec.layer.kind} layer {spec.layer.name!r} for these "
                                f"shapes and dtypes")
