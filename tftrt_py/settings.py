@@ -123,8 +123,9 @@ EXPERIMENTAL_FEATURES = Setting("TF_TRT_EXPERIMENTAL_FEATURES", frozenset(),
                                 "comma-separated TF-TRT experimental features (disable_graph_freezing)", names)
 
 KEEP_VARIABLES = Setting("TFTRT_PY_KEEP_VARIABLES_BYTES", 1 << 29,
-                        "freezing keeps a model's large variables as variables when they hold this many bytes or "
-                        "more together (0: always)", whole(0), expect="a whole number of bytes")
+                        "a converted SavedModel keeps a model's large variables as variables when they hold this many "
+                        "bytes or more together, else saves them as constants (0: always variables)", whole(0),
+                        expect="a whole number of bytes")
 
 # -- engine ops -------------------------------------------------------------------------------------------------------
 BACKEND = Setting("TFTRT_PY_BACKEND", None, "engine backend of the process's engine ops: numpy, onnxruntime or cupy; "

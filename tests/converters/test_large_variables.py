@@ -1,5 +1,6 @@
 """Freezing keeps large variables as variables: the weights are held once, by the variables, and the converted
-SavedModel saves them in its checkpoint; the engines take their values as weights, not as bindings."""
+SavedModel saves them in its checkpoint (or, below TFTRT_PY_KEEP_VARIABLES_BYTES, as constants); the engines take
+their values as weights, not as bindings."""
 import os
 
 import numpy as np
@@ -155,12 +156,32 @@ def test_engines_keep_the_values_of_conversion_time(model_dir, tmp_path):
     np.testing.assert_array_equal(converter._converted_func(**inputs)["y"].numpy(), before)
 
 
-def test_variables_totalling_less_than_the_setting_are_frozen(model_dir, monkeypatch):
+def test_variables_totalling_less_than_the_setting_are_saved_as_constants_and_serve_as_the_original(
+        model_dir, tmp_path, monkeypatch):
+    """The conversion keeps them (the weights held once); the SavedModel holds their values as the constants of one
+    function that the engine op's weight inputs read: no variable and no read, each of which costs the served call."""
     monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(3 << 20))  # the kept-able kernel holds 1 MiB
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir)
     converter.convert()
-    assert converter._variables == []
-    assert "ReadVariableOp" not in {n.op for n in converter._converted_graph_def.node}
+    assert len(converter._variables) == 1
+    converter.build(input_fn=lambda: iter([feeds(4)]))
+    out = str(tmp_path / "converted")
+    converter.save(out)
+    assert not [name for name, _ in tf.train.list_variables(os.path.join(out, "variables", "variables"))
+                if name.endswith("VARIABLE_VALUE")]
+    serve = tf.saved_model.load(out).signatures["serving_default"]
+    graph = serve.graph.as_graph_def()
+    ops = [n.op for n in graph.node] + [n.op for f in graph.library.function for n in f.node_def]
+    assert "ReadVariableOp" not in ops and "VarHandleOp" not in ops
+    (weights,) = [f for f in graph.library.function if variables.WEIGHTS_FUNCTION in f.signature.name]
+    assert [len(n.attr["value"].tensor.tensor_content) for n in weights.node_def if n.op == "Const"] == [
+        WIDTH * HIDDEN * 4]
+    want = tf.saved_model.load(model_dir).signatures["serving_default"]
+    for batch in (4, 3):  # built, and built at serving time from the values the op binds on its first run
+        inputs = feeds(batch)
+        np.testing.assert_allclose(serve(**inputs)["y"].numpy(), want(**inputs)["y"].numpy(), rtol=1e-5, atol=1e-5)
+    served = [s for s in dispatcher.stats().values() if s["engine_runs"]]
+    assert served and all(s["fallback_total"] == 0 for s in served)
 
 
 def test_the_reads_read_the_captured_handles_directly(converted):

@@ -12,8 +12,10 @@ ops compute, not the engines.
 
 Freezing keeps large variables so a model's weights are held once, by the variables (the engines' networks
 share their memory), rather than in every copy of the graph a conversion makes (frozen GraphDef, segment
-functions, the op's FunctionDef, the saved model's proto), and the converted SavedModel saves them through
-its checkpoint, streamed to disk, with no 2 GB GraphDef limit.
+functions, the op's FunctionDef). The converted SavedModel saves them through its checkpoint, streamed to disk,
+with no 2 GB GraphDef limit, when they hold settings.KEEP_VARIABLES bytes (512 MiB) or more together; below that
+it saves their values as the constants of one function feeding the same weight inputs (:func:`reads_as_constants`),
+which serves as fast as a frozen graph: each read of a variable costs the served call microseconds.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["EXPERIMENTAL_FEATURES_ENV", "DISABLE_GRAPH_FREEZING", "WEIGHT_INPUTS_ATTR", "LARGE_VARIABLE_BYTES",
-           "is_experimental_feature_activated", "captured_variables", "nbytes", "large_variables", "only_read",
-           "variable_values", "variable_reads", "read_directly", "WeightsView",
+           "WEIGHTS_FUNCTION", "is_experimental_feature_activated", "captured_variables", "nbytes", "large_variables", "only_read",
+           "variable_values", "variable_reads", "read_directly", "WeightsView", "reads_as_constants",
            "reads_as_inputs", "mark_weight_inputs", "weight_inputs", "engine_inputs", "bind_weights"]
 
 #: TF-TRT's switch: comma-separated names of experimental features to turn on.
@@ -40,12 +42,14 @@ WEIGHT_INPUTS_ATTR = "_tftrt_weight_inputs"
 
 #: Ops passing a resource handle on unchanged (function inlining turns arguments into Identities).
 _HANDLE_PASS_THROUGH = ("Identity",)
-#: Freezing keeps variables of this many bytes or more as variables (see large_variables), when together they hold
-#: settings.KEEP_VARIABLES bytes (512 MiB) or more: below that, the copies a frozen conversion makes (about 16x the
-#: weights) fit a 16 GB workstation, and a frozen graph serves faster: each kept variable's read costs the served
-#: signature about 5 us a call (keras-hub BERT-base with its 72 large variables kept: 1.29 against 0.90 ms at batch
-#: 1 on an H200 machine).
+#: Freezing keeps variables of this many bytes or more as variables (see large_variables). A SavedModel serving them
+#: as variables pays about 5 us a call for each read (keras-hub BERT-base with its 72 large variables: 1.29 against
+#: 0.90 ms at batch 1 on an H200 machine), so save() writes them as constants unless they hold
+#: settings.KEEP_VARIABLES bytes or more together.
 LARGE_VARIABLE_BYTES = 1 << 20
+#: The prefix of the library function holding the kept variables' values in a SavedModel that saves them as
+#: constants (reads_as_constants).
+WEIGHTS_FUNCTION = "tftrt_weights"
 
 
 def is_experimental_feature_activated(feature_name: str) -> bool:
@@ -135,18 +139,60 @@ class WeightsView(GraphView):
         for node in view.node:
             if node.name in self.values:
                 value = self.values[node.name]
-                node.op = "Const"
-                node.input[:] = [r for r in node.input if r.startswith("^")]
-                node.attr.clear()
-                node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
-                node.attr["value"].tensor.dtype = node.attr["dtype"].type
-                node.attr["value"].tensor.tensor_shape.CopyFrom(tf.TensorShape(value.shape).as_proto())
+                _make_const(node, tf.as_dtype(value.dtype).as_datatype_enum, tf.TensorShape(value.shape).as_proto())
         _drop_unused_handles(view)
         super().__init__(view)
 
     def const_value(self, ref: str):
         name, port = split_ref(ref)
         return self.values[name] if name in self.values and port == 0 else super().const_value(ref)
+
+
+def reads_as_constants(graph_def, reads: Mapping[str, tf.Variable], name: str) -> None:
+    """Make the reads of `reads` in `graph_def` the results of one call of a new library function `name` returning
+    their variables' values now as constants, and drop the handles only those reads used: the graph a SavedModel
+    serves without variables (each read costs the served call microseconds, its captured handle more; TF inlines the
+    call's constants). The engine ops keep taking them as weight inputs. The constants are in a function of their
+    own, beside the native segments, so the main graph TF copies over and again stays small."""
+    if not reads:
+        return
+    call = graph_def.node.add(name=name, op="PartitionedCall")
+    call.attr["f"].func.name = name
+    call.attr["Tin"].list.SetInParent()
+    call.attr["Tout"].list.SetInParent()
+    fdef = graph_def.library.function.add()
+    fdef.signature.name = name
+    results = {}
+    for k, read in enumerate(sorted(reads)):
+        value = tf.make_tensor_proto(np.asarray(reads[read].value()))
+        _make_const(fdef.node_def.add(name=f"weight_{k}"), value.dtype, value.tensor_shape).tensor.CopyFrom(value)
+        fdef.signature.output_arg.add(name=f"weight_{k}", type=value.dtype)
+        fdef.ret[f"weight_{k}"] = f"weight_{k}:output:0"
+        call.attr["Tout"].list.type.append(value.dtype)
+        results[read] = tensor_ref(name, k)
+    for node in graph_def.node:
+        if not any(split_ref(r.lstrip("^"))[0] in results for r in node.input):
+            continue
+        data = [results.get(split_ref(r)[0], r) for r in node.input if not r.startswith("^")]
+        control = [f"^{name}" if r[1:] in results else r for r in node.input if r.startswith("^")]
+        del node.input[:]
+        node.input.extend(data + list(dict.fromkeys(control)))  # (control edges from two reads: one from the call)
+    kept = [node for node in graph_def.node if node.name not in results]
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+    _drop_unused_handles(graph_def)
+
+
+def _make_const(node, dtype: int, shape):
+    """Turn `node` into a Const of `dtype` and `shape` (keeping its control inputs); its value's AttrValue, which
+    holds no values yet."""
+    node.op = "Const"
+    node.input[:] = [r for r in node.input if r.startswith("^")]
+    node.attr.clear()
+    node.attr["dtype"].type = dtype
+    node.attr["value"].tensor.dtype = dtype
+    node.attr["value"].tensor.tensor_shape.CopyFrom(shape)
+    return node.attr["value"]
 
 
 def _drop_unused_handles(graph_def, placeholders: bool = True) -> None:

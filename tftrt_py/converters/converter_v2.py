@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 import weakref
 from typing import Optional
 
@@ -104,7 +105,8 @@ class TrtGraphConverterV2:
             self.freeze = True
         self._variable_reads = {}  # ReadVariableOp name -> the kept variable it reads
         self._captures = {}  # Placeholder name -> the outside tensor it captures (handles of kept variables)
-        self._variables = []  # the variables kept as variables (see convert.variables), saved with the model
+        self._variables = []  # the variables kept as variables (see convert.variables)
+        self._saves_variables = True  # whether save() writes them as variables (else as constants of their values)
         # the last attribute made here is the last one freed: the memory of the others goes back to the system then
         self._memory = MemoryReturn()
 
@@ -137,6 +139,7 @@ class TrtGraphConverterV2:
         output_names = [t.name for t in func.outputs]
         if self.freeze:  # the loaded model goes but for its large variables: the graph holds the other weights
             captured = self._large_variables(func)
+            self._saves_variables = sum(map(variables.nbytes, captured.values())) >= settings.KEEP_VARIABLES.get()
             graph_def, self._input_names = graph_io.frozen_graph_def(func, keep=captured)
             self._captures = {internal.op.name: external for external, internal in func.graph.captures
                               if internal.op.name in captured}
@@ -192,14 +195,12 @@ class TrtGraphConverterV2:
     @staticmethod
     def _large_variables(func):
         """The variables of `func` freezing keeps (placeholder name -> variable): those of LARGE_VARIABLE_BYTES
-        or more that only ReadVariableOps use, when together they hold TFTRT_PY_KEEP_VARIABLES_BYTES or more (see
-        convert.variables)."""
+        or more that only ReadVariableOps use (see convert.variables)."""
         large = variables.large_variables(func)
-        if sum(variables.nbytes(v) for v in large.values()) < settings.KEEP_VARIABLES.get():
+        if not large:
             return {}
         kept = variables.only_read(graph_io.inline_calls(func.graph.as_graph_def()), large)
-        large = {name: v for name, v in large.items() if name in kept}
-        return large if sum(variables.nbytes(v) for v in large.values()) >= settings.KEEP_VARIABLES.get() else {}
+        return {name: v for name, v in large.items() if name in kept}
 
     def _execute_calibration(self, calibration_input_fn):
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
@@ -366,10 +367,15 @@ class TrtGraphConverterV2:
             captures[placeholder.name] = asset.asset_path
             logger.info("saving %d engine(s) of %s", len(engines) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
-        if self._variables:
+        kept = self._captures
+        if self.freeze and not self._saves_variables:  # served faster as constants (see convert.variables)
+            variables.reads_as_constants(graph_def, self._variable_reads,
+                                         f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}")
+            kept = {name: handle for name, handle in kept.items() if name in {n.name for n in graph_def.node}}
+        elif self._variables:
             root.tftrt_variables = self._variables
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
-                                                {**captures, **self._captures})
+                                                {**captures, **kept})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},
                             options=options)
 

@@ -24,7 +24,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
-from tftrt_py.convert.graph import function_without_weights, restore_weights, without_weights
+from tftrt_py.convert.graph import LARGE_CONST_BYTES, function_without_weights, restore_weights, without_weights
 from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
@@ -303,13 +303,14 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
     come from `func`; `input_names` are the graph's tensors fed by `func`'s flat inputs,
     `captures` maps further Placeholder names to outside tensors (captured by the function).
 
-    The engine ops' native segment functions (which hold the segments' weights) go into the eager context once
-    each, shared by every function made from the same definitions (see :func:`_segment_function`), rather than
+    The engine ops' native segment functions and the other functions holding weights go into the eager context
+    once each, shared by every function made from the same definitions (see :func:`_segment_function`), rather than
     through the graph import, which would copy each several times over; the rest of the library is imported with
     the graph.
     """
     ctx = context.context()
     segment_names = {n.attr["segment_func"].func.name for n in graph_def.node if n.op == ENGINE_OP}
+    segment_names |= {f.signature.name for f in graph_def.library.function if _holds_weights(f)}
     segments = [_segment_function(f) for f in graph_def.library.function if f.signature.name in segment_names]
     rest = graph_pb2.GraphDef(versions=graph_def.versions, node=graph_def.node)
     rest.library.function.extend(f for f in graph_def.library.function if f.signature.name not in segment_names)
@@ -341,6 +342,11 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
             _LIBRARY_DEFINED.setdefault(name, []).append(weakref.ref(defined[name]))
     weakref.finalize(pruned, _release_library, ours).atexit = False
     return pruned
+
+
+def _holds_weights(fdef) -> bool:
+    """Whether library function `fdef` holds a weight (a Const of LARGE_CONST_BYTES or more)."""
+    return any(n.op == "Const" and n.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES for n in fdef.node_def)
 
 
 #: Native segment function name -> (digest of its definition, weak reference to its AtomicFunction).
