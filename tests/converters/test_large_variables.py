@@ -32,7 +32,7 @@ class LargeModel(tf.Module):
 
 @pytest.fixture(autouse=True)
 def keep_any_size(monkeypatch):
-    """This model's variables are small: keep them whatever they total (the default keeps 512 MiB or more)."""
+    """This model's variables are small: save them as variables whatever they total (by default from 512 MiB)."""
     monkeypatch.setenv(settings.KEEP_VARIABLES.name, "0")
 
 
