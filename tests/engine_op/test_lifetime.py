@@ -99,3 +99,37 @@ def test_a_converters_engine_ops_live_as_long_as_the_converter(tmp_path):
     del converter
     gc.collect()
     assert dispatcher.find(key) is None and op() is None
+
+
+def test_a_release_that_a_finalizer_runs_inside_create_waits_for_it_instead_of_deadlocking(converted, monkeypatch):
+    """The garbage collector runs finalizers at any allocation: one dropping a model while dispatcher.create holds
+    the registry (that model's kernels calling release on the same thread) is released once create is done."""
+    import threading
+
+    path, _ = converted
+    model = tf.saved_model.load(path)
+    serve = model.signatures["serving_default"]
+    serve(tf.zeros((8, 16)) + 0.5)
+    graph = serve.graph.as_graph_def()
+    library = {f.signature.name: f for f in graph.library.function}
+    node = next(n for f in library.values() for n in f.node_def if n.op == "TRTEngineOp")
+    segment = library[node.attr["segment_func"].func.name]
+    victim = max(dispatcher._HANDLES)
+    released_inside = []
+
+    class FinalizingOps(dict):
+        def get(self, key, default=None):  # inside create's locked block
+            if not released_inside:
+                dispatcher.release(victim)
+                released_inside.append(victim in dispatcher._HANDLES)
+            return super().get(key, default)
+
+    monkeypatch.setattr(dispatcher, "_OPS", FinalizingOps(dispatcher._OPS))
+    handles = []
+    worker = threading.Thread(target=lambda: handles.append(
+        dispatcher.create(node.SerializeToString(), segment.SerializeToString())), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "create deadlocked on a release from inside it"
+    assert released_inside == [True] and victim not in dispatcher._HANDLES  # deferred, then done
+    dispatcher.release(handles[0])

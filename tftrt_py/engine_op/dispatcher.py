@@ -26,6 +26,7 @@ an op refuses others.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -53,7 +54,9 @@ _PINS: Dict[str, int] = {}  # segment key -> pins held (see pin)
 _USERS: Dict[int, int] = {}  # id(op) -> kernels holding it
 _HANDLES: Dict[int, Tuple[EngineOp, bool]] = {}
 _COUNTER = itertools.count(1)
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
+_HELD = threading.local()  # depth: how many _locked() blocks this thread is in
+_DEFERRED: List[int] = []  # handles released while their thread was inside a _locked() block (see release)
 _COLLECTING: Dict[str, List[tuple]] = {}  # segment key -> input shapes seen while collecting (ops share the list)
 _CALIBRATING: Dict[str, Optional[str]] = {}  # segment key of an op not created yet -> its calibrator (None: default)
 _TIMING: Dict[str, object] = {}  # pinned segment key -> the timing cache its engines build with (see pin)
@@ -66,7 +69,7 @@ def _text(key) -> str:
 
 def start_collecting(segment_key: str) -> None:
     """Until stop_collecting, the op of `segment_key` records its input shapes and runs its native segment."""
-    with _LOCK:
+    with _locked():
         collected = _COLLECTING[_text(segment_key)] = []
         ops = [op for op in _OPS.values() if _text(op.segment_key) == _text(segment_key)]
     for op in ops:
@@ -76,7 +79,7 @@ def start_collecting(segment_key: str) -> None:
 
 def stop_collecting(segment_key: str) -> List[tuple]:
     """The distinct input shapes (one tuple per input) recorded since start_collecting, in arrival order."""
-    with _LOCK:
+    with _locked():
         collected = _COLLECTING.pop(_text(segment_key), [])
         for op in _OPS.values():
             if op.collecting is collected:
@@ -88,7 +91,7 @@ def start_calibrating(segment_key: str, algorithm: Optional[str] = None) -> None
     """The op of `segment_key` (now, or once it is created) calibrates with `algorithm` (None: its precision's
     default) until finish_calibrating."""
     key = _text(segment_key)
-    with _LOCK:
+    with _locked():
         op = _LATEST.get(key)
         if op is None:
             _CALIBRATING[key] = algorithm
@@ -100,7 +103,7 @@ def start_calibrating(segment_key: str, algorithm: Optional[str] = None) -> None
 def finish_calibrating(segment_key: str) -> bytes:
     """The calibration table of the op of `segment_key` (b"" when it never ran); see EngineOp.calibration_table."""
     key = _text(segment_key)
-    with _LOCK:
+    with _locked():
         _CALIBRATING.pop(key, None)
         op = _LATEST.get(key)
     if op is None:
@@ -109,12 +112,28 @@ def finish_calibrating(segment_key: str) -> bytes:
     return op.calibration_table()
 
 
+@contextlib.contextmanager
+def _locked():
+    """Hold the registry's lock. The garbage collector may run a finalizer at any allocation inside, and a
+    finalizer may drop a function whose kernels then call release: on this thread that release waits until the
+    outermost block ends, so no change to the registry lands half-way through another."""
+    with _LOCK:
+        depth = getattr(_HELD, "depth", 0)
+        _HELD.depth = depth + 1
+        try:
+            yield
+        finally:
+            while depth == 0 and _DEFERRED:
+                _release(_DEFERRED.pop())
+            _HELD.depth = depth
+
+
 def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
     node = node_def_pb2.NodeDef.FromString(node_def)
     segment_key = node.attr["segment_key"].s.decode() or node.name
-    with _LOCK:
-        func = function_pb2.FunctionDef.FromString(function_def).signature.name if function_def else ""
-        key = (segment_key, func, segment_binding(node, function_def, callees))
+    func = function_pb2.FunctionDef.FromString(function_def).signature.name if function_def else ""
+    key = (segment_key, func, segment_binding(node, function_def, callees))
+    with _locked():
         op = _OPS.get(key)
         latest = _LATEST.get(segment_key)
         if op is None and latest is not None and latest.key == key:  # the converter's op, its function rebuilt
@@ -159,19 +178,27 @@ def warn(message: str) -> None:
 
 def release(handle: int) -> None:
     """A kernel is destroyed: its op goes (engines and all) with the last kernel holding it."""
-    with _LOCK:
-        op, _ = _HANDLES.pop(handle, (None, None))
-        if op is None:
-            return
-        _USERS[id(op)] -= 1
-        if _USERS[id(op)] > 0:
-            return
-        del _USERS[id(op)]
-        for key in [k for k, v in _OPS.items() if v is op]:
-            del _OPS[key]
-        key = _text(op.segment_key)
-        if _LATEST.get(key) is op and key not in _PINS:
-            del _LATEST[key]
+    with _locked():
+        if _HELD.depth > 1:  # a finalizer inside another _locked() block of this thread
+            _DEFERRED.append(handle)
+        else:
+            _release(handle)
+
+
+def _release(handle: int) -> None:
+    """release(handle), _LOCK held."""
+    op, _ = _HANDLES.pop(handle, (None, None))
+    if op is None:
+        return
+    _USERS[id(op)] -= 1
+    if _USERS[id(op)] > 0:
+        return
+    del _USERS[id(op)]
+    for key in [k for k, v in _OPS.items() if v is op]:
+        del _OPS[key]
+    key = _text(op.segment_key)
+    if _LATEST.get(key) is op and key not in _PINS:
+        del _LATEST[key]
 
 
 def pin(segment_keys, timing_cache=None, weights=None) -> Callable[[], None]:
@@ -182,7 +209,7 @@ def pin(segment_keys, timing_cache=None, weights=None) -> Callable[[], None]:
     from its first run."""
     keys = [_text(k) for k in segment_keys]
     weights = {_text(k): v for k, v in (weights or {}).items()}
-    with _LOCK:
+    with _locked():
         for key in keys:
             _PINS[key] = _PINS.get(key, 0) + 1
             _TIMING[key] = timing_cache
@@ -195,7 +222,7 @@ def pin(segment_keys, timing_cache=None, weights=None) -> Callable[[], None]:
     done = []
 
     def unpin() -> None:
-        with _LOCK:
+        with _locked():
             if done:
                 return
             done.append(True)
@@ -214,13 +241,13 @@ def pin(segment_keys, timing_cache=None, weights=None) -> Callable[[], None]:
 
 def engine_ops() -> Dict[tuple, EngineOp]:
     """Every engine op alive in this process, by (segment key, segment function name, binding)."""
-    with _LOCK:
+    with _locked():
         return dict(_OPS)
 
 
 def find(segment_key: str) -> Optional[EngineOp]:
     """The op created last for `segment_key` (the converter's: its keys are fresh per conversion)."""
-    with _LOCK:
+    with _locked():
         return _LATEST.get(segment_key)
 
 
