@@ -7,6 +7,8 @@ histogram per tensor and turns them into a calibration table with its calibrator
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import logging
 import threading
 from typing import Dict, List, Sequence
@@ -27,7 +29,15 @@ FLOATS = ("float32", "float16")
 
 
 class Collector:
-    """Histograms of every float tensor an op's calibration engines computed, over all calibration batches."""
+    """Histograms of every float tensor an op's calibration engines computed, over all calibration batches.
+
+    Binning a tensor takes about as long as computing it, so it runs in a thread of its own while the engine
+    computes the next layers (whose BLAS calls let it run): tensors are binned one at a time in the order they
+    were observed (a histogram's counts depend on the order its range grew in), at most MAX_PENDING waiting.
+    """
+
+    #: Tensors observed but not yet binned, at most: each holds its memory until it is.
+    MAX_PENDING = 4
 
     def __init__(self, algorithm: str = "entropy"):
         self.calibrator = get_calibrator(algorithm)
@@ -35,14 +45,34 @@ class Collector:
         self.batches = 0
         self.shapes: List[tuple] = []  # distinct input shapes seen, in arrival order
         self._lock = threading.Lock()
+        self._binning = concurrent.futures.ThreadPoolExecutor(1, "tftrt-calibration-binning")
+        self._pending: collections.deque = collections.deque()  # futures of binnings, oldest first
+        self._pending_lock = threading.Lock()
 
     def observe(self, name: str, value: np.ndarray) -> None:
-        if value.dtype.name in FLOATS:
-            with self._lock:
-                self.histograms.setdefault(name, Histogram(binned=self.calibrator.binned)).add(value)
+        """Bin `value` into the histogram of tensor `name` (in the binning thread; a failure is raised by a later
+        observe or by :meth:`ranges`)."""
+        if value.dtype.name not in FLOATS:
+            return
+        with self._pending_lock:
+            while len(self._pending) >= self.MAX_PENDING:
+                self._pending.popleft().result()
+            self._pending.append(self._binning.submit(self._add, name, value))
+
+    def _add(self, name: str, value: np.ndarray) -> None:
+        with self._lock:
+            histogram = self.histograms.setdefault(name, Histogram(binned=self.calibrator.binned))
+        histogram.add(value)
+
+    def _flush(self) -> None:
+        """Wait until every observed tensor is binned."""
+        with self._pending_lock:
+            while self._pending:
+                self._pending.popleft().result()
 
     def ranges(self) -> Dict[str, float]:
         """Dynamic range per tensor, by the calibrator."""
+        self._flush()
         with self._lock:
             return {name: self.calibrator.amax(h) for name, h in self.histograms.items()}
 

@@ -36,9 +36,12 @@ class Tensor:
         return len(self.shape)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Layer:
-    """One operation: a kind (see engine.layers), inputs, outputs, JSON params and weights."""
+    """One operation: a kind (see engine.layers), inputs, outputs, JSON params and weights.
+
+    Layers compare by identity: a network holds each once, and finding one in a list must not compare
+    weights."""
 
     name: str
     kind: str
@@ -139,18 +142,20 @@ class Network:
         return any(t is tensor for t in self.outputs)
 
     # -- editing ----------------------------------------------------------
-    def replace_all_uses(self, old: Tensor, new: Tensor) -> None:
+    def replace_all_uses(self, old: Tensor, new: Tensor, readers: Optional[Sequence[Layer]] = None) -> None:
         """Point every reader of `old` (layers and network outputs) at `new`; `new` holds the same values,
-        so it takes `old`'s INT8 dynamic range when it has none."""
+        so it takes `old`'s INT8 dynamic range when it has none. `readers`, when given, are the layers that
+        read `old` (from :meth:`consumers`): only they are rewritten."""
         if new.dynamic_range is None:
             new.dynamic_range = old.dynamic_range
-        for layer in self.layers:
+        for layer in self.layers if readers is None else readers:
             layer.inputs = [new if t is old else t for t in layer.inputs]
         self.outputs = [new if t is old else t for t in self.outputs]
 
-    def erase(self, layer: Layer) -> None:
-        """Remove a layer whose outputs nobody reads."""
-        users = self.consumers()
+    def erase(self, layer: Layer, users: Optional[Dict[str, List[Layer]]] = None) -> None:
+        """Remove a layer whose outputs nobody reads. `users`, when given, is the network's current
+        :meth:`consumers` map (a caller that keeps one up to date saves recomputing it)."""
+        users = self.consumers() if users is None else users
         for t in layer.outputs:
             if users.get(t.name) or self.is_output(t):
                 raise NetworkError(f"cannot erase {layer.name!r}: its output {t.name!r} still has users")

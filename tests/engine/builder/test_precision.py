@@ -273,6 +273,14 @@ def test_fp16_saturates_weights_and_constants_beyond_its_range():
     assert layer.weights["scale"][0] == np.float16(65504) and np.isposinf(layer.weights["shift"][0])
 
 
+def test_saturating_keeps_weights_inside_the_fp16_range_as_they_are_without_a_copy():
+    inside = rand(64, 64)
+    assert precision._saturate(inside) is inside
+    mixed = np.array([1.0, -1e9, np.nan, np.inf, 7e4], "float32")
+    np.testing.assert_array_equal(precision._saturate(mixed), [1.0, -65504, np.nan, np.inf, 65504])
+    assert precision._saturate(np.zeros(0, "float32")).size == 0
+
+
 def test_int8_convolution_quantizes_as_tensorrt():
     net = Network("n")
     x = net.add_input("x", "float32", (1, 4, 4, 2))

@@ -193,7 +193,10 @@ FP16_MAX = float(np.finfo(np.float16).max)
 
 def _saturate(value: np.ndarray) -> np.ndarray:
     """Finite float32 values clamped to the fp16 range (an additive -1e9 mask stays finite, so 0 x mask is
-    0, not NaN); infinities and NaN stay as they are."""
+    0, not NaN); infinities and NaN stay as they are. Values already inside the range (most weights) are
+    returned as they are, without a copy."""
+    if value.size and -FP16_MAX <= value.min() and value.max() <= FP16_MAX:  # false for NaN too
+        return value
     return np.where(np.isfinite(value), np.clip(value, -FP16_MAX, FP16_MAX), value).astype(value.dtype)
 
 

@@ -178,7 +178,19 @@ def gemm_residual(layer: Layer) -> Optional[Tensor]:
 
 
 # -- rewriting ----------------------------------------------------------------
-def _rewrite(network: Network, match: Union[Fused, Bypass]) -> str:
+def _forget_reads(users: Dict[str, List[Layer]], layer: Layer) -> None:
+    """Drop `layer`'s reads from `users` (one entry per input slot, as Network.consumers lists them)."""
+    for t in layer.inputs:
+        readers = users.get(t.name, [])
+        for i, reader in enumerate(readers):
+            if reader is layer:
+                del readers[i]
+                break
+
+
+def _rewrite(network: Network, users: Dict[str, List[Layer]], match: Union[Fused, Bypass]) -> str:
+    """Apply `match` to `network`, keeping `users` (its consumers map) up to date: a sweep reads it after
+    every rewrite, and recomputing it would make a sweep quadratic in the network's size."""
     root = match.layers[-1]
     old = root.outputs[0]
     if isinstance(match, Bypass):
@@ -187,12 +199,18 @@ def _rewrite(network: Network, match: Union[Fused, Bypass]) -> str:
         name = match.name or " + ".join(l.name for l in match.layers)
         with network.inserting_before(root):
             layer = network.add_layer(match.kind, match.inputs, match.params, match.weights, name=name)
+        for t in layer.inputs:
+            users.setdefault(t.name, []).append(layer)
         new, name = layer.outputs[0], layer.name
         new.dynamic_range = old.dynamic_range
-    network.replace_all_uses(old, new)
+    readers = users.pop(old.name, [])
+    network.replace_all_uses(old, new, readers)
+    users.setdefault(new.name, []).extend(readers)
     for layer in reversed(match.layers):
-        network.erase(layer)
+        network.erase(layer, users)
+        _forget_reads(users, layer)
     if network.is_output(new) and isinstance(match, Fused):  # the new output takes over the binding name
+        users[old.name] = users.pop(new.name)
         new.name = old.name
     return name
 
@@ -206,9 +224,8 @@ def apply_rules(network: Network, rules: Mapping[str, Sequence[Rule]], log: logg
             match = rule(network, users, layer)
             if match is None or (isinstance(match, Bypass) and network.is_output(layer.outputs[0])):
                 continue
-            log.info("%s: %s", match.rule, _rewrite(network, match))
+            log.info("%s: %s", match.rule, _rewrite(network, users, match))
             record(network, match.rule)
-            users = network.consumers()
             changed = True
             break
     return changed

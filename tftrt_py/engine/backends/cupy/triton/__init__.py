@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
@@ -155,12 +156,14 @@ def prefetch(requests: Sequence[Request]) -> None:
         for f in futures:
             f.set_exception(RuntimeError(f"could not start the Triton compile process: {exc}"))
         return
+    logger.info("compiling %d Triton kernel(s) in a separate process", len(todo))
     threading.Thread(target=_collect, args=(proc, futures), daemon=True, name="triton-prefetch").start()
 
 
 def _collect(proc, futures) -> None:
     """Deliver the compile process's answers: {"index": i, "artifacts": [base64 cubin, name, warps, shared, params]}
     or {"index": i, "error": why}, one JSON object a line; anything else ends the collection."""
+    start = time.perf_counter()
     try:
         for line in proc.stdout:
             try:
@@ -177,6 +180,8 @@ def _collect(proc, futures) -> None:
     finally:
         proc.stdout.close()
         proc.wait()
+        logger.info("Triton compile process: %d of %d kernel(s) in %.1f s", sum(
+            f.done() and f.exception() is None for f in futures), len(futures), time.perf_counter() - start)
         for f in futures:
             if not f.done():
                 f.set_exception(RuntimeError("the Triton compile process ended without this kernel"))

@@ -1,0 +1,41 @@
+"""The collector bins tensors in a thread of its own while the calibration engine computes: the histograms it
+ends with are those binning each tensor in observation order gives, and a failure in binning reaches the caller."""
+import numpy as np
+import pytest
+
+from tftrt_py.calibration.calibrators import Histogram
+from tftrt_py.calibration.collector import Collector
+
+
+def test_binning_in_the_background_gives_the_histograms_of_binning_in_observation_order():
+    rng = np.random.default_rng(3)
+    batches = [(f"t{i % 3}", rng.standard_normal(10_000).astype(np.float32) * (1 + i)) for i in range(12)]
+    collector = Collector("entropy")
+    for name, value in batches:  # each tensor's range grows batch by batch: counts depend on the order
+        collector.observe(name, value)
+    expected = {}
+    for name, value in batches:
+        expected.setdefault(name, Histogram()).add(value)
+    ranges = collector.ranges()
+    assert sorted(ranges) == ["t0", "t1", "t2"]
+    for name, histogram in expected.items():
+        got = collector.histograms[name]
+        assert got.upper == histogram.upper and got.amax == histogram.amax
+        np.testing.assert_array_equal(got.counts, histogram.counts)
+        assert ranges[name] == collector.calibrator.amax(histogram)
+
+
+def test_integer_tensors_are_not_binned():
+    collector = Collector()
+    collector.observe("ids", np.arange(10, dtype=np.int32))
+    assert collector.ranges() == {}
+
+
+def test_a_binning_failure_is_raised_to_the_caller():
+    collector = Collector()
+    collector.observe("x", np.ones(4, np.float32))
+    collector.ranges()  # waits for that binning
+    collector.histograms["x"].add = None  # the next binning of x fails
+    collector.observe("x", np.ones(4, np.float32))
+    with pytest.raises(TypeError):
+        collector.ranges()
