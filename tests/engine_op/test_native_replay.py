@@ -22,6 +22,10 @@ TO_DEVICE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, cty
 TO_HOST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+HOST_ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint)
+LIBC = ctypes.CDLL(None)
+LIBC.malloc.restype = ctypes.c_void_p
+LIBC.malloc.argtypes = [ctypes.c_size_t]
 
 
 class FakeGpu:
@@ -63,9 +67,19 @@ class FakeGpu:
             ctypes.memmove(host, device, nbytes)
             return 0
 
+        def host_alloc(address, nbytes, flags):
+            if self.fail == "host_alloc":
+                return 2
+            self.calls["host_alloc"] += 1
+            address[0] = LIBC.malloc(nbytes)
+            return 0
+
+        self.calls["host_alloc"] = 0
         self.callbacks = [SET_CONTEXT(set_context), TO_DEVICE(to_device), TO_HOST(to_host), LAUNCH(launch),
-                          SYNCHRONIZE(lambda stream: 0)]
-        self.functions = Functions(*[ctypes.cast(c, ctypes.c_void_p).value for c in self.callbacks])
+                          SYNCHRONIZE(lambda stream: 0), HOST_ALLOC(host_alloc)]
+        # blocks are freed by libc's free: a pool may go after this test (the kernel's tensors outlive it)
+        self.functions = Functions(*[ctypes.cast(c, ctypes.c_void_p).value for c in self.callbacks],
+                                   ctypes.cast(LIBC.free, ctypes.c_void_p).value)
 
     def replay(self, shape, limit=1):
         """A Replay of a float32 engine y = x * 2 + 1 at `shape`, with its own buffers and graph id."""
@@ -184,11 +198,11 @@ def test_none_means_ask_again_after_64_python_runs(ops, fake, gpu):
 
 
 @pytest.mark.parametrize("packed, message", [
-    (lambda p: [2] + p[1:], "version 2"),
+    (lambda p: [1] + p[1:], "version 1"),
     (lambda p: p[:-1], "too short"),
     (lambda p: p + [0], "too long"),
-    (lambda p: p[:6] + [0] + p[7:], "null address"),  # context
-    (lambda p: p[:12] + [p[12] + 4] + p[13:], "holds 52 bytes"),  # input nbytes
+    (lambda p: p[:8] + [0] + p[9:], "null address"),  # context
+    (lambda p: p[:14] + [p[14] + 4] + p[15:], "holds 52 bytes"),  # input nbytes
     (lambda p: p[:-2] + [5, 3], "48 bytes for shape [5,3]"),  # output dims
     (42, "list of ints"),
     (lambda p: p[:-1] + ["3"], "an integer is required"),
@@ -222,6 +236,38 @@ def test_large_buffers_go_in_parallel_chunks(ops, fake, gpu):
     call(f, rows, 1)
     assert gpu.calls["to_device"] - before == 21
     assert fake.offered[0].state[RUNS] == 1 and fake.offered[0].state[ENABLED] == 1
+
+
+def test_outputs_land_in_pinned_blocks_that_become_the_output_tensors(ops, fake, gpu):
+    offering(fake, gpu)
+    f = engine_op(ops)
+    for seed in range(10):
+        call(f, 4, seed)  # each output is dropped before the next call: its block comes back
+    replay = fake.offered[0]
+    assert replay.outputs_handed() == (9, 0) and gpu.calls["host_alloc"] == 1
+
+
+def test_outputs_tensorflow_holds_keep_their_values_and_later_outputs_are_copied_once_blocks_run_out(ops, fake, gpu):
+    offering(fake, gpu)
+    f = engine_op(ops)
+    call(f, 4, 0)  # Python serves it and gets the replay
+    inputs = [np.random.default_rng(seed).standard_normal((4, 3)).astype(np.float32) for seed in range(7)]
+    held = [f(x)[0] for x in inputs]  # TensorFlow holds every output: 4 in pinned blocks, then copies
+    for x, y in zip(inputs, held):
+        np.testing.assert_array_equal(y.numpy(), x * 2 + 1)
+    assert fake.offered[0].outputs_handed() == (4, 3) and gpu.calls["host_alloc"] == 4
+    del held
+    call(f, 4, 99)
+    assert fake.offered[0].outputs_handed() == (5, 3) and gpu.calls["host_alloc"] == 4
+
+
+def test_outputs_are_copied_where_pinned_memory_cannot_be_allocated(ops, fake, gpu):
+    offering(fake, gpu)
+    gpu.fail = "host_alloc"
+    f = engine_op(ops)
+    for seed in range(3):
+        call(f, 4, seed)
+    assert fake.offered[0].outputs_handed() == (0, 2) and fake.offered[0].runs == 2
 
 
 # --- the dispatcher's side: real kernel, real engine op, a backend offering fake replays -------------

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -379,17 +380,89 @@ std::string NativeFormat(const Py_buffer& b) {
 // The addresses (CUDA driver calls, context, stream, graph, buffers) come from
 // the engine's backend; `keep` owns what they point into.
 
-constexpr uint64_t kReplayVersion = 1;
+constexpr uint64_t kReplayVersion = 2;
 constexpr size_t kChunkBytes = 1 << 20;   // larger buffers: copied in chunks, in parallel
 constexpr int kReplayRetry = 64;          // Python runs before asking again
 constexpr uint64_t kMaxRank = 16;
+constexpr size_t kPinnedBlocks = 4;       // per replay output: outputs TF holds at once in pinned memory
+
+// Page-locked blocks of one size for a replay output: each run copies the
+// output from the device straight into a block, which becomes TensorFlow's
+// output tensor (PinnedTensorBuffer) and comes back here when TF drops it, so
+// the output crosses to the host once. At most kPinnedBlocks exist; while TF
+// holds them all, runs copy through the replay's own pinned buffer instead.
+// Blocks are freed when the pool goes: after the replay and every tensor over
+// its blocks; not at process exit, where the driver calls may be Python's
+// (the tests' fakes) or the driver already shut down.
+class PinnedPool {
+ public:
+  using HostAlloc = int (*)(void**, size_t, unsigned int);
+  using HostFree = int (*)(void*);
+  PinnedPool(size_t nbytes, HostAlloc alloc, HostFree free, int (*set_context)(void*), void* context)
+      : nbytes_(nbytes), alloc_(alloc), free_(free), set_context_(set_context), context_(context) {}
+  ~PinnedPool() {
+    if (idle_.empty() || !PythonUsable() || set_context_(context_) != 0) return;
+    for (char* b : idle_) free_(b);
+  }
+  size_t nbytes() const { return nbytes_; }
+
+  // An idle block, or a new one; null when kPinnedBlocks are out or
+  // allocation fails. The caller has the replay's context current.
+  char* Acquire() {
+    tensorflow::mutex_lock lock(mu_);
+    if (!idle_.empty()) {
+      char* b = idle_.back();
+      idle_.pop_back();
+      return b;
+    }
+    if (blocks_ >= kPinnedBlocks) return nullptr;
+    void* b = nullptr;
+    if (alloc_(&b, std::max<size_t>(nbytes_, 1), 0) != 0 || b == nullptr) return nullptr;
+    ++blocks_;
+    return static_cast<char*>(b);
+  }
+  void Release(char* block) {
+    tensorflow::mutex_lock lock(mu_);
+    idle_.push_back(block);
+  }
+
+ private:
+  const size_t nbytes_;
+  const HostAlloc alloc_;
+  const HostFree free_;
+  int (*const set_context_)(void*);
+  void* const context_;
+  tensorflow::mutex mu_;
+  std::vector<char*> idle_ TF_GUARDED_BY(mu_);
+  size_t blocks_ TF_GUARDED_BY(mu_) = 0;
+};
+
+// A TensorFlow tensor's memory that is a PinnedPool block, returned to the
+// pool when the last tensor over it goes.
+class PinnedTensorBuffer : public tensorflow::TensorBuffer {
+ public:
+  PinnedTensorBuffer(std::shared_ptr<PinnedPool> pool, char* block)
+      : TensorBuffer(block), pool_(std::move(pool)) {}
+  ~PinnedTensorBuffer() override { pool_->Release(static_cast<char*>(data())); }
+  size_t size() const override { return pool_->nbytes(); }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size()));
+    proto->set_allocated_bytes(static_cast<int64_t>(size()));
+    proto->set_allocator_name("tftrt_py_pinned");
+  }
+
+ private:
+  std::shared_ptr<PinnedPool> pool_;
+};
 
 struct Replay {
   struct Buffer {
     size_t nbytes = 0;
     char* pinned = nullptr;
     uint64_t device = 0;
-    TensorShape shape;  // outputs
+    TensorShape shape;                  // outputs
+    std::shared_ptr<PinnedPool> blocks;  // outputs: where each run's output lands
   };
   std::string key;  // the input dtypes and shapes it serves (ReplayKey)
   int (*set_context)(void*) = nullptr;
@@ -397,11 +470,14 @@ struct Replay {
   int (*to_host)(void*, uint64_t, size_t, void*) = nullptr;
   int (*launch)(void*, void*) = nullptr;
   int (*synchronize)(void*) = nullptr;
+  PinnedPool::HostAlloc host_alloc = nullptr;
+  PinnedPool::HostFree host_free = nullptr;
   void* context = nullptr;
   void* stream = nullptr;
   void* graph = nullptr;
   // [enabled, runs, ns copying in, ns on the device, ns copying out, ns in
-  // the kernel]: Python's (engine/replay.py's state), owned through keep
+  // the kernel, outputs handed to TF in pinned blocks, outputs copied]:
+  // Python's (engine/replay.py's state), owned through keep
   int64_t* state = nullptr;
   uint64_t limit = 1;        // replays the kernel may hold for `key`
   std::vector<Buffer> inputs, outputs;
@@ -474,7 +550,8 @@ std::unique_ptr<Replay> ParseReplay(PyObject* packed, OpKernelContext* ctx,
   }
   if (!r.NextAddress(&replay->set_context) || !r.NextAddress(&replay->to_device) ||
       !r.NextAddress(&replay->to_host) || !r.NextAddress(&replay->launch) ||
-      !r.NextAddress(&replay->synchronize) || !r.NextAddress(&replay->context) ||
+      !r.NextAddress(&replay->synchronize) || !r.NextAddress(&replay->host_alloc) ||
+      !r.NextAddress(&replay->host_free) || !r.NextAddress(&replay->context) ||
       !r.NextAddress(&replay->stream) || !r.NextAddress(&replay->graph) ||
       !r.NextAddress(&replay->state) || !r.Next(&replay->limit) || !r.Next(&n)) {
     return nullptr;
@@ -534,6 +611,8 @@ std::unique_ptr<Replay> ParseReplay(PyObject* packed, OpKernelContext* ctx,
                    static_cast<unsigned long long>(nbytes), b.shape.DebugString().c_str());
       return nullptr;
     }
+    b.blocks = std::make_shared<PinnedPool>(b.nbytes, replay->host_alloc, replay->host_free,
+                                            replay->set_context, replay->context);
     replay->outputs.push_back(b);
   }
   if (!r.AtEnd()) {
@@ -763,27 +842,46 @@ class TRTEngineOp : public AsyncOpKernel {
     }
     const int64_t copied = Nanoseconds();
     if (rc == 0) rc = r.launch(r.graph, r.stream);
+    // Each output lands in a pinned block that becomes TF's tensor, or (all
+    // blocks held by TF) in the replay's own buffer, copied into TF's below.
+    std::vector<char*> landed(r.outputs.size(), nullptr);
     for (size_t i = 0; rc == 0 && i < r.outputs.size(); ++i) {
-      rc = r.to_host(r.outputs[i].pinned, r.outputs[i].device, r.outputs[i].nbytes, r.stream);
+      landed[i] = r.outputs[i].blocks->Acquire();
+      char* dst = landed[i] != nullptr ? landed[i] : r.outputs[i].pinned;
+      rc = r.to_host(dst, r.outputs[i].device, r.outputs[i].nbytes, r.stream);
     }
     if (rc == 0) rc = r.synchronize(r.stream);
     const int64_t synchronized = Nanoseconds();
     if (rc != 0) {
+      for (size_t i = 0; i < r.outputs.size(); ++i) {
+        if (landed[i] != nullptr) r.outputs[i].blocks->Release(landed[i]);
+      }
       Gil gil;
       Warn(absl::StrCat(Prefix(), "native replay failed (CUDA error ", rc,
                         "); calls of these shapes go through Python"));
       *served = false;
       return absl::OkStatus();
     }
+    int64_t handed = 0;
     for (size_t i = 0; i < r.outputs.size(); ++i) {
+      const Replay::Buffer& b = r.outputs[i];
+      if (landed[i] != nullptr) {
+        auto* buffer = new PinnedTensorBuffer(b.blocks, landed[i]);
+        ctx->set_output(static_cast<int>(i), Tensor(out_types_[i], b.shape, buffer));
+        buffer->Unref();  // the tensor holds it now
+        ++handed;
+        continue;
+      }
       Tensor* out = nullptr;
-      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), r.outputs[i].shape, &out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), b.shape, &out));
       char* dst = const_cast<char*>(out->tensor_data().data());
-      const char* src = r.outputs[i].pinned;
-      ForChunks(ctx, r.outputs[i].nbytes, [&](size_t from, size_t to) {
+      const char* src = b.pinned;
+      ForChunks(ctx, b.nbytes, [&](size_t from, size_t to) {
         std::memcpy(dst + from, src + from, to - from);
       });
     }
+    replay->Add(6, handed);
+    replay->Add(7, static_cast<int64_t>(r.outputs.size()) - handed);
     replay->Add(1, 1);
     replay->Add(2, copied - start);
     replay->Add(3, synchronized - copied);

@@ -93,7 +93,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 #: The CUDA driver calls a native replay makes (engine.replay.Functions, in its order).
 DRIVER_CALLS = ("cuCtxSetCurrent", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuGraphLaunch",
-                "cuStreamSynchronize")
+                "cuStreamSynchronize", "cuMemHostAlloc", "cuMemFreeHost")
 
 
 @functools.lru_cache(maxsize=None)
