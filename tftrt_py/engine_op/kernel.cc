@@ -783,9 +783,17 @@ class TRTEngineOp : public AsyncOpKernel {
       }
       if (usable == 0 || usable < limit) {
         if (replay_wait_.size() > 1024) replay_wait_.clear();  // bounded (many shapes)
+        if (replay_asks_.size() > 1024) replay_asks_.clear();
         int& wait = replay_wait_[key];
-        *ask = wait <= 0;
-        if (wait > 0) --wait;
+        int& asking = replay_asks_[key];
+        // Concurrent callers ask for no more replays than the limit (one
+        // before the first replay says what the limit is).
+        *ask = wait <= 0 && usable + asking < std::max<uint64_t>(limit, 1);
+        if (*ask) {
+          ++asking;
+        } else if (wait > 0) {
+          --wait;
+        }
         return nullptr;
       }
       replay_cv_.wait(lock);
@@ -913,6 +921,11 @@ class TRTEngineOp : public AsyncOpKernel {
   void AskForReplay(OpKernelContext* ctx, PyObject* handle, PyObject* inputs,
                     const std::string& key) {
     PyRef result(CallDispatcher("replay", handle, inputs));
+    {
+      tensorflow::mutex_lock lock(replay_mu_);
+      auto asking = replay_asks_.find(key);
+      if (asking != replay_asks_.end() && --asking->second <= 0) replay_asks_.erase(asking);
+    }
     std::unique_ptr<Replay> replay;
     PyObject* keep = nullptr;
     if (result && result.get() == Py_False) {
@@ -1176,6 +1189,7 @@ class TRTEngineOp : public AsyncOpKernel {
   tensorflow::condition_variable replay_cv_;
   std::vector<std::unique_ptr<Replay>> replays_ TF_GUARDED_BY(replay_mu_);
   std::map<std::string, int> replay_wait_ TF_GUARDED_BY(replay_mu_);
+  std::map<std::string, int> replay_asks_ TF_GUARDED_BY(replay_mu_);  // asks in flight, by key
 
   tensorflow::mutex mu_;
   FunctionLibraryRuntime* func_lib_ TF_GUARDED_BY(mu_) = nullptr;
