@@ -11,6 +11,9 @@ times, in milliseconds (median of single calls, wall clock):
 
 - ``tf``: native TensorFlow (the CPU build: this machine's TF has no GPU kernels);
 - ``signature``: the converted model's serving signature, host inputs in, host outputs out (what users call);
+- ``floor``: the least a signature call can take on this machine: ``engine_device``, the inputs' and outputs'
+  bytes across PCIe at the pinned rates measured at the start, ``tf_call`` and TensorFlow's own ``.numpy()`` of
+  tensors of the outputs' shapes (``sig/floor``: how far the signature is from it);
 - ``engine_host``: the engine op's engine on the same host arrays (its context pool, no TensorFlow);
 - ``engine_device``: the engine on arrays already on the GPU;
 - then each batch's engines of all precisions timed against each other in ``--rounds`` interleaved rounds
@@ -422,7 +425,7 @@ def trivial_signature(native, directory: str):
 
 def copy_ceilings(cupy, nbytes: int) -> dict:
     """GB/s of the steps a host input takes: pageable -> pinned (1, 4, 8 threads), pinned -> device, and
-    pageable -> device directly."""
+    pageable -> device directly; and of an output's device -> pinned."""
     from tftrt_py.engine.backends.cupy import staging
 
     src = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
@@ -441,10 +444,28 @@ def copy_ceilings(cupy, nbytes: int) -> dict:
         dev.set(a, stream=stream)
         stream.synchronize()
     out["pinned_to_device"] = nbytes / timed(lambda: dma(pinned)) / 1e6
+
+    def dma_back():
+        dev.get(out=pinned, stream=stream)
+        stream.synchronize()
+    out["device_to_pinned"] = nbytes / timed(dma_back) / 1e6
     out["pageable_to_device"] = nbytes / timed(lambda: dma(src)) / 1e6
     out["staged_to_device"] = nbytes / timed(lambda: (staging.to_device(src, pinned, dev, stream),
                                                       stream.synchronize())) / 1e6
     return out
+
+
+def floor_ms(row: dict, inputs: dict, outputs: dict, ceilings: dict) -> float:
+    """The least a signature call can take here: the engine on device arrays, its inputs' and outputs' bytes across
+    PCIe at the measured pinned rates, TensorFlow's call of a trivial signature, and TensorFlow's own ``.numpy()``
+    of tensors of the outputs' shapes (a copy of its own)."""
+    import tensorflow as tf
+
+    held = [tf.constant(v) for v in outputs.values()]
+    numpy_ms = timed(lambda: [t.numpy() for t in held])
+    bytes_in, bytes_out = sum(v.nbytes for v in inputs.values()), sum(v.nbytes for v in outputs.values())
+    pcie_ms = bytes_in / ceilings["pinned_to_device"] / 1e6 + bytes_out / ceilings["device_to_pinned"] / 1e6
+    return row["engine_device"] + pcie_ms + row["tf_call"] + numpy_ms
 
 
 def served_ops(created: set):
@@ -506,7 +527,7 @@ def _op_inputs(op, arrays):
     return order
 
 
-def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list) -> None:
+def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list, ceilings: dict) -> None:
     import tensorflow as tf
 
     from tftrt_py.engine_op import dispatcher
@@ -580,6 +601,8 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
                                                {k: v.numpy() for k, v in native(**fresh).items()})
             row["native_runs"] = sum(op.stats.native_runs for op in ops)
             row["tf_call"] = timed(lambda: [v.numpy() for v in trivial(**tensors).values()])
+            if "engine_device" in row:
+                row["floor"] = floor_ms(row, feeds[b], got, ceilings)
             row.update(torch_ms.get(b, {}))
             row.update(convert_s=conv["convert_s"], build3_s=conv["build3_s"], build_rest_s=conv["build_rest_s"])
             results.append(row)
@@ -608,10 +631,10 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list)
 
 
 def table(results, threads_rows) -> str:
-    cols = ["tf", "signature", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
+    cols = ["tf", "signature", "floor", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
             "compile_device", "tf_call", "dispatch"]
     lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols)
-             + "   sig/host host/dev  cmp/dev cmp/sig  err (first / fresh)  vs_torch32  native runs"]
+             + "   sig/host host/dev  cmp/dev cmp/sig sig/floor  err (first / fresh)  vs_torch32  native runs"]
 
     def ratio(r, num, den):
         return f"{r[num] / r[den]:8.2f}" if r.get(num) and r.get(den) else "       -"
@@ -619,7 +642,7 @@ def table(results, threads_rows) -> str:
         cells = " ".join(f"{r[c]:14.3f}" if c in r else f"{'-':>14}" for c in cols)
         ratios = " ".join(ratio(r, *pair) for pair in (("signature", "engine_host"), ("engine_host", "engine_device"),
                                                       ("compile_device", "engine_device"),
-                                                      ("compile_host", "signature")))
+                                                      ("compile_host", "signature"), ("signature", "floor")))
         vs = f"{r['vs_torch32']:.1e}" if r.get("vs_torch32") is not None else "-"
         lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratios}  {r['max_rel_err']:.1e} / "
                      f"{r.get('max_rel_err_fresh', float('nan')):.1e}  {vs}  {r.get('native_runs', 0)}")
@@ -673,7 +696,7 @@ def main() -> int:
     print("copy GB/s, 19 MB: " + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()), flush=True)
     for name in args.models:
         try:
-            bench_model(name, args, torch, cupy, results, threads_rows)
+            bench_model(name, args, torch, cupy, results, threads_rows, ceilings)
         except Exception:
             traceback.print_exc()
     with open(args.json, "w") as f:
