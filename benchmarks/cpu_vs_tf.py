@@ -76,6 +76,20 @@ def _vit(size):
                                         hidden_dim=768, mlp_dim=3072)
 
 
+def _deeplabv3(size):
+    """keras-hub DeepLabV3 (its atrous spatial pyramid pooling, dilations 6, 12, 18) on a ResNet-18 backbone."""
+    import keras_hub
+
+    encoder = keras_hub.models.ResNetBackbone(input_conv_filters=[64], input_conv_kernel_sizes=[7],
+                                              stackwise_num_filters=[64, 128, 256, 512],
+                                              stackwise_num_blocks=[2, 2, 2, 2], stackwise_num_strides=[1, 2, 2, 2],
+                                              block_type="basic_block", image_shape=(size, size, 3))
+    backbone = keras_hub.models.DeepLabV3Backbone(image_encoder=encoder, spatial_pyramid_pooling_key="P5",
+                                                  upsampling_size=8, dilation_rates=[6, 12, 18],
+                                                  low_level_feature_key="P2", image_shape=(size, size, 3))
+    return keras_hub.models.DeepLabV3ImageSegmenter(backbone=backbone, num_classes=21)
+
+
 def image_feed(batch: int, rng, specs) -> dict:
     (name, spec), = specs.items()
     return {name: rng.uniform(-1, 1, (batch, *spec.shape.as_list()[1:])).astype(np.float32)}
@@ -87,6 +101,7 @@ MODELS = {
     "mobilenetv2": dict(export=_keras_export(_application("MobileNetV2")), feed=image_feed),
     "bert": dict(export=lambda directory, size: bert_keras(directory), feed=lambda b, rng, specs: bert_feed(b, rng)),
     "vit": dict(export=_keras_export(_vit), feed=image_feed),
+    "deeplabv3": dict(export=_keras_export(_deeplabv3), feed=image_feed),
 }
 #: Models also converted in INT8 (calibrated on random inputs), served against their FP32 engines.
 INT8_MODELS = ("resnet50", "bert")

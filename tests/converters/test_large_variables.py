@@ -211,3 +211,37 @@ def test_small_variables_are_frozen_as_before(tmp_path):
     assert converter._variables == []
     assert "ReadVariableOp" not in {n.op for n in converter._converted_graph_def.node}
     assert all(variables.weight_inputs(n) == [] for n in converter._engine_nodes())
+
+
+class RunningMean(tf.Module):
+    """A serving function that updates a variable as it runs (a BatchNormalization called in training mode inside
+    keras-hub's DeepLabV3 does): y = relu(x @ w - mean), then mean <- 0.5 mean + 0.5 batch mean of x @ w."""
+
+    def __init__(self):
+        self.w = tf.Variable(RNG.normal(0, 0.3, (8, 8)).astype(np.float32))
+        self.mean = tf.Variable(np.zeros(8, np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+    def serve(self, x):
+        h = tf.matmul(x, self.w)
+        y = tf.nn.relu(h - self.mean)
+        self.mean.assign(0.5 * self.mean + 0.5 * tf.reduce_mean(h, axis=0))
+        return {"y": y}
+
+
+@pytest.mark.parametrize("keep_bytes", ["0", str(1 << 30)])
+def test_variables_the_model_writes_stay_variables_and_update_as_natively(tmp_path, monkeypatch, keep_bytes):
+    monkeypatch.setenv(settings.KEEP_VARIABLES.name, keep_bytes)  # the rest saved as variables, or as constants
+    model = RunningMean()
+    tf.saved_model.save(model, str(tmp_path / "model"), signatures=model.serve)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "model"),
+                                        conversion_params=trt.TrtConversionParams(minimum_segment_size=1))
+    converter.convert()
+    converter.save(str(tmp_path / "trt"))
+    native = tf.saved_model.load(str(tmp_path / "model")).signatures["serving_default"]
+    served = tf.saved_model.load(str(tmp_path / "trt")).signatures["serving_default"]
+    for batch in (4, 4, 2):  # each call sees the mean the one before wrote
+        x = tf.constant(RNG.normal(0, 1, (batch, 8)).astype(np.float32))
+        np.testing.assert_allclose(served(x=x)["y"].numpy(), native(x=x)["y"].numpy(), rtol=1e-5, atol=1e-5)
+    ops = {n.op for n in converter._converted_graph_def.node}
+    assert {"AssignVariableOp", "TRTEngineOp"} <= ops

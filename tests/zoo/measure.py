@@ -9,12 +9,12 @@ constants, variable reads, identities, no-ops). Inside engines: the compute ops 
 that ran an engine when serving, and never their native segment. Outside: the compute ops of the converted graph outside engine
 ops, plus those of the functions they call (loop bodies and conditions, branches).
 
-Models with loops (While, StatelessWhile): loops stay native by design, as in TF-TRT, and variant or resource
-tensors (TensorLists) can never be engine tensors. Native by design, and held to no target: loop nodes and the
-functions they call, nodes reading or producing a variant or resource tensor, and shape computations left native
-as known when building (their copies serve in engines) whose every consumer is native by design (the LSTM's
-Shape -> StridedSlice -> Pack -> Fill sizing its TensorListReserve). Every other compute op must serve in an
-engine.
+Loops (While, StatelessWhile) stay native by design, as in TF-TRT, and variant or resource tensors (TensorLists,
+variable handles) can never be engine tensors. Native by design, and held to no target: loop nodes and the
+functions they call, nodes reading or producing a variant or resource tensor (a variable the model writes as it
+serves: DeepLabV3's AssignVariableOps), and shape computations left native as known when building (their copies
+serve in engines) whose every consumer is native by design (the LSTM's Shape -> StridedSlice -> Pack -> Fill
+sizing its TensorListReserve). Every other compute op must serve in an engine.
 
 Errors: over every output, or, where a model names ``raw_outputs`` (the outputs a loop decodes, as NMS does),
 FP32 and FP16 are held to those and FP32's decoded outputs to a relative 1e-5 of their scale. FP16 decoded
@@ -257,11 +257,9 @@ def _native_compute(graph_def, nodes=None) -> int:
 
 
 def _native_by_design(graph_def, static_kept) -> int:
-    """Compute ops native by design (see the module docstring); 0 without loops."""
+    """Compute ops native by design (see the module docstring)."""
     from tftrt_py.convert.graph import GraphView, tensor_ref
 
-    if not any(n.op in LOOPS for n in graph_def.node):
-        return 0
     view = GraphView(graph_def)
 
     def opaque(node):

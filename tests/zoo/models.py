@@ -110,6 +110,19 @@ def _resnet():
     return _tiny_resnet((32, 32, 3))
 
 
+def _deeplab():
+    """DeepLabV3 on the tiny ResNet: atrous convolutions (SpaceToBatchND -> Conv2D -> BatchToSpaceND in TF's graph)
+    in its spatial pyramid pooling, whose projection's BatchNormalization updates its moving statistics as the
+    serving function runs (keras-hub calls it in training mode): those variables stay variables, their reads and
+    writes native."""
+    import keras_hub
+    backbone = keras_hub.models.DeepLabV3Backbone(image_encoder=_tiny_resnet((64, 64, 3)),
+                                                  spatial_pyramid_pooling_key="P4", upsampling_size=4,
+                                                  dilation_rates=[2, 4, 6], low_level_feature_key="P2",
+                                                  image_shape=(64, 64, 3))
+    return keras_hub.models.DeepLabV3ImageSegmenter(backbone=backbone, num_classes=3)
+
+
 def _cspdarknet():
     import keras_hub
     # CSPDarkNet-53's configuration (keras_hub/src/utils/timm/convert_cspnet.py), fewer and narrower stages
@@ -215,6 +228,7 @@ REQUIRED = _entries(
     ZooModel("llama", _llama, _text()),
     ZooModel("vit", _vit, _image()),
     ZooModel("resnet", _resnet, _image()),
+    ZooModel("deeplabv3", _deeplab, _image(64), pixels=True),
     ZooModel("cspdarknet", _cspdarknet, _image()),
     ZooModel("retinanet", _retinanet, {"images": (BATCH,) + RETINANET_IMAGE}, exporter=_export_detector,
              raw_outputs=("bbox_regression", "cls_logits")),

@@ -31,6 +31,7 @@ from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["EXPERIMENTAL_FEATURES_ENV", "DISABLE_GRAPH_FREEZING", "WEIGHT_INPUTS_ATTR", "LARGE_VARIABLE_BYTES",
            "WEIGHTS_FUNCTION", "is_experimental_feature_activated", "captured_variables", "nbytes", "large_variables", "only_read",
+           "written", "WRITE_OPS",
            "variable_values", "variable_reads", "read_directly", "WeightsView", "reads_as_constants",
            "reads_as_inputs", "mark_weight_inputs", "weight_inputs", "engine_inputs", "bind_weights"]
 
@@ -85,15 +86,38 @@ def read_directly(graph_def, reads: Mapping[str, object]) -> None:
     _drop_unused_handles(graph_def, placeholders=False)
 
 
-def only_read(graph_def, placeholders) -> set:
-    """The `placeholders` (resource handles) every use of which, through Identities, is a ReadVariableOp in
-    `graph_def` (with its calls inlined): variables that can stay variables, their reads feeding engines.
-    Others (gathered by ResourceGather, passed into control flow, assigned) are frozen."""
+#: Ops that change a variable's value (a prefix of their name): assignments, scatters, optimizer steps.
+WRITE_OPS = ("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply", "ResourceStridedSliceAssign")
+
+
+def written(graph_def, placeholders) -> set:
+    """The `placeholders` (resource handles) some use of which, through Identities, changes the variable in
+    `graph_def` (with its calls inlined): variables the function updates as it runs (a Keras BatchNormalization
+    called in training mode inside a serving function). They stay variables whatever their size: frozen, a
+    constant would stand where the write needs the handle, and their reads would never see the updates."""
+    users = _users(graph_def)
+
+    def writes(name, depth=0):
+        return depth < 64 and any(
+            user.op.startswith(WRITE_OPS) or (user.op in _HANDLE_PASS_THROUGH and writes(user.name, depth + 1))
+            for user in users.get(name, ()))
+    return {name for name in placeholders if writes(name)}
+
+
+def _users(graph_def) -> Dict[str, list]:
     users: Dict[str, list] = {}
     for node in graph_def.node:
         for ref in node.input:
             if not ref.startswith("^"):
                 users.setdefault(split_ref(ref)[0], []).append(node)
+    return users
+
+
+def only_read(graph_def, placeholders) -> set:
+    """The `placeholders` (resource handles) every use of which, through Identities, is a ReadVariableOp in
+    `graph_def` (with its calls inlined): variables that can stay variables, their reads feeding engines.
+    Others (gathered by ResourceGather, passed into control flow) are frozen, but for those :func:`written`."""
+    users = _users(graph_def)
 
     def read_only(name, depth=0):
         return depth < 64 and all(

@@ -106,6 +106,7 @@ class TrtGraphConverterV2:
         self._variable_reads = {}  # ReadVariableOp name -> the kept variable it reads
         self._captures = {}  # Placeholder name -> the outside tensor it captures (handles of kept variables)
         self._variables = []  # the variables kept as variables (see convert.variables)
+        self._written = {}  # Placeholder name -> a variable the function writes (kept whatever its size)
         self._saves_variables = True  # whether save() writes them as variables (else as constants of their values)
         # the last attribute made here is the last one freed: the memory of the others goes back to the system then
         self._memory = MemoryReturn()
@@ -138,12 +139,13 @@ class TrtGraphConverterV2:
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
         output_names = [t.name for t in func.outputs]
         if self.freeze:  # the loaded model goes but for its large variables: the graph holds the other weights
-            captured = self._large_variables(func)
+            captured, self._written = self._kept_variables(func)
             self._saves_variables = sum(map(variables.nbytes, captured.values())) >= settings.KEEP_VARIABLES.get()
-            graph_def, self._input_names = graph_io.frozen_graph_def(func, keep=captured)
+            kept = {**captured, **self._written}
+            graph_def, self._input_names = graph_io.frozen_graph_def(func, keep=kept)
             self._captures = {internal.op.name: external for external, internal in func.graph.captures
-                              if internal.op.name in captured}
-            self._variables = list(captured.values())
+                              if internal.op.name in kept}
+            self._variables = list(kept.values())
             self._func, graph = graph_io.signature_of(func), tf.Graph()
             del saved_model, func
         else:
@@ -193,14 +195,18 @@ class TrtGraphConverterV2:
         return self._converted_func
 
     @staticmethod
-    def _large_variables(func):
+    def _kept_variables(func):
         """The variables of `func` freezing keeps (placeholder name -> variable): those of LARGE_VARIABLE_BYTES
-        or more that only ReadVariableOps use (see convert.variables)."""
+        or more that only ReadVariableOps use, their reads feeding engines as weights; and those `func` writes,
+        their reads native (see convert.variables)."""
+        every = variables.captured_variables(func)
+        if not every:
+            return {}, {}
+        graph_def = graph_io.inline_calls(func.graph.as_graph_def())
         large = variables.large_variables(func)
-        if not large:
-            return {}
-        kept = variables.only_read(graph_io.inline_calls(func.graph.as_graph_def()), large)
-        return {name: v for name, v in large.items() if name in kept}
+        read = variables.only_read(graph_def, large)
+        changed = variables.written(graph_def, every)
+        return {n: v for n, v in large.items() if n in read}, {n: v for n, v in every.items() if n in changed}
 
     def _execute_calibration(self, calibration_input_fn):
         """Run calibration_input_fn's inputs with every engine op calibrating, then write each op's table into
@@ -367,13 +373,14 @@ class TrtGraphConverterV2:
             captures[placeholder.name] = asset.asset_path
             logger.info("saving %d engine(s) of %s", len(engines) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
-        kept = self._captures
+        kept, tracked = self._captures, self._variables
         if self.freeze and not self._saves_variables:  # served faster as constants (see convert.variables)
             variables.reads_as_constants(graph_def, self._variable_reads,
                                          f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}")
             kept = {name: handle for name, handle in kept.items() if name in {n.name for n in graph_def.node}}
-        elif self._variables:
-            root.tftrt_variables = self._variables
+            tracked = list(self._written.values())  # variables the model writes stay variables
+        if tracked:
+            root.tftrt_variables = tracked
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
                                                 {**captures, **kept})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},

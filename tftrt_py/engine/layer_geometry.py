@@ -9,7 +9,11 @@ import numpy as np
 from tftrt_py.engine.errors import NetworkError
 
 __all__ = ["volume", "broadcast_shape", "conv_output_size", "shuffle_shapes", "attention_columns",
-           "attention_scores_shape", "causal_keep", "nms_detections"]
+           "attention_scores_shape", "causal_keep", "nms_detections", "space_to_batch_layers",
+           "batch_to_space_layers"]
+
+#: (layer kind, params): one layer of a decomposition into layer kinds
+LayerSpec = Tuple[str, dict]
 
 
 def volume(shape: Sequence[int]) -> int:
@@ -51,6 +55,51 @@ def shuffle_shapes(shape: Sequence[int], params) -> Tuple[int, ...]:
     if params.get("second_perm") is not None:
         shape = tuple(shape[i] for i in params["second_perm"])
     return shape
+
+
+def space_to_batch_layers(shape: Sequence[int], block: Sequence[int], pre: Sequence[int], post: Sequence[int]
+                          ) -> List[LayerSpec]:
+    """TF's SpaceToBatchND of a tensor of `shape` [N, *spatial (M dims), *rest] as layers: zero Padding of the
+    spatial dims (`pre`, `post`: M entries each; none where all are 0), a Shuffle splitting each padded spatial dim
+    S into [S / b, b] and moving the M block axes first, and a Shuffle merging them into the batch:
+    [prod(block) * N, *(S / b), *rest]. Each padded dim must be a multiple of its block."""
+    m, n, rest = len(block), int(shape[0]), [int(d) for d in shape[1 + len(block):]]
+    padded = [int(d) + a + b for d, a, b in zip(shape[1:1 + m], pre, post)]
+    if any(d % b for d, b in zip(padded, block)):
+        raise NetworkError(f"SpaceToBatch: padded spatial dims {padded} are not multiples of the block {list(block)}")
+    layers: List[LayerSpec] = []
+    if any(pre) or any(post):
+        zeros = [0] * len(rest)
+        layers.append(("Padding", {"pre": [0, *map(int, pre), *zeros], "post": [0, *map(int, post), *zeros]}))
+    split = [n] + [v for d, b in zip(padded, block) for v in (d // b, int(b))] + rest
+    blocks = [2 + 2 * i for i in range(m)]
+    grid = [0] + [1 + 2 * i for i in range(m)] + [1 + 2 * m + i for i in range(len(rest))]
+    layers.append(("Shuffle", {"reshape": split, "second_perm": blocks + grid}))
+    layers.append(("Shuffle", {"reshape": [volume(block) * n] + [d // b for d, b in zip(padded, block)] + rest}))
+    return layers
+
+
+def batch_to_space_layers(shape: Sequence[int], block: Sequence[int], crop_pre: Sequence[int],
+                          crop_post: Sequence[int]) -> List[LayerSpec]:
+    """TF's BatchToSpaceND of a tensor of `shape` [prod(block) * N, *spatial (M dims), *rest] as layers: a Shuffle
+    splitting the batch into [*block, N] and interleaving each block axis after its spatial dim, a Shuffle merging
+    them ([N, *(S * b), *rest]), and a Slice of the crops (none where all are 0)."""
+    m, rest = len(block), [int(d) for d in shape[1 + len(block):]]
+    if int(shape[0]) % volume(block):
+        raise NetworkError(f"BatchToSpace: batch {shape[0]} is not a multiple of the block {list(block)}")
+    n, spatial = int(shape[0]) // volume(block), [int(d) for d in shape[1:1 + m]]
+    perm = [m] + [v for i in range(m) for v in (m + 1 + i, i)] + [1 + 2 * m + i for i in range(len(rest))]
+    full = [d * b for d, b in zip(spatial, block)]
+    layers: List[LayerSpec] = [("Shuffle", {"reshape": [*map(int, block), n, *spatial, *rest], "second_perm": perm}),
+                               ("Shuffle", {"reshape": [n, *full, *rest]})]
+    if any(crop_pre) or any(crop_post):
+        kept = [d - a - b for d, a, b in zip(full, crop_pre, crop_post)]
+        if any(k <= 0 for k in kept):
+            raise NetworkError(f"BatchToSpace: crops {list(crop_pre)} + {list(crop_post)} leave nothing of {full}")
+        zeros = [0] * len(rest)
+        layers.append(("Slice", {"start": [0, *map(int, crop_pre), *zeros], "size": [n, *kept, *rest],
+                                 "stride": [1] * (1 + m + len(rest))}))
+    return layers
 
 
 def attention_columns(layer) -> List[Tuple[int, int]]:

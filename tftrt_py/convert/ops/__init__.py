@@ -26,6 +26,7 @@ from tftrt_py.convert.ops import (  # noqa: F401,E402  (registration)
     shape_info,
     slicing,
     softmax,
+    space_batch,
     stacking,
     tile,
     topk,

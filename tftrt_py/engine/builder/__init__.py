@@ -33,6 +33,7 @@ PIPELINE: List[Tuple[str, Callable]] = [
     ("identity erasure", affine.erase_identities),
     ("duplicate merging", passes.merge_duplicates),
     ("shuffle fusion", shuffle.fuse_shuffles),
+    ("atrous convolution", conv.fuse_atrous),
     ("padding into convolution", conv.fuse_padding),
     ("padding into pooling", conv.fuse_pooling_padding),
     ("activation recognition", activation.recognize_activations),

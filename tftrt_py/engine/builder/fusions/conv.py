@@ -1,12 +1,18 @@
-"""Convolution fusions: a residual ElementWise sum, and a zero Padding in front (also of a Pooling)."""
+"""Convolution fusions: a residual ElementWise sum, a zero Padding in front (also of a Pooling), and the
+space-to-batch rearrangements TF wraps around a dilated convolution."""
 from __future__ import annotations
 
 import logging
 
+from typing import List, Optional, Sequence
+
 from tftrt_py.engine.builder.fusions.activation import nonnegative
 from tftrt_py.engine.builder.fusions.match import Fused, activation_of, apply_rules, sole_producer
+from tftrt_py.engine.errors import NetworkError
+from tftrt_py.engine.layer_geometry import batch_to_space_layers, space_to_batch_layers
+from tftrt_py.engine.network import Layer
 
-__all__ = ["fuse_residual", "fuse_padding", "fuse_pooling_padding"]
+__all__ = ["fuse_residual", "fuse_padding", "fuse_pooling_padding", "fuse_atrous"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +99,75 @@ def padding_into_pooling(network, users, layer):
     return Fused("Padding + Pooling", [pad, layer], "Pooling", [pad.inputs[0]], params, {})
 
 
+def _is(layers: Sequence[Layer], specs) -> bool:
+    """Whether `layers` are the (kind, params) `specs`, one for one (params set to None count as absent)."""
+    return len(layers) == len(specs) and all(
+        layer.kind == kind and {k: list(v) if isinstance(v, (list, tuple)) else v
+                                for k, v in layer.params.items() if v is not None} == params
+        for layer, (kind, params) in zip(layers, specs))
+
+
+def _private_chain(network, users, tensor, kinds, most: int) -> List[Layer]:
+    """The layers of `kinds` (at most `most`) that make `tensor` from the end, each read only by the next, in
+    network order."""
+    chain: List[Layer] = []
+    while len(chain) < most:
+        p = sole_producer(network, users, tensor, kinds)
+        if p is None:
+            break
+        chain.insert(0, p)
+        tensor = p.inputs[0]
+    return chain
+
+
+def atrous_convolution(network, users, layer):
+    """x -> SpaceToBatch(block b, padding p) -> Convolution(stride 1, no dilation, no padding) -> BatchToSpace(b,
+    crops c) -> y   =>   x -> Convolution(dilation b, padding p - c) -> y: how TF writes a dilated convolution
+    (the rearrangements as space_to_batch_layers / batch_to_space_layers lay them out; `layer` ends the second).
+    A BatchToSpace's last Shuffle read by the Slice of its crops leaves the match to that Slice."""
+    readers = users.get(layer.outputs[0].name, [])
+    if (layer.kind == "Shuffle" and len(readers) == 1 and readers[0].kind == "Slice"
+            and not network.is_output(layer.outputs[0]) and _atrous(network, users, readers[0]) is not None):
+        return None
+    return _atrous(network, users, layer)
+
+
+def _atrous(network, users, layer) -> Optional[Fused]:
+    after = _private_chain(network, users, layer.inputs[0], ("Shuffle",), 2 if layer.kind == "Slice" else 1)
+    after.append(layer)
+    conv = sole_producer(network, users, after[0].inputs[0], ("Convolution",))
+    if conv is None or len(conv.inputs) != 1:
+        return None
+    p, m = conv.params, len(conv.params["strides"])
+    if any(v != 1 for v in p["strides"] + p["dilations"]) or any(p["pre_padding"] + p["post_padding"]):
+        return None
+    block = list(after[0].params.get("reshape") or [])[:m]
+    crop_pre, crop_post = [0] * m, [0] * m
+    if layer.kind == "Slice":
+        crop_pre = list(layer.params["start"][1:1 + m])
+        full, kept = layer.inputs[0].shape[1:1 + m], layer.params["size"][1:1 + m]
+        crop_post = [f - a - n for f, a, n in zip(full, crop_pre, kept)]
+    before = _private_chain(network, users, conv.inputs[0], ("Shuffle", "Padding"), 3)
+    if len(block) != m or min(block, default=0) < 1 or len(before) < 2:
+        return None
+    if before[0].kind != "Padding":
+        before = before[-2:]
+    x = before[0].inputs[0]
+    pad_pre = list(before[0].params["pre"][1:1 + m]) if before[0].kind == "Padding" else [0] * m
+    pad_post = list(before[0].params["post"][1:1 + m]) if before[0].kind == "Padding" else [0] * m
+    try:
+        if not (_is(after, batch_to_space_layers(conv.outputs[0].shape, block, crop_pre, crop_post))
+                and _is(before, space_to_batch_layers(x.shape, block, pad_pre, pad_post))):
+            return None
+    except NetworkError:
+        return None
+    pre, post = [a - c for a, c in zip(pad_pre, crop_pre)], [a - c for a, c in zip(pad_post, crop_post)]
+    if min(pre + post) < 0:
+        return None
+    return Fused("atrous convolution", [*before, conv, *after], "Convolution", [x],
+                 dict(p, dilations=block, pre_padding=pre, post_padding=post), conv.weights)
+
+
 def fuse_residual(network) -> bool:
     """Fuse a residual sum into the Convolution producing one of its operands."""
     return apply_rules(network, {"ElementWise": [residual_sum]}, logger)
@@ -106,3 +181,8 @@ def fuse_padding(network) -> bool:
 def fuse_pooling_padding(network) -> bool:
     """Fold zero spatial padding into the Pooling that reads it, where that changes no value."""
     return apply_rules(network, {"Pooling": [padding_into_pooling]}, logger)
+
+
+def fuse_atrous(network) -> bool:
+    """Turn each convolution TF wrapped in space-to-batch rearrangements back into one dilated Convolution."""
+    return apply_rules(network, {"Shuffle": [atrous_convolution], "Slice": [atrous_convolution]}, logger)
