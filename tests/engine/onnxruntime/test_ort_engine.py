@@ -178,3 +178,20 @@ def test_sessions_sleep_when_idle_and_skip_slow_fusions():
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     disabled = options.get_session_config_entry("optimization.disable_specified_optimizers").split(";")
     assert {"SkipLayerNormFusion", "WeightBiasQuantization", "QDQSelectorActionTransformer"} <= set(disabled)
+
+
+def test_a_profiler_gets_the_time_of_every_layer_and_the_same_outputs():
+    """A Profiler on a context: the engine's layers run in sessions of one layer each (ONNX Runtime times sessions,
+    not nodes), each reporting its wall time under the layer's name."""
+    from tftrt_py.engine import Profiler
+
+    engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(conv_relu_pool_net(batch=4))
+    ctx = engine.create_execution_context()
+    x = {"TensorRTInputPH_0": np.random.default_rng(2).standard_normal((4, 8, 8, 3)).astype(np.float32)}
+    want = ctx.execute(x)["TensorRTOutputPH_0"]
+    ctx.profiler = profiler = Profiler()
+    for _ in range(2):
+        np.testing.assert_allclose(ctx.execute(x)["TensorRTOutputPH_0"], want, rtol=1e-6, atol=1e-6)
+    layers = [layer.name for layer in engine.network.layers]
+    assert sorted(profiler.records) == sorted(layers)
+    assert all(len(times) == 2 and min(times) > 0 for times in profiler.records.values())

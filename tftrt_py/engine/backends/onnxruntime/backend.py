@@ -50,8 +50,8 @@ SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 class _Session:
     """One ONNX Runtime session over consecutive lowered layers: engine tensors in, engine tensors out."""
 
-    def __init__(self, session, inputs: List[Tensor], outputs: List[Tensor]):
-        self.session, self.inputs, self.outputs = session, inputs, outputs
+    def __init__(self, session, inputs: List[Tensor], outputs: List[Tensor], layers: List[Layer]):
+        self.session, self.inputs, self.outputs, self.layers = session, inputs, outputs, layers
         self.input_names = [i.name for i in session.get_inputs()]
 
     def run(self, values: Dict[str, np.ndarray]) -> None:
@@ -64,7 +64,7 @@ class _NumpyLayer:
     """A layer run by the numpy kernel between sessions."""
 
     def __init__(self, layer: Layer):
-        self.layer, self.backend = layer, NumpyBackend()
+        self.layer, self.layers, self.backend = layer, [layer], NumpyBackend()
 
     def run(self, values: Dict[str, np.ndarray]) -> None:
         outs = self.backend.run_layer(self.layer, [values[t.name] for t in self.layer.inputs])
@@ -78,10 +78,15 @@ class Program:
     def __init__(self, steps: list):
         self.steps = steps
 
-    def run(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def run(self, inputs: Dict[str, np.ndarray], profiler=None) -> Dict[str, np.ndarray]:
+        """The values of every tensor the steps make from `inputs`; with a `profiler`, each step's wall time is
+        reported as its (one) layer's (see :meth:`OnnxRuntimeBackend.profiling_program`)."""
         values = dict(inputs)
         for step in self.steps:
+            start = time.perf_counter() if profiler is not None else 0.0
             step.run(values)
+            if profiler is not None:
+                profiler.report_layer_time(step.layers[-1].name, (time.perf_counter() - start) * 1e3)
         return values
 
 
@@ -150,7 +155,9 @@ class OnnxRuntimeBackend(Backend):
                                     providers=["CPUExecutionProvider"])
 
     # -- build --------------------------------------------------------------------------------------------
-    def _program(self, network: Network) -> Program:
+    def _program(self, network: Network, per_layer: bool = False) -> Program:
+        """The sessions and numpy steps running `network`: one session per run of consecutive lowered layers, or
+        one per layer (`per_layer`)."""
         users: Dict[str, int] = {}
         for i, layer in enumerate(network.layers):
             for t in layer.inputs:
@@ -158,7 +165,8 @@ class OnnxRuntimeBackend(Backend):
         for t in network.outputs:
             users[t.name] = len(network.layers)
         steps, start = [], 0
-        for run in _runs(network.layers):
+        runs = [[layer] for layer in network.layers] if per_layer else _runs(network.layers)
+        for run in runs:
             end = start + len(run)
             if not lowerable(run[0]):
                 for layer in run:
@@ -174,7 +182,7 @@ class OnnxRuntimeBackend(Backend):
                                 if users.get(t.name, -1) >= end}.values())
                 external = {}
                 model = lower(network, run, inputs, outputs, external=external)
-                steps.append(_Session(self.session(model, external), inputs, outputs))
+                steps.append(_Session(self.session(model, external), inputs, outputs, run))
             start = end
         return Program(steps)
 
@@ -229,11 +237,20 @@ class OnnxRuntimeBackend(Backend):
         """Every reference kind: those without a lowering run on numpy between sessions."""
         return NumpyBackend().kinds
 
+    def profiling_program(self, engine) -> Program:
+        """`engine`'s layers in sessions of one layer each (made on first use): a profiler gets each layer's time.
+        ONNX Runtime's own fusions across layers do not happen there, so the layers' times add up to more than a
+        run of the engine's program takes."""
+        program = getattr(engine, "ort_profiling_program", None)
+        if program is None:
+            program = engine.ort_profiling_program = self._program(engine.network, per_layer=True)
+        return program
+
     # -- run ------------------------------------------------------------------------------------------------
     def create_runner(self, engine) -> "Runner":
         if getattr(engine, "ort_program", None) is None:
             engine.prepare()
-        return Runner(engine, engine.ort_program)
+        return Runner(engine, engine.ort_program, lambda: self.profiling_program(engine))
 
 
 def _demote_emulated(net) -> None:
@@ -251,14 +268,17 @@ class Runner(base.Runner):
     """Runs one engine's program for one ExecutionContext (sessions are shared: ONNX Runtime runs them from
     several threads at once)."""
 
-    def __init__(self, engine, program: Program):
-        self.engine, self.program = engine, program
+    def __init__(self, engine, program: Program, profiling_program):
+        self.engine, self.program, self.profiling_program = engine, program, profiling_program
 
     def execute(self, ctx, bindings: Mapping[str, np.ndarray], outputs=None) -> Dict[str, np.ndarray]:
         eng = self.engine
         values, batch = ctx._check_inputs(bindings)
         try:
-            values = self.program.run(values)
+            if ctx.profiler is None:
+                values = self.program.run(values)
+            else:  # per-layer times (Profiler): the engine's layers in sessions of their own
+                values = self.profiling_program().run(values, ctx.profiler)
         except Exception as exc:
             raise RuntimeExecutionError(f"engine {eng.name!r} failed in ONNX Runtime: {type(exc).__name__}: "
                                         f"{exc}") from exc
