@@ -17,6 +17,7 @@ from tftrt_py.convert.ops import (  # noqa: F401,E402  (registration)
     logical,
     matmul,
     nms,
+    one_hot,
     pooling,
     quantize,
     reduce,
