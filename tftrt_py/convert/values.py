@@ -87,10 +87,10 @@ class Weights:
 Value = Union[Tensor, Weights]
 
 
-def shape_of(value: Value) -> Weights:
-    """The shape of `value` as int32 Weights: dim 0 of a tensor, or of rows, is the batch entry; other
-    Weights have a shape computed without the batch unless they are pinned."""
-    shape = np.asarray(value.shape, np.int32)
+def shape_of(value: Value, dtype=np.int32) -> Weights:
+    """The shape of `value` as Weights of `dtype` (int32 or int64): dim 0 of a tensor, or of rows, is the batch
+    entry; other Weights have a shape computed without the batch unless they are pinned."""
+    shape = np.asarray(value.shape, dtype)
     if isinstance(value, Tensor) or value.rows:
         source = value if isinstance(value, Tensor) else value.batch_source
         return Weights(shape, source, entries=np.arange(shape.size) == 0)

@@ -1,4 +1,4 @@
-"""Shape, ShapeN, Size and Rank are constants while building, so int32 shape arithmetic folds and
+"""Shape, ShapeN, Size and Rank are constants while building, so int32 and int64 shape arithmetic folds and
 Reshape takes a target computed from tf.shape(x); int32 math the engine cannot do exactly stays native."""
 import numpy as np
 import pytest
@@ -26,9 +26,27 @@ def test_shape_ops_are_build_time_constants(op, dtype, shape):
     assert {layer.kind for layer in engine.network.layers} <= {"Constant", "Identity"} | pin
 
 
-def test_int64_out_type_is_refused():
-    reason = check(lambda t: tf.shape(t, out_type=tf.int64), [tf.TensorSpec((None, 3))], "Shape")
-    assert "out_type=int64" in reason
+@pytest.mark.parametrize("op", ["Shape", "Size", "ShapeN"])
+def test_int64_out_type_is_a_build_time_constant_too(op):
+    fns = {"Shape": lambda t: tf.shape(t, out_type=tf.int64), "Size": lambda t: tf.size(t, out_type=tf.int64),
+           "ShapeN": lambda t: tf.raw_ops.ShapeN(input=[t, t[:1]], out_type=tf.int64)}
+    assert_converts(fns[op], [random_array((3, 4))])
+
+
+INT64_SHAPES = {  # keras-hub CLIP sizes its position ids and attention masks from an int64 tf.shape
+    "Reshape": lambda t: tf.reshape(t, tf.stack([tf.shape(t, out_type=tf.int64)[0], -1])),
+    "BroadcastTo": lambda t: t + tf.broadcast_to(tf.range(5, dtype=tf.float32),
+                                                 tf.shape(t, out_type=tf.int64)),
+    "Fill": lambda t: t * tf.fill(tf.shape(t, out_type=tf.int64), 2.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT64_SHAPES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_int64_shape_arithmetic_sizes_reshapes_broadcasts_and_fills(name, batch):
+    fn = INT64_SHAPES[name]
+    assert native_ops(fn, [tf.TensorSpec((None, 4, 5))]) == {}
+    assert_converts(fn, [random_array((batch, 4, 5))])
 
 
 RESHAPES = {
