@@ -110,6 +110,24 @@ def _resnet():
     return _tiny_resnet((32, 32, 3))
 
 
+def _clip():
+    """CLIP's image and text towers and their projections; its text tower sizes its position ids and masks from an
+    int64 tf.shape."""
+    import keras_hub
+    vision = keras_hub.models.CLIPVisionEncoder(patch_size=8, hidden_dim=64, num_layers=2, num_heads=2,
+                                                intermediate_dim=128, image_shape=(32, 32, 3))
+    text = keras_hub.models.CLIPTextEncoder(vocabulary_size=VOCAB, embedding_dim=64, hidden_dim=64, num_layers=2,
+                                            num_heads=2, intermediate_dim=128, max_sequence_length=SEQ)
+    return keras_hub.models.CLIPBackbone(vision, text, projection_dim=32)
+
+
+def _mixtral():
+    """A mixture of experts: each token's router picks 2 of 4 experts (top-k, then one-hot masks)."""
+    import keras_hub
+    return keras_hub.models.MixtralBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=4, hidden_dim=64,
+                                            intermediate_dim=128, num_key_value_heads=2, num_experts=4, top_k=2)
+
+
 def _deeplab():
     """DeepLabV3 on the tiny ResNet: atrous convolutions (SpaceToBatchND -> Conv2D -> BatchToSpaceND in TF's graph)
     in its spatial pyramid pooling, whose projection's BatchNormalization updates its moving statistics as the
@@ -229,6 +247,8 @@ REQUIRED = _entries(
     ZooModel("vit", _vit, _image()),
     ZooModel("resnet", _resnet, _image()),
     ZooModel("deeplabv3", _deeplab, _image(64), pixels=True),
+    ZooModel("clip", _clip, dict(_image(), token_ids=(BATCH, SEQ))),
+    ZooModel("mixtral", _mixtral, _text()),
     ZooModel("cspdarknet", _cspdarknet, _image()),
     ZooModel("retinanet", _retinanet, {"images": (BATCH,) + RETINANET_IMAGE}, exporter=_export_detector,
              raw_outputs=("bbox_regression", "cls_logits")),
