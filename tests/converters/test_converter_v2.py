@@ -283,6 +283,8 @@ def test_summary_lists_engines_and_native_reasons(saved_model):
     inside, total = conversion_ratio(converter._converted_graph_def)
     assert f"[*] % of OPs Converted: {100.0 * inside / total:.2f}% [{inside}/{total}]" in text
     assert "Placeholder" in text and "graph input" in text
+    assert f"[*] OPs left native: {total - inside}, by op type and reason:" in text  # one count throughout
+    assert "nodes converted into" not in text
     with pytest.raises(ValueError, match="Minimum: 160"):
         converter.summary(line_length=100)
 
