@@ -37,6 +37,7 @@ class FakeGpu:
         self.calls = {"to_device": 0, "launch": 0}
         self.running, self.overlap = set(), []
         self.fail = None  # name of a call that returns CUDA error 700
+        self.on_alloc = None  # called inside each pinned-block allocation
         self.lock = threading.Lock()
 
         def set_context(context):
@@ -70,6 +71,8 @@ class FakeGpu:
         def host_alloc(address, nbytes, flags):
             if self.fail == "host_alloc":
                 return 2
+            if self.on_alloc is not None:
+                self.on_alloc()
             self.calls["host_alloc"] += 1
             address[0] = LIBC.malloc(nbytes)
             return 0
@@ -259,6 +262,20 @@ def test_outputs_tensorflow_holds_keep_their_values_and_later_outputs_are_copied
     del held
     call(f, 4, 99)
     assert fake.offered[0].outputs_handed() == (5, 3) and gpu.calls["host_alloc"] == 4
+
+
+def test_an_output_dropped_while_the_kernel_allocates_a_block_returns_its_own(ops, fake, gpu):
+    """The allocation runs outside the pool's lock: here the tensor is dropped from inside it, on the same thread."""
+    offering(fake, gpu)
+    f = engine_op(ops)
+    call(f, 4, 0)
+    x = np.ones((4, 3), np.float32)
+    held = [f(x)[0]]  # the first block, held
+    gpu.on_alloc = held.clear  # the next run allocates a second block; meanwhile the first comes back
+    np.testing.assert_array_equal(f(x)[0].numpy(), x * 2 + 1)
+    gpu.on_alloc = None
+    call(f, 4, 1)
+    assert gpu.calls["host_alloc"] == 2 and fake.offered[0].outputs_handed() == (3, 0)
 
 
 def test_outputs_are_copied_where_pinned_memory_cannot_be_allocated(ops, fake, gpu):

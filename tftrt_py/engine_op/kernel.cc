@@ -407,18 +407,26 @@ class PinnedPool {
   size_t nbytes() const { return nbytes_; }
 
   // An idle block, or a new one; null when kPinnedBlocks are out or
-  // allocation fails. The caller has the replay's context current.
+  // allocation fails. The caller has the replay's context current. The
+  // allocation runs outside the lock: a thread dropping a tensor (holding
+  // the GIL, say) must not wait on it in Release.
   char* Acquire() {
-    tensorflow::mutex_lock lock(mu_);
-    if (!idle_.empty()) {
-      char* b = idle_.back();
-      idle_.pop_back();
-      return b;
+    {
+      tensorflow::mutex_lock lock(mu_);
+      if (!idle_.empty()) {
+        char* b = idle_.back();
+        idle_.pop_back();
+        return b;
+      }
+      if (blocks_ >= kPinnedBlocks) return nullptr;
+      ++blocks_;  // reserved
     }
-    if (blocks_ >= kPinnedBlocks) return nullptr;
     void* b = nullptr;
-    if (alloc_(&b, std::max<size_t>(nbytes_, 1), 0) != 0 || b == nullptr) return nullptr;
-    ++blocks_;
+    if (alloc_(&b, std::max<size_t>(nbytes_, 1), 0) != 0 || b == nullptr) {
+      tensorflow::mutex_lock lock(mu_);
+      --blocks_;
+      return nullptr;
+    }
     return static_cast<char*>(b);
   }
   void Release(char* block) {
