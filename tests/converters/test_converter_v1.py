@@ -469,3 +469,21 @@ def test_tf1_workflow_with_a_meta_graph_and_checkpoint(tmp_path):
     x = random_array((2, 16))
     assert_right(run_graph(trt_graph, x), x)
     assert op_stats(trt_graph)["hits"] == 1 and not os.path.exists(str(tmp_path / "converted"))
+
+
+@pytest.mark.parametrize("disabled, erfcs", [(False, 1), (True, 2)])
+def test_tf_trts_test_switch_leaves_grappler_passes_out(disabled, erfcs):
+    """As TrtGraphConverterV2's: under _test_only_disable_non_trt_optimizers two equal Erfc ops stay two."""
+    from tftrt_py.converters.summary import engine_op_counts
+
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        tf.identity(tf.math.erfc(x) + tf.math.erfc(x) * 2.0, name="y")
+    with tf.Graph().as_default():
+        converter = trt.TrtGraphConverter(input_graph_def=graph.as_graph_def(), nodes_denylist=["y"],
+                                          minimum_segment_size=2)
+        converter._test_only_disable_non_trt_optimizers = disabled
+        _converters.append(converter)
+        graph_def = converter.convert()
+    (counts,) = engine_op_counts(graph_def).values()
+    assert counts["Erfc"] == erfcs

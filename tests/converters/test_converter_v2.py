@@ -490,3 +490,24 @@ def test_timing_cache_false_builds_without_one_and_none_uses_the_process_default
 def test_timing_cache_of_another_type_is_refused_saying_what_to_pass(saved_model):
     with pytest.raises(TypeError, match="pass a TimingCache, the path of a cache file, False"):
         trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), timing_cache=3)
+
+
+@pytest.mark.parametrize("disabled, erfcs", [(False, 1), (True, 2)])
+def test_tf_trts_test_switch_leaves_grappler_passes_out(tmp_path, disabled, erfcs):
+    """TF-TRT's tests set _test_only_disable_non_trt_optimizers (DisableNonTrtOptimizers()): grappler's
+    common-subexpression elimination, which merges two identical Erfc ops into one, does not run."""
+    from tftrt_py.converters.summary import engine_op_counts
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: tf.identity(tf.math.erfc(x) + tf.math.erfc(x) * 2.0, name="y"),
+                           input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "model"), signatures=module.f)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "model"),
+                                        conversion_params=trt.TrtConversionParams(minimum_segment_size=2))
+    converter._test_only_disable_non_trt_optimizers = disabled
+    func = converter.convert()
+    (counts,) = engine_op_counts(converter._converted_graph_def).values()
+    assert counts["Erfc"] == erfcs
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    (y,) = func(tf.constant(x)).values()
+    np.testing.assert_allclose(y.numpy(), tf.math.erfc(x).numpy() * 3.0, rtol=1e-5, atol=1e-6)

@@ -93,6 +93,9 @@ class TrtGraphConverter:
         self._use_function_backup = use_function_backup
 
         self._converted = False
+        # TF-TRT's test-only switch (its tests' DisableNonTrtOptimizers()): only grappler's pruner runs before
+        # segmentation, no constant folding or merging of equal computations (graph_io.PRUNING_ONLY)
+        self._test_only_disable_non_trt_optimizers = False
         self._converted_graph_def = None
         self._signature_def = None
         self._report = None
@@ -117,7 +120,9 @@ class TrtGraphConverter:
         with graph.as_default():
             tf.graph_util.import_graph_def(frozen, name="")
         fetches = [tensor_ref(*split_ref(_node_name(n))) for n in protected]
-        graph_def = graph_io.optimize(graph.as_graph_def(), graph, [_node_name(n) for n in protected])
+        graph_def = graph_io.optimize(graph.as_graph_def(), graph, [_node_name(n) for n in protected],
+                                      graph_io.PRUNING_ONLY if self._test_only_disable_non_trt_optimizers
+                                      else graph_io.GRAPPLER_OPTIMIZERS)
         view = GraphView(graph_def)
         params = self._params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size,

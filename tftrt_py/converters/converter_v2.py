@@ -108,6 +108,9 @@ class TrtGraphConverterV2:
         self._variables = []  # the variables kept as variables (see convert.variables)
         self._written = {}  # Placeholder name -> a variable the function writes (kept whatever its size)
         self._saves_variables = True  # whether save() writes them as variables (else as constants of their values)
+        # TF-TRT's test-only switch (its tests' DisableNonTrtOptimizers()): only grappler's pruner runs before
+        # segmentation, no constant folding or merging of equal computations (graph_io.PRUNING_ONLY)
+        self._test_only_disable_non_trt_optimizers = False
         # the last attribute made here is the last one freed: the memory of the others goes back to the system then
         self._memory = MemoryReturn()
 
@@ -155,7 +158,9 @@ class TrtGraphConverterV2:
             self._input_names = [t.name for t in func.inputs if t.op.name not in self._captures]
             graph_def, captured = func.graph.as_graph_def(), variables.captured_variables(func)
         graph_def = graph_io.inline_calls(graph_def, keep={n.split(":")[0] for n in output_names})
-        graph_def = graph_io.optimize(graph_def, graph, self._input_names + output_names)
+        graph_def = graph_io.optimize(graph_def, graph, self._input_names + output_names,
+                                      graph_io.PRUNING_ONLY if self._test_only_disable_non_trt_optimizers
+                                      else graph_io.GRAPPLER_OPTIMIZERS)
         self._variable_reads = variables.variable_reads(graph_def, captured)
         variables.read_directly(graph_def, self._variable_reads)
         view = variables.WeightsView(graph_def, self._variable_reads) if self._variable_reads else GraphView(graph_def)

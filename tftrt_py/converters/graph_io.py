@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Grappler passes run before segmentation (no layout or remapper: they create ops engines don't know).
 GRAPPLER_OPTIMIZERS = ("pruning", "debug_stripper", "constfold", "dependency", "common_subgraph_elimination")
+#: The passes left under TF-TRT's test switch ``_test_only_disable_non_trt_optimizers``: no folding, no merging of
+#: equal computations (the pruner still tidies what inlining leaves).
+PRUNING_ONLY = ("pruning",)
 
 #: Ops calling the library function named in their "f" attr.
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
@@ -248,8 +251,8 @@ def _called_functions(nodes, library) -> set:
     return used
 
 
-def optimize(graph_def, graph, fetch_names: Sequence[str]):
-    """Run grappler's constant folding and friends, keeping the fetched tensors.
+def optimize(graph_def, graph, fetch_names: Sequence[str], optimizers: Sequence[str] = GRAPPLER_OPTIMIZERS):
+    """Run grappler's `optimizers` (constant folding and friends), keeping the fetched tensors.
 
     Grappler copies the graph several times over (meta graph, serialized, its own item, folded result), so the
     weights go through it as stand-ins (:func:`without_weights`) and come back afterwards. Folding stops at them
@@ -259,7 +262,7 @@ def optimize(graph_def, graph, fetch_names: Sequence[str]):
     light, weights = without_weights(graph_def)
     for node in light.node:
         node.device = ""
-    optimized = _grappler(light, graph, fetch_names)
+    optimized = _grappler(light, graph, fetch_names, optimizers)
     # a control edge from a Const without inputs orders nothing; kept, it would hold the weight in the graph
     # beside the segment that copies it in
     inert = {f"^{name}" for name, node in weights.items() if not node.input}
@@ -284,7 +287,7 @@ def grappler_off():
         ctx.set_optimizer_experimental_options({"disable_meta_optimizer": before})
 
 
-def _grappler(graph_def, graph, fetch_names: Sequence[str]):
+def _grappler(graph_def, graph, fetch_names: Sequence[str], optimizers: Sequence[str]):
     meta_graph = saver.export_meta_graph(graph_def=graph_def, graph=graph)
     fetches = meta_graph_pb2.CollectionDef()
     fetches.node_list.value.extend(fetch_names)
@@ -292,7 +295,7 @@ def _grappler(graph_def, graph, fetch_names: Sequence[str]):
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
     rewrite.min_graph_nodes = -1
-    rewrite.optimizers.extend(GRAPPLER_OPTIMIZERS)
+    rewrite.optimizers.extend(optimizers)
     return tf_optimizer.OptimizeGraph(config, meta_graph)
 
 
