@@ -31,7 +31,6 @@ class _Rearranging(OpConverter):
     input_spec = (ANY, WEIGHT, WEIGHT)
     precisions = NO_PRECISION
     needs_rank = True
-    dtype_attr = "T"
     #: the layers of the op (layer_geometry) given x's shape, the block and the pairs
     layers = None
     what = ""
