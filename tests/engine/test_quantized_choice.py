@@ -249,3 +249,37 @@ def test_the_specs_each_layer_is_timed_with_are_handed_to_the_tuner_to_build_tog
     program.keep_faster_quantized(built, program.quantized_layers(built, "INT8"), "INT8", tuner, BuildOptions(), {})
     assert len(tuner.prebuilt) == 6  # quantized and fp16 for each of qkv, attention and o
     assert [s.signature() for s in tuner.prebuilt] == [s.signature() for s in tuner.timed]
+
+
+class KnownTactics:
+    """A tuner that holds the tactics of the layers named in `known` (a plan's or the timing cache's)."""
+
+    def __init__(self, known):
+        self.known = set(known)
+
+    def knows(self, spec):
+        return spec.layer.name in self.known
+
+
+def test_triton_kernels_are_prefetched_only_for_layers_whose_tactic_is_not_known(monkeypatch):
+    """A layer whose quantized tactic the timing cache (or plan) holds builds its one recorded kernel when chosen:
+    compiling all of its candidate tiles ahead would only keep a warm build waiting on the compile process."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import quant_planning as program
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+    attention_kernel_available(monkeypatch)
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    layers = program.quantized_layers(built, "INT8")
+    asked = []
+    monkeypatch.setattr(program.triton_conv, "prefetch", lambda requests, tiles=None: asked.extend(requests))
+
+    def prefetched(known, prefer=None):
+        asked.clear()
+        program._prefetch_triton_kernels(built, layers, "INT8", prefer or {}, KnownTactics(known), BuildOptions())
+        return sorted(geom.cout for _, geom, *_ in asked)
+
+    assert prefetched(set()) == [64, 192]  # the output projection and the QKV projection, as 1x1 convolutions
+    assert prefetched({"qkv"}) == [64]
+    assert prefetched({"qkv", "o"}) == []
+    assert prefetched(set(), prefer={"o": {"int8": True}}) == [192]

@@ -363,16 +363,18 @@ def _quantized_if_all_kept(net, layers: Dict[str, List[Tuple[int, bool]]], preci
 
 
 def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str,
-                             prefer: Dict[str, dict]) -> None:
+                             prefer: Dict[str, dict], tuner: Tuner, options: BuildOptions) -> None:
     """Start compiling the Triton kernels quantized convolutions and matrix multiplies are timed with
-    (ops/triton_conv.py), all at once (not for layers whose tactic was recorded: those build the one kernel they
-    need)."""
+    (ops/triton_conv.py), all at once; not for layers whose tactic the plan or the timing cache holds: those build
+    the one kernel they need (from Triton's own cache when it was compiled before)."""
     direct, _ = _quantized_if_all_kept(net, layers, precision)
     convolutions, gemms = [], []
     for layer in net.layers:
         if layer.name not in layers or prefer.get(layer.name):
             continue
         fmt = _quant_format(layer, precision)
+        if tuner.knows(_specs(layer, fmt, layer.outputs[0].name in direct, options)[0]):
+            continue
         f = FORMATS[fmt]
         x, y = layer.inputs[0], layer.outputs[0]
         out, scale = (f.storage, quant_scale(fmt, y.dynamic_range)) if y.name in direct else ("float16", None)
@@ -489,7 +491,7 @@ def plan_quantization(net, precision: str, tuner: Tuner, options: BuildOptions,
     (keep_faster_quantized), then the max pools whose output only quantized layers read, and the tensors stored
     quantized (quantized_tensors, normalization_duals)."""
     candidates = quantized_layers(net, precision)
-    _prefetch_triton_kernels(net, candidates, precision, prefer)
+    _prefetch_triton_kernels(net, candidates, precision, prefer, tuner, options)
     layers, choice = keep_faster_quantized(net, candidates, precision, tuner, options, prefer)
     pools = quantized_pools(net, precision)
     direct, _ = quantized_tensors(net, {**layers, **pools}, precision)

@@ -157,8 +157,7 @@ class Tuner:
         todo = {}
         for spec, factory in jobs:
             sig = spec.signature()
-            if spec.prefer is None and sig not in self.chosen and sig not in self._prebuilt and sig not in todo \
-                    and self._lookup(sig) is None:
+            if sig not in self._prebuilt and sig not in todo and not self.knows(spec):
                 todo[sig] = (spec, factory)
         if len(todo) < 2:
             return
@@ -170,6 +169,12 @@ class Tuner:
         for sig, future in futures.items():
             if future.exception() is None:  # else choose() builds it again and reports the failure
                 self._prebuilt[sig] = future.result()
+
+    def knows(self, spec: Spec) -> bool:
+        """A tactic of `spec` is known without timing: recorded in the plan, chosen earlier in this build, or held
+        by the timing cache."""
+        sig = spec.signature()
+        return spec.prefer is not None or sig in self.chosen or self._lookup(sig) is not None
 
     # -- buffers -----------------------------------------------------------------------------------
     def _buffer(self, shape, dtype, role: str):
