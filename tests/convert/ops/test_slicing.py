@@ -1,9 +1,13 @@
-"""Slice, StridedSlice, Split, SplitV and Unpack become Slice layers (plus a Shuffle dropping axes)
-and match TensorFlow."""
+"""Slice, StridedSlice, Split, SplitV and Unpack become Slice layers (plus a Shuffle dropping axes), Roll and
+XlaDynamicUpdateSlice Slices put back together by Concatenations; all match TensorFlow exactly."""
+import keras
+import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla
 
-from support import assert_converts, frozen_graph_def, random_array
+from support import assert_converts, frozen_graph_def, random_array, segment_graph_def
+from tftrt_py.convert.build import build_engine
 from tftrt_py.convert.context import ValidationContext
 from tftrt_py.convert.graph import GraphView
 from tftrt_py.convert.ops import get_converter
@@ -164,3 +168,97 @@ def test_split_v_nonconstant_sizes_is_refused():
 def test_reverse(axes, dtype):
     """ReverseV2 is one Slice with stride -1 on each reversed axis."""
     assert_converts(lambda t: tf.reverse(t, axes), [random_array((2, 3, 4), dtype)], expect_kinds=["Slice"])
+
+
+def engine_for(fn, x):
+    """An engine built for `x` from `fn` traced with an unknown batch."""
+    return build_engine(segment_graph_def(fn, [tf.TensorSpec((None,) + x.shape[1:], x.dtype)]), [x.shape])
+
+
+def assert_serves(engine, fn, x):
+    """`engine` gives on `x` exactly what TF gives."""
+    (got,) = engine.create_execution_context().execute_v2([x])
+    want = np.asarray(fn(tf.constant(x)))
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+# -- Roll -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shift, axis", [(1, 0), (-2, 1), (7, 2), ([1, -1], [1, 2]), ([2, 3], [-1, -1]),
+                                         ([4, 5], [1, 2]), ([0], [1])])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64", "bool"])
+def test_roll(shift, axis, dtype):
+    """Negative shifts, shifts past the dim, an axis named twice (the shifts add), whole turns (no layer)."""
+    assert_converts(lambda t: tf.roll(t, shift, axis), [random_array(SHAPE, dtype)], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch", [4, 3, 1])
+def test_roll_of_the_spatial_axes_serves_smaller_batches(batch):
+    """Swin's shifted windows: rolling the token grid keeps each image apart, so the engine built for 4 serves 3
+    and 1."""
+    fn = lambda t: tf.roll(tf.roll(t * 2.0, (-2, -2), (1, 2)) + 1.0, (2, 2), (1, 2)) * t
+    engine = engine_for(fn, random_array((4, 8, 8, 3)))
+    assert engine.rowwise and engine.can_serve([(batch, 8, 8, 3)])
+    assert_serves(engine, fn, random_array((batch, 8, 8, 3)))
+
+
+def test_roll_along_the_batch_pins_the_engine():
+    fn = lambda t: tf.roll(t, 1, 0) * 2.0
+    engine = engine_for(fn, random_array((4, 5)))
+    assert not engine.rowwise and not engine.can_serve([(3, 5)])
+    assert_serves(engine, fn, random_array((4, 5)))
+
+
+def test_roll_by_a_run_time_shift_is_refused():
+    fn = lambda t, s: tf.roll(t, s, 0)
+    assert check(fn, [tf.TensorSpec((3, 4)), tf.TensorSpec((), tf.int32)], "Roll").startswith(
+        "input 1 of Roll must be known when building")
+
+
+# -- XlaDynamicUpdateSlice ------------------------------------------------------------------------
+@pytest.mark.parametrize("update_shape, indices", [((2, 2, 3), [1, 2, 3]), ((1, 5, 6), [2, 0, 0]),
+                                                   ((3, 1, 6), [0, 4, 0]), ((2, 3, 2), [-1, 9, 3]),
+                                                   ((3, 5, 6), [0, 0, 0])])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64", "bool"])
+def test_dynamic_update_slice(update_shape, indices, dtype):
+    """Indices outside the input are clamped so the update fits, as XLA does (the fourth case)."""
+    update = tf.constant(random_array(update_shape, dtype))
+    fn = lambda t: xla.dynamic_update_slice(t, update, indices)
+    assert_converts(fn, [random_array(SHAPE, dtype)], rtol=0, atol=0)
+
+
+def test_dynamic_update_slice_of_two_tensors():
+    fn = lambda t, u: xla.dynamic_update_slice(t * 2.0, u + 1.0, tf.constant([1, 2], tf.int64))
+    assert_converts(fn, [random_array((4, 6)), random_array((2, 3))], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch", [4, 3, 1])
+def test_dynamic_update_slice_of_whole_rows_serves_smaller_batches(batch):
+    """An update spanning the batch, written at index 0 of it: the engine built for 4 serves 3 and 1."""
+    fn = lambda t: xla.dynamic_update_slice(t, t[:, :2, 1:3] * 3.0, [0, 3, 0])
+    engine = engine_for(fn, random_array((4, 5, 4)))
+    assert engine.rowwise and engine.can_serve([(batch, 5, 4)])
+    assert_serves(engine, fn, random_array((batch, 5, 4)))
+
+
+def test_a_constant_mask_built_by_slice_updates_folds_into_the_engine():
+    """Swin's shifted-window mask: keras.ops.slice_update writes region numbers into a zero image; every layer
+    folds into one constant."""
+    def fn(t):
+        mask = keras.ops.zeros((1, 4, 4, 1), dtype="int32")
+        for i, (h, w) in enumerate([(0, 0), (0, 2), (2, 0), (2, 2)]):
+            mask = keras.ops.slice_update(mask, [0, h, w, 0], keras.ops.ones((1, 2, 2, 1), dtype="int32") * i)
+        return t * tf.cast(mask, tf.float32)
+    engine = assert_converts(fn, [random_array((2, 4, 4, 3))], rtol=0, atol=0)
+    assert {layer.kind for layer in engine.network.layers} <= {"ElementWise", "Constant", "Scale"}
+
+
+def test_dynamic_update_slice_at_run_time_indices_is_refused():
+    fn = lambda t, i: xla.dynamic_update_slice(t, tf.ones((1, 2)), i)
+    assert check(fn, [tf.TensorSpec((3, 4)), tf.TensorSpec((2,), tf.int32)], "XlaDynamicUpdateSlice").startswith(
+        "input 2 of XlaDynamicUpdateSlice must be known when building")
+
+
+def test_dynamic_update_slice_of_a_larger_update_is_refused():
+    fn = lambda t: xla.dynamic_update_slice(t, tf.ones((4, 2)), [0, 0])
+    assert "update of shape [4, 2] into [3, 4]" in check(fn, [tf.TensorSpec((3, 4))], "XlaDynamicUpdateSlice")

@@ -1,5 +1,6 @@
 """Slicing ops as Slice layers (a Shuffle drops shrunk or unpacked axes and adds new ones); ReverseV2 as a Slice
-running backwards.
+running backwards; Roll and XlaDynamicUpdateSlice (keras.ops.slice_update) as Slices put back together by
+Concatenations, so all of them only move entries and are exact in every dtype.
 
 Begin/end/size/stride operands are known when building (constants, or computed from shapes:
 ``x[:, :tf.shape(y)[1]]``), split sizes and axes are constants, and shapes are concrete while
@@ -11,7 +12,7 @@ from tftrt_py.convert.ops.base import ANY, EXACT_INT64, NO_PRECISION, STATIC, WE
 from tftrt_py.convert.ops.registry import register
 
 __all__ = ["SliceConverter", "StridedSliceConverter", "SplitConverter", "SplitVConverter", "UnpackConverter",
-           "ReverseConverter",
+           "ReverseConverter", "RollConverter", "DynamicUpdateSliceConverter",
            "add_slice", "split_along", "resolve_strided_slice"]
 
 
@@ -246,3 +247,84 @@ class ReverseConverter(OpConverter):
         start = [d - 1 if a in axes else 0 for a, d in enumerate(x.shape)]
         stride = [-1 if a in axes else 1 for a in range(len(x.shape))]
         ctx.set_outputs(node, [add_slice(ctx, node, x, start, list(x.shape), stride)])
+
+
+# -- Roll -----------------------------------------------------------------------------------------
+@register("Roll")
+class RollConverter(OpConverter):
+    """shift and axis known when building, one shift per axis (an axis named twice rolls by their sum): per rolled
+    axis, its last `shift` entries concatenated before the others."""
+
+    allowed_dtypes = EXACT_INT64
+    precisions = NO_PRECISION
+    input_spec = (ANY, STATIC, STATIC)
+    needs_rank = True
+
+    def validate(self, node, ctx):
+        x, shift, axis = ctx.input_infos(node)
+        if shift.value is None or axis.value is None:
+            return None  # computed from shapes: known when building
+        axes = _ints(axis.value)
+        if any(not -x.rank <= a < x.rank for a in axes):
+            return f"Roll axes {axes} are out of range for an input of rank {x.rank}"
+        return None
+
+    def convert(self, node, ctx):
+        x, shift, axis = ctx.inputs(node)
+        rank = len(x.shape)
+        shifts = [0] * rank
+        for s, a in zip(_ints(shift.value), _ints(axis.value)):
+            shifts[a % rank] += s
+        for a, s in enumerate(shifts):
+            k = s % x.shape[a] if x.shape[a] else 0
+            if k:
+                tail, head = split_along(ctx, node, x, a, [x.shape[a] - k, k])
+                x = ctx.add_layer("Concatenation", [head, tail], {"axis": a}, node=node, suffix=f"/roll{a}")[0]
+        ctx.set_outputs(node, [x])
+
+
+# -- XlaDynamicUpdateSlice ------------------------------------------------------------------------
+@register("XlaDynamicUpdateSlice")
+class DynamicUpdateSliceConverter(OpConverter):
+    """indices known when building, one per input dim, clamped as XLA does so the update (of the input's rank, no
+    dim larger than the input's) fits."""
+
+    allowed_dtypes = EXACT_INT64
+    precisions = NO_PRECISION
+    input_spec = (ANY, ANY, STATIC)
+    needs_rank = True
+
+    def validate(self, node, ctx):
+        x, update, indices = ctx.input_infos(node)
+        if update.rank != x.rank or any(u is not None and d is not None and u > d
+                                        for u, d in zip(update.shape, x.shape)):
+            return f"XlaDynamicUpdateSlice of an update of shape {list(update.shape)} into {list(x.shape)}"
+        if indices.value is not None and len(_ints(indices.value)) != x.rank:
+            return f"XlaDynamicUpdateSlice needs one index per input dim ({x.rank}), got {_ints(indices.value)}"
+        return None
+
+    def convert(self, node, ctx):
+        x, update, indices = ctx.inputs(node)
+        if 0 in update.shape:  # writes nothing
+            ctx.set_outputs(node, [x])
+            return
+        starts = [min(max(i, 0), d - u) for i, d, u in zip(_ints(indices.value), x.shape, update.shape)]
+        ctx.set_outputs(node, [self._written(ctx, node, x, update, starts, 0)])
+
+    def _written(self, ctx, node, x, update, starts, axis):
+        """`x` with `update` written at `starts` along the axes from `axis` on (along the earlier ones `x` spans
+        the update's extent already)."""
+        if axis == len(starts):
+            return update
+        start, size, dim = starts[axis], update.shape[axis], x.shape[axis]
+        pieces = []
+        for begin, n in ((0, start), (start, size), (start + size, dim - start - size)):
+            if n:
+                begins, sizes = [0] * len(starts), list(x.shape)
+                begins[axis], sizes[axis] = begin, n
+                pieces.append(add_slice(ctx, node, x, begins, sizes, suffix=f"/axis{axis}_{begin}"))
+        within = start > 0
+        pieces[within] = self._written(ctx, node, pieces[within], update, starts, axis + 1)
+        if len(pieces) == 1:
+            return pieces[0]
+        return ctx.add_layer("Concatenation", pieces, {"axis": axis}, node=node, suffix=f"/axis{axis}")[0]
