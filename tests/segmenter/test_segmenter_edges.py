@@ -1,8 +1,10 @@
-"""Consts are copied into segments; control edges crossing a segment move to the engine node."""
+"""Consts are copied into segments; control edges crossing a segment move to the engine node, but a fetched
+pass-through waiting on native nodes stays outside the engines."""
 import tensorflow as tf
 
-from seg_graphs import graph_def, native, placeholder, relu_chain
+from seg_graphs import assert_acyclic, graph_def, members, native, placeholder, relu_chain
 from tftrt_py.segmenter import segment_graph
+from tftrt_py.segmenter.segmentation import WAITING_FETCH
 
 
 def test_consts_are_copied_in_never_inputs():
@@ -55,6 +57,31 @@ def test_control_input_from_outside_moves_to_the_segment():
     assert seg.nodes == ["r1", "r2", "r3"]
     assert seg.control_inputs == ["side"]
     assert seg.control_outputs == []
+
+
+def _output_waiting_on_a_write():
+    """r1 -> r2 -> out, where the fetched `out` waits (control edge) on a native node reading r1, as a tf.function's
+    outputs wait on a variable write of a value it computed (a BatchNormalization updating its statistics)."""
+    r1 = tf.nn.relu(placeholder("x"), name="r1")
+    write = native(r1, "write")
+    r2 = tf.nn.relu(r1, name="r2")
+    with tf.control_dependencies([write]):
+        tf.identity(r2, name="out")
+
+
+def test_a_fetched_identity_waiting_on_a_native_node_stays_outside_and_splits_no_engine():
+    result = segment_graph(graph_def(_output_waiting_on_a_write), minimum_segment_size=1, fetches=["out:0"])
+    assert members(result) == [["r1", "r2"]]
+    assert result.segments[0].control_inputs == [] and result.segments[0].outputs == ["r1:0", "r2:0"]
+    assert result.report.node_reasons["out"] == ("Identity", WAITING_FETCH)
+    assert_acyclic(result)
+
+
+def test_an_identity_waiting_on_a_native_node_joins_its_engine_when_not_fetched():
+    result = segment_graph(graph_def(_output_waiting_on_a_write), minimum_segment_size=1)
+    assert members(result) == [["r1"], ["r2", "out"]]
+    assert result.segments[1].control_inputs == ["write"]
+    assert_acyclic(result)
 
 
 def test_outside_node_waiting_on_a_member_is_a_control_output():

@@ -8,6 +8,7 @@ from typing import Iterable, List, Set, Union
 from tensorflow.core.framework import graph_pb2
 
 from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
+from tftrt_py.convert.ops.identity import PASS_THROUGH
 from tftrt_py.segmenter.candidates import classify
 from tftrt_py.segmenter.clustering import cluster_candidates
 from tftrt_py.segmenter.report import NonConversionReport
@@ -19,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 CONST_KEPT = "constant read outside the engines (copied into the segments that read it)"
 STATIC_KEPT = "known when building, read outside the engines (copied into the segments that read it)"
+WAITING_FETCH = "fetched pass-through waiting on native nodes (control edges): kept outside so no engine waits"
 
 
 @dataclasses.dataclass
@@ -36,6 +38,7 @@ def segment_graph(graph_def: Union[graph_pb2.GraphDef, GraphView], minimum_segme
     order = view.topological_order()
     fetches = list(fetches)
     reasons = classify(view, order, frozenset(nodes_denylist), precision_mode)
+    reasons.update(dict.fromkeys(_waiting_fetches(view, reasons, fetches), WAITING_FETCH))
     candidates = {name for name, reason in reasons.items() if reason is None}
     copied = copied_nodes(view, order, candidates)
     segments: List[Segment] = []
@@ -63,6 +66,17 @@ def segment_graph(graph_def: Union[graph_pb2.GraphDef, GraphView], minimum_segme
     report = _report(view, order, reasons, len(segments))
     logger.info("Segmentation:\n%s", report.format())
     return SegmentationResult(segments, report, view)
+
+
+def _waiting_fetches(view, reasons, fetches) -> List[str]:
+    """Fetched pass-through candidates that wait on native nodes through control edges (a tf.function's outputs
+    wait on its variable writes). Inside an engine such a node would make the engine wait on those nodes, and
+    where they read an engine's output (a BatchNormalization updating its moving statistics) the engines around
+    them could not merge; outside, only the fetch waits."""
+    names = dict.fromkeys(split_ref(ref)[0] for ref in fetches)
+    return [name for name in names if name in view.nodes and reasons.get(name) is None
+            and view.nodes[name].op in PASS_THROUGH
+            and any(reasons.get(dep) is not None for dep in view.nodes[name].control_inputs)]
 
 
 def _refusal(view, segment, minimum_segment_size):
