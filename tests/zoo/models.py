@@ -182,6 +182,32 @@ def _export_detector(model, directory):
     tf.saved_model.save(module, directory, signatures={"serving_default": serve})
 
 
+def _segformer():
+    """SegFormer on a two-stage Mix Transformer: overlapping patch embeddings (strided convolutions), attention whose
+    keys and values come from a spatially reduced sequence (a strided convolution over the tokens laid out as an
+    image), feed-forward layers with a depthwise convolution between their projections, and a head that resizes
+    each stage's features to the first stage's resolution, concatenates them and classifies every pixel. keras-hub
+    calls the head's BatchNormalization in training mode: it normalizes with the batch's statistics and writes its
+    moving statistics (native variable writes) as it serves."""
+    import keras_hub
+    encoder = keras_hub.models.MiTBackbone(layerwise_depths=[1, 1], num_layers=2, layerwise_num_heads=[1, 2],
+                                           layerwise_sr_ratios=[4, 2], max_drop_path_rate=0.0,
+                                           layerwise_patch_sizes=[7, 3], layerwise_strides=[4, 2],
+                                           hidden_dims=[16, 32], image_shape=(64, 64, 3))
+    backbone = keras_hub.models.SegFormerBackbone(image_encoder=encoder, projection_filters=32)
+    return keras_hub.models.SegFormerImageSegmenter(backbone=backbone, num_classes=3)
+
+
+def _swin():
+    """A Swin Transformer: attention within fixed windows of patches plus relative position biases gathered from a
+    learned table; every second block attends within windows shifted by half a window (Roll of the token grid, with
+    a mask, written region by region by slice updates, that keeps tokens the roll brought together apart); patch
+    merging between stages."""
+    import keras_hub
+    return keras_hub.models.SwinTransformerBackbone(image_shape=(32, 32, 3), embed_dim=32, depths=(2, 2),
+                                                    num_heads=(2, 4), window_size=4, patch_size=2, drop_path=0.0)
+
+
 # -- keras.applications and plain Keras --------------------------------------------------------------------------
 def _application(name, size=32):
     def build():
@@ -261,6 +287,8 @@ REQUIRED = _entries(
     ZooModel("mobilenetv3_small", _application("MobileNetV3Small"), _image(), pixels=True,
              keras_fp16_reference=True),
     ZooModel("lstm", _lstm, {"token_ids": (BATCH, SEQ)}),
+    ZooModel("segformer", _segformer, _image(64)),
+    ZooModel("swin", _swin, _image()),
 )
 
 #: More keras-hub models, measured by benchmarks/zoo_report.py only.
