@@ -426,3 +426,28 @@ def test_candidates_built_ahead_side_by_side_are_the_ones_timed_and_recorded_tac
     assert [tuner.choose(spec, factory)[0].tactic["op"] for spec in specs] == ["fast"] * 3
     assert gpu.built == 3  # width 8: the recorded tactic alone, built when chosen
     assert gpu.timed == [["slow", "fast", "middle"]] * 2
+
+
+def test_a_layer_timed_under_one_signature_rebuilds_its_winner_under_another_of_the_same_precision(gpu):
+    """A quantized layer is timed with a quantized output while precisions are chosen, then writes floats when a
+    reader runs in FP16: its second spec builds the tactic that won (recorded for that signature too) and times
+    nothing; a spec of another precision, or of another layer, is timed."""
+    cache = TimingCache()
+    options = BuildOptions(timing_cache=cache)
+    tuner = tactics.Tuner(None, options)
+    quant = {"format": "INT8"}
+    layer = SimpleNamespace(name="conv", kind="Convolution", params={"groups": 1}, weights={})
+    measured = Spec(layer, [(1, 4)], ["int8"], [(1, 4)], ["int8"], "float16", options, quant=quant)
+    assert tuner.choose(measured, gpu.factory)[0].tactic["op"] == "fast" and len(gpu.timed) == 1
+
+    gpu.times = {"slow": 3.0, "fast": 4.0, "middle": 2.0}  # timed again, "middle" would win
+    writes_floats = Spec(layer, [(1, 4)], ["int8"], [(1, 4)], ["float16"], "float16", options, quant=quant)
+    op, record = tuner.choose(writes_floats, gpu.factory)
+    assert op.tactic["op"] == "fast" and len(gpu.timed) == 1 and "ms" not in record
+    assert cache.lookup(tuner._key(writes_floats.signature()))["op"] == "fast"
+
+    fp16 = Spec(layer, [(1, 4)], ["float16"], [(1, 4)], ["float16"], "float16", options)
+    other = Spec(SimpleNamespace(**dict(vars(layer), name="conv_2")), [(1, 8)], ["int8"], [(1, 8)], ["float16"],
+                 "float16", options, quant=quant)
+    assert [tuner.choose(s, gpu.factory)[0].tactic["op"] for s in (fp16, other)] == ["middle", "middle"]
+    assert len(gpu.timed) == 3

@@ -140,6 +140,7 @@ class Tuner:
         self._context: Optional[TimingKey] = None  # the options and device parts of this tuner's cache keys
         self._buffers: Dict[tuple, object] = {}
         self._prebuilt: Dict[str, List[Op]] = {}  # layer signature -> candidates built ahead (prebuild)
+        self._by_layer: Dict[Tuple[str, bool], dict] = {}  # (layer name, quantized) -> its tactic in this build
         self._busy_at = float("-inf")  # time.monotonic() when this tuner last timed something
 
     def release(self) -> None:
@@ -194,8 +195,11 @@ class Tuner:
     def choose(self, spec: Spec, factory) -> Tuple[Op, dict]:
         sig = spec.signature()
         found = None if self.check else self._recorded(spec, sig, factory)
+        if found is None and not self.check and sig not in self._prebuilt:
+            found = self._of_this_layer(spec, sig, factory)
         if found is not None:
             self.chosen.setdefault(sig, found[1])
+            self._by_layer[spec.layer.name, spec.quant is not None] = found[1]
             return found
         cands = self._prebuilt.pop(sig, None)
         if cands is None:
@@ -215,8 +219,25 @@ class Tuner:
             fitting = self._time_all(spec, fitting)
             record = dict(fitting[0].tactic, ms=round(fitting[0].ms, 5), candidates=len(cands))
         self.chosen[sig] = record
+        self._by_layer[spec.layer.name, spec.quant is not None] = record
         self._remember(sig, record, spec.layer.name)
         return fitting[0], record
+
+    def _of_this_layer(self, spec: Spec, sig: str, factory) -> Optional[Tuple[Op, dict]]:
+        """(op, record) of the tactic that won for this layer earlier in this build under another signature, in the
+        same precision, where it builds for `spec`; recorded under `sig` (without the time measured for the other
+        signature). A quantized layer is timed with a quantized output while its precision is chosen, and writes
+        floats in the program when a reader then runs in FP16: the other output costs the same few bytes for every
+        candidate, so the tactic that won stays the choice, and timing every candidate again (compiling the
+        kernels of every tile that format needs) is not repeated."""
+        earlier = self._by_layer.get((spec.layer.name, spec.quant is not None))
+        if earlier is None:
+            return None
+        found = self._rebuild(spec, factory, {k: v for k, v in earlier.items() if k not in ("ms", "candidates")})
+        if found is not None:
+            logger.debug("%s: tactic %s of this layer's earlier timing", spec.layer.name, found[1])
+            self._remember(sig, found[1], spec.layer.name)
+        return found
 
     def _recorded(self, spec: Spec, sig: str, factory) -> Optional[Tuple[Op, dict]]:
         """(op, record) of a recorded tactic that still builds: the plan's for this layer or this build's for the
