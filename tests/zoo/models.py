@@ -166,20 +166,36 @@ def _retinanet():
 
 
 def _export_detector(model, directory):
-    """A serving signature of the heads and the decoded detections (box decoding + NMS, its tf.while_loops);
-    keras-hub's NMS needs a static batch size."""
+    """A serving signature of the heads and the decoded detections (box decoding, then NMS with its
+    tf.while_loops), for any batch. keras-hub's non_max_suppression needs a static batch size: while the signature
+    is traced it is swapped for one running it on each image alone (a tf.map_fn over the batch, each image a batch
+    of one; it keeps each image's boxes apart either way), so the rest of the decoding still runs on the whole
+    batch."""
     import tensorflow as tf
+    from keras_hub.src.layers.modeling import non_max_supression as nms
 
-    module = tf.Module()
-    module.model = model
+    batched = nms.non_max_suppression
 
-    @tf.function(input_signature=[tf.TensorSpec((BATCH,) + RETINANET_IMAGE, tf.float32, name="images")])
+    def per_image(boxes, scores, max_output_size, **kwargs):
+        def one(image):
+            idx, valid = batched(image[0][None], image[1][None], max_output_size, **kwargs)
+            return idx[0], valid[0]
+        return tf.map_fn(one, (boxes, scores), fn_output_signature=(
+            tf.TensorSpec((max_output_size,), tf.int32), tf.TensorSpec((), tf.int32)))
+
+    @tf.function(input_signature=[tf.TensorSpec((None,) + RETINANET_IMAGE, tf.float32, name="images")])
     def serve(images):
         heads = model(images, training=False)
-        detections = model.decode_predictions(heads, images)
-        return dict(heads, **detections)
+        return dict(heads, **model.decode_predictions(heads, images))
 
-    tf.saved_model.save(module, directory, signatures={"serving_default": serve})
+    nms.non_max_suppression = per_image
+    try:
+        signature = serve.get_concrete_function()
+    finally:
+        nms.non_max_suppression = batched
+    module = tf.Module()
+    module.model = model
+    tf.saved_model.save(module, directory, signatures={"serving_default": signature})
 
 
 def _segformer():
@@ -335,12 +351,12 @@ def mixed_float16_outputs(model: ZooModel, built, feed: Dict[str, np.ndarray]) -
         keras.mixed_precision.set_global_policy("float32")
 
 
-def make_feed(model: ZooModel, specs, seed: int) -> Dict[str, np.ndarray]:
-    """Random inputs for the signature `specs` (name -> tf.TensorSpec) at `model.shapes`: token ids in
-    [1, vocabulary), padding masks of ones then zeros (each row at least half real tokens), segment ids 0/1,
-    pixels in [0, 255) where `model.pixels`, other values in +-[0.1, 2]."""
+def make_feed(model: ZooModel, specs, seed: int, batch: Optional[int] = None) -> Dict[str, np.ndarray]:
+    """Random inputs for the signature `specs` (name -> tf.TensorSpec) at `model.shapes` (with `batch` as every
+    input's dim 0 where given): token ids in [1, vocabulary), padding masks of ones then zeros (each row at least
+    half real tokens), segment ids 0/1, pixels in [0, 255) where `model.pixels`, other values in +-[0.1, 2]."""
     rng = np.random.default_rng(seed)
-    shapes = dict(model.shapes)
+    shapes = {k: v if batch is None else (batch,) + tuple(v[1:]) for k, v in model.shapes.items()}
     if len(specs) == len(shapes) == 1:  # Keras names a lone input after its tensor ("keras_tensor_<n>")
         shapes = {next(iter(specs)): next(iter(shapes.values()))}
     feed = {}
