@@ -3,10 +3,13 @@
     python benchmarks/zoo_report.py [--models bert,gpt2,...] [--all] [--json FILE] [--keep DIR]
 
 Each model is exported with random weights, converted in FP32 and FP16, built for its shapes, saved, reloaded in a
-fresh process and served fresh inputs (tests/zoo/measure.py says what is counted). Columns: share of compute ops
-serving in engines, engine ops (FP32/FP16), native fallbacks while serving (FP32/FP16), FP32 max abs error (target
-1e-4), FP16 max abs error over the output's max magnitude (target 1e-2). Default: the models the zoo tests hold
-to the targets; --all adds the optional ones (DistilBERT, RoBERTa, Gemma, T5, Whisper).
+fresh process and served fresh inputs at the built batch, then at batch 1 (tests/zoo/measure.py says what is
+counted). Columns: share of compute ops serving in engines, engine ops (FP32/FP16), native fallbacks while serving
+the built batch (FP32/FP16), FP32 max abs error (target 1e-4), FP16 max abs error over the output's max magnitude
+(target 1e-2); at batch 1 (B1), the same errors against native TF at batch 1, native fallbacks (FP32/FP16) and
+how the engine ops served it (FP32/FP16): Nrw by their row-wise engine (padded, or a copy for the smaller batch),
+Nnew by an engine built at run time. Default: the models the zoo tests hold to the targets; --all adds the
+optional ones (DistilBERT, RoBERTa, Gemma, T5, Whisper).
 """
 from __future__ import annotations
 

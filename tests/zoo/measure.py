@@ -2,7 +2,8 @@
 
 Used by tests/zoo/test_zoo.py and benchmarks/zoo_report.py. Each model runs in three processes: a fresh one
 exports it and computes native TF's outputs (Keras keeps global state that a failed build can poison), this one
-converts, builds and saves, and a fresh one loads the converted SavedModels and serves fresh inputs.
+converts, builds and saves, and a fresh one loads the converted SavedModels and serves fresh inputs: first at the
+batch built for, then at batch 1 (every input's dim 0 one, other dims unchanged), which no engine was built for.
 
 What is counted (``compute ops``): graph nodes other than the bookkeeping ops of BOOKKEEPING (placeholders,
 constants, variable reads, identities, no-ops). Inside engines: the compute ops of the native segments of engine ops
@@ -15,6 +16,14 @@ functions they call, nodes reading or producing a variant or resource tensor (a 
 serves: DeepLabV3's AssignVariableOps), and shape computations left native as known when building (their copies
 serve in engines) whose every consumer is native by design (the LSTM's Shape -> StridedSlice -> Pack -> Fill
 sizing its TensorListReserve). Every other compute op must serve in an engine.
+
+Batch 1: an engine op serves it with its engine when that is row-wise (padded, or a copy re-batched: see
+engine_op.buckets), else builds another engine when its ``_allow_build_at_runtime`` attribute allows (the
+converter's default), else runs its native segment (correct, slower). Native TF is run at batch 1 on the same
+inputs (never slices of the batched outputs: a BatchNormalization in training mode, as keras-hub's SegFormer and
+DeepLabV3 heads call theirs, normalizes a lone sample with its own statistics); errors follow the rules and targets
+of the built batch. Native segment runs at batch 1 are counted apart from the built batch's; those of engine ops
+that build at run time or are row-wise are failures, the others are reported.
 
 Errors: over every output, or, where a model names ``raw_outputs`` (the outputs a loop decodes, as NMS does),
 FP32 and FP16 are held to those and FP32's decoded outputs to a relative 1e-5 of their scale. FP16 decoded
@@ -46,7 +55,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["BOOKKEEPING", "PRECISIONS", "TARGETS", "PrecisionResult", "ModelResult", "measure", "format_table"]
+__all__ = ["BOOKKEEPING", "PRECISIONS", "TARGETS", "BatchOneResult", "PrecisionResult", "ModelResult", "measure",
+           "format_table"]
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PRECISIONS = ("FP32", "FP16")
@@ -61,6 +71,31 @@ ENGINE_OP = "TRTEngineOp"
 LOOPS = frozenset({"While", "StatelessWhile"})
 #: Tensors an engine can never hold.
 OPAQUE = frozenset({"variant", "resource"})
+
+
+def _error(precision: str, max_abs_error: Optional[float], rel_error: Optional[float]) -> Optional[float]:
+    """The error a target applies to: FP32's max abs error, relative past an output magnitude of 1 (float32
+    rounding scales with the values); FP16's relative to the output scale."""
+    if max_abs_error is None:
+        return None
+    return min(max_abs_error, rel_error) if precision == "FP32" else rel_error
+
+
+@dataclasses.dataclass
+class BatchOneResult:
+    """Serving batch-1 inputs with the model loaded (and served at the built batch) in the serving process."""
+    serve_error: Optional[str] = None
+    max_abs_error: Optional[float] = None  # as PrecisionResult's, against native TF run at batch 1
+    rel_error: Optional[float] = None
+    decoded_rel_error: Optional[float] = None
+    rowwise: int = 0  # engine ops whose engine built for the built batch served batch 1 (padded, or a copy)
+    copies: int = 0  # copies of row-wise engines made for batch 1 (see engine_op.buckets)
+    builds: int = 0  # engines built at run time for batch 1
+    build_failures: int = 0
+    fallbacks: int = 0  # native segment runs at batch 1, all engine ops
+    #: those of engine ops expected to serve batch 1: row-wise engines, or allowed to build at run time
+    expected_fallbacks: int = 0
+    native_runs: List[str] = dataclasses.field(default_factory=list)  # why engine ops ran their native segment
 
 
 @dataclasses.dataclass
@@ -87,6 +122,7 @@ class PrecisionResult:
     native_runs: List[str] = dataclasses.field(default_factory=list)
     warnings: List[str] = dataclasses.field(default_factory=list)  # tftrt_py warnings during convert/build/save
     serve_error: Optional[str] = None
+    batch1: Optional[BatchOneResult] = None  # None where the built batch did not serve
 
     @property
     def ops_held(self) -> int:
@@ -116,9 +152,13 @@ class PrecisionResult:
     def error(self) -> Optional[float]:
         """The error the target applies to: FP32's max abs error, relative past an output magnitude of 1 (float32
         rounding scales with the values); FP16's relative to the output scale."""
-        if self.max_abs_error is None:
-            return None
-        return min(self.max_abs_error, self.rel_error) if self.precision == "FP32" else self.rel_error
+        return _error(self.precision, self.max_abs_error, self.rel_error)
+
+    @property
+    def error_batch1(self) -> Optional[float]:
+        """`error` at batch 1 (held to the same target)."""
+        return None if self.batch1 is None else _error(self.precision, self.batch1.max_abs_error,
+                                                       self.batch1.rel_error)
 
     def failures(self) -> List[str]:
         """The issue's targets this precision misses, one line each."""
@@ -135,6 +175,25 @@ class PrecisionResult:
                        f"[{self.ops_in_engines}/{self.ops_held}] < {100 * self.in_engines_target:g}%")
         if self.fallbacks:
             out.append(f"{self.precision}: {self.fallbacks} native fallback(s) serving the shapes built")
+        return out + self.batch1_failures()
+
+    def batch1_failures(self) -> List[str]:
+        """The targets this precision misses at batch 1, one line each."""
+        one = self.batch1
+        if one is None:
+            return []
+        if one.serve_error:
+            return [f"{self.precision} batch 1: {one.serve_error}"]
+        out = []
+        if self.error_batch1 is None or not self.error_batch1 <= self.target:
+            out.append(f"{self.precision} batch 1: error {self.error_batch1} > {self.target:.3g}")
+        if self.precision == "FP32" and one.decoded_rel_error is not None and \
+                not one.decoded_rel_error <= TARGETS["decoded"]:
+            out.append(f"FP32 batch 1: decoded outputs' relative error {one.decoded_rel_error:.3g} > "
+                       f"{TARGETS['decoded']:g}")
+        if one.expected_fallbacks:
+            out.append(f"{self.precision} batch 1: {one.expected_fallbacks} native fallback(s) of engine ops that are "
+                       f"row-wise or build at run time")
         return out
 
 
@@ -164,11 +223,13 @@ built = export(model, job["native"])
 fn = tf.saved_model.load(job["native"]).signatures["serving_default"]
 specs = fn.structured_input_signature[1]
 arrays = {}
-for kind, seed in (("build", 1), ("serve", 2)):
-    for k, v in make_feed(model, specs, seed).items():
+for kind, seed, batch in (("build", 1, None), ("serve", 2, None), ("serve1", 3, 1)):
+    for k, v in make_feed(model, specs, seed, batch).items():
         arrays[f"{kind}/{k}"] = v
-out = fn(**{k.split("/", 1)[1]: tf.constant(v) for k, v in arrays.items() if k.startswith("serve/")})
-arrays.update({f"native/{k}": v.numpy() for k, v in out.items()})
+# in the serving process's order: the built batch, then batch 1 (a model writing variables as it serves sees the same)
+for kind, into in (("serve", "native"), ("serve1", "native1")):
+    out = fn(**{k.split("/", 1)[1]: tf.constant(v) for k, v in arrays.items() if k.startswith(kind + "/")})
+    arrays.update({f"{into}/{k}": v.numpy() for k, v in out.items()})
 if model.keras_fp16_reference:
     (key,) = out
     arrays[f"keras_fp16/{key}"] = mixed_float16_outputs(
@@ -193,23 +254,34 @@ from tftrt_py import trt_convert  # loads the TRTEngineOp library before the Sav
 from tftrt_py.engine_op import dispatcher
 job = json.loads(sys.stdin.read())
 arrays = np.load(job["arrays"])
-feed = {k.split("/", 1)[1]: tf.constant(arrays[k]) for k in arrays.files if k.startswith("serve/")}
+feeds = {kind: {k.split("/", 1)[1]: tf.constant(arrays[k]) for k in arrays.files if k.startswith(kind + "/")}
+         for kind in ("serve", "serve1")}
+
+def state(op):
+    return {"stats": op.stats.as_dict(), "copies": op.batch_copies,
+            "rowwise": any(getattr(e, "rowwise", False) for e in op.engines()),
+            "native": [[[list(s) for s in shapes], f"{op.name}, input shapes {[list(s) for s in shapes]}: {why}"]
+                       for shapes, why in op.native.items()]}
+
 result = {}
 for precision, directory in job["converted"].items():
     before = set(dispatcher.engine_ops())
+    served = result[precision] = {}
     try:
-        out = tf.saved_model.load(directory).signatures["serving_default"](**feed)
+        fn = tf.saved_model.load(directory).signatures["serving_default"]
     except Exception as exc:
-        result[precision] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        served["serve"] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         continue
-    np.savez(job["outputs"][precision], **{k: v.numpy() for k, v in out.items()})
-    # engine ops are keyed by (segment key, function name, binding); the converted graph names the segment key
-    ops = {key[0].decode() if isinstance(key[0], bytes) else key[0]: op
-           for key, op in dispatcher.engine_ops().items() if key not in before}
-    result[precision] = {"ops": {key: {"stats": op.stats.as_dict(),
-                                       "native": [f"{op.name}, input shapes {[list(s) for s in shapes]}: {why}"
-                                                  for shapes, why in op.native.items()]}
-                                 for key, op in ops.items()}}
+    for kind in ("serve", "serve1"):  # the built batch, then batch 1
+        try:
+            out = fn(**feeds[kind])
+        except Exception as exc:
+            served[kind] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            break
+        np.savez(job["outputs"][kind][precision], **{k: v.numpy() for k, v in out.items()})
+        # engine ops are keyed by (segment key, function name, binding); the converted graph names the segment key
+        served[kind] = {"ops": {key[0].decode() if isinstance(key[0], bytes) else key[0]: state(op)
+                                for key, op in dispatcher.engine_ops().items() if key not in before}}
 print(json.dumps(result))
 """
 
@@ -272,6 +344,26 @@ def _native_by_design(graph_def, static_kept) -> int:
         if node.name in static_kept and users and all(u in design for u in users):
             design.add(node.name)
     return _native_compute(graph_def, [n for n in graph_def.node if n.name in design])
+
+
+def _allow_build(saved_model_dir) -> Dict[str, bool]:
+    """Segment key -> whether the engine op may build engines at run time, as the saved model's TRTEngineOps say
+    (their ``_allow_build_at_runtime`` attribute, set when saving; absent: allowed, as the kernel reads it)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    out = {}
+    for meta in saved.meta_graphs:
+        graph = meta.graph_def
+        for node in list(graph.node) + [n for f in graph.library.function for n in f.node_def]:
+            if node.op == ENGINE_OP:
+                out[node.attr["segment_key"].s.decode()] = \
+                    node.attr[ALLOW_BUILD_ATTR].b if ALLOW_BUILD_ATTR in node.attr else True
+    return out
 
 
 def _cuts(graph_def) -> int:
@@ -371,12 +463,14 @@ def measure(name: str, workdir: str, precisions=PRECISIONS) -> ModelResult:
         return model
     arrays = np.load(arrays_path)
     want = {k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("native/")}
+    want1 = {k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("native1/")}
     keras_fp16 = {k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("keras_fp16/")}
-    graphs, converted, outputs = {}, {}, {}
+    graphs, converted, outputs = {}, {}, {"serve": {}, "serve1": {}}
     for precision in precisions:
         result = model.results[precision] = PrecisionResult(precision)
         converted[precision] = os.path.join(workdir, precision.lower())
-        outputs[precision] = os.path.join(workdir, f"outputs_{precision.lower()}.npz")
+        for kind in outputs:
+            outputs[kind][precision] = os.path.join(workdir, f"outputs_{kind}_{precision.lower()}.npz")
         graphs[precision] = _convert(native_dir, precision, arrays, converted[precision], result)
     serving = {p: d for p, d in converted.items() if graphs[p] is not None}
     served, error = (_run_fresh(_SERVE, {"arrays": arrays_path, "converted": serving, "outputs": outputs})
@@ -390,13 +484,18 @@ def measure(name: str, workdir: str, precisions=PRECISIONS) -> ModelResult:
         if precision == "FP32":
             model.results[precision].tf_kernels_error = tf_kernels_spread
         if converted_graph is not None:
-            _score(model.results[precision], *converted_graph, (served or {}).get(precision), error,
-                   outputs[precision], want, ZOO[name].raw_outputs)
+            _score(model.results[precision], *converted_graph, (served or {}).get(precision) or {}, error,
+                   {kind: paths[precision] for kind, paths in outputs.items()}, (want, want1), ZOO[name].raw_outputs,
+                   _allow_build(converted[precision]))
     model.seconds = time.time() - start
     return model
 
 
-def _score(result: PrecisionResult, graph_def, static_kept, served, error, outputs_path, want, raw_outputs):
+def _score(result: PrecisionResult, graph_def, static_kept, served, error, outputs, wants, raw_outputs, allow_build):
+    """Fill `result`'s counts from `graph_def` and the serving process's report `served` ({"serve": ..., "serve1":
+    ...}: each {"ops": segment key -> state} or {"error": ...}); errors from the outputs saved at `outputs` (kind ->
+    path) against `wants` (native TF's at the built batch and at batch 1). `allow_build`: segment key -> whether
+    the saved engine op may build at run time."""
     from tftrt_py.converters.summary import engine_op_counts
 
     counts = engine_op_counts(graph_def)
@@ -407,10 +506,11 @@ def _score(result: PrecisionResult, graph_def, static_kept, served, error, outpu
     result.loops = any(n.op in LOOPS for n in graph_def.node)
     result.by_design = _native_by_design(graph_def, static_kept)
     result.cuts = _cuts(graph_def)
-    if served is None or "error" in served:
-        result.serve_error = (served or {}).get("error") or error or "no result from the serving process"
+    built = served.get("serve") or {}
+    if "ops" not in built:
+        result.serve_error = built.get("error") or error or "no result from the serving process"
         return
-    ops = served["ops"]
+    ops = built["ops"]
     for name, counter in counts.items():
         op = ops.get(keys[name])
         if op is None:
@@ -419,15 +519,44 @@ def _score(result: PrecisionResult, graph_def, static_kept, served, error, outpu
         stats = op["stats"]
         result.fallbacks += stats["fallback_total"]
         result.build_failures += stats["build_failures"]
-        result.native_runs += [f"serving: {line}" for line in op["native"]]
+        result.native_runs += [f"serving: {line}" for _, line in op["native"]]
         if stats["engine_runs"] > 0 and stats["fallback_total"] == 0:
             result.serving_engines += 1
             result.ops_in_engines += _compute(counter.elements())
+    want, want1 = wants
+    result.max_abs_error, result.rel_error, result.decoded_rel_error = _compare(outputs["serve"], want, raw_outputs)
+
+    one = result.batch1 = BatchOneResult()
+    at_one = served.get("serve1") or {}
+    if "ops" not in at_one:
+        one.serve_error = at_one.get("error") or "no result from the serving process"
+        return
+    for name in counts:
+        before, after = ops.get(keys[name]), at_one["ops"].get(keys[name])
+        if after is None:
+            continue
+        grew = lambda stat: after["stats"][stat] - (before["stats"][stat] if before else 0)  # noqa: E731
+        fallbacks, builds = grew("fallback_total"), grew("builds")
+        rowwise = bool(before and before["rowwise"])
+        one.fallbacks += fallbacks
+        one.expected_fallbacks += fallbacks if rowwise or allow_build.get(keys[name], True) else 0
+        one.builds += builds
+        one.build_failures += grew("build_failures")
+        one.copies += after["copies"] - (before["copies"] if before else 0)
+        one.rowwise += int(rowwise and grew("hits") > 0 and not builds and not fallbacks)
+        seen = [shapes for shapes, _ in before["native"]] if before else []
+        one.native_runs += [f"batch 1: {line}" for shapes, line in after["native"] if shapes not in seen]
+    one.max_abs_error, one.rel_error, one.decoded_rel_error = _compare(outputs["serve1"], want1, raw_outputs)
+
+
+def _compare(outputs_path, want, raw_outputs):
+    """(max abs error, relative error, decoded outputs' relative error or None) of the outputs saved at
+    `outputs_path` against `want`: over the raw outputs where the model names them, else over all."""
     got = dict(np.load(outputs_path))
     raw = {k: v for k, v in want.items() if k in raw_outputs} or want
-    result.max_abs_error, result.rel_error = _errors(got, raw)
-    if raw_outputs:
-        _, result.decoded_rel_error = _errors(got, {k: v for k, v in want.items() if k not in raw})
+    abs_err, rel_err = _errors(got, raw)
+    decoded = _errors(got, {k: v for k, v in want.items() if k not in raw})[1] if raw_outputs else None
+    return abs_err, rel_err, decoded
 
 
 # -- the table ---------------------------------------------------------------------------------------------------
@@ -440,28 +569,43 @@ def _cell(result: Optional[PrecisionResult], what: str) -> str:
         return "serve error"
     if what == "in":
         return f"{100 * result.in_engines:.1f}% [{result.ops_in_engines}/{result.ops_held}]"
+    if what == "err1":
+        if result.batch1 is not None and result.batch1.serve_error:
+            return "serve error"
+        return "-" if result.error_batch1 is None else f"{result.error_batch1:.1e}"
     return "-" if result.error is None else f"{result.error:.1e}"
+
+
+def _served1(result: PrecisionResult) -> str:
+    """How the engine ops served batch 1: N row-wise (their built engine), N new (built at run time)."""
+    one = result.batch1
+    if one is None or one.serve_error:
+        return "-"
+    return "+".join(part for part in (f"{one.rowwise}rw" if one.rowwise else "", f"{one.builds}new" if one.builds
+                                      else "") if part) or "0"
 
 
 def format_table(models: List[ModelResult]) -> str:
     """One row per model (FP32 / FP16 side by side), then each model's reasons for not being whole."""
     out = io.StringIO()
     header = ("model", "FP32 ops in engines", "FP16 ops in eng.", "engines", "fallbacks", "FP32 err",
-              "FP16 rel err", "time", "status")
-    widths = (18, 22, 22, 8, 9, 12, 12, 6, 6)
+              "FP16 rel err", "B1 FP32 err", "B1 FP16 err", "B1 fallbacks", "B1 served", "time", "status")
+    widths = (18, 22, 22, 8, 9, 9, 12, 11, 11, 12, 18, 6, 6)
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     print(line(header), file=out)
     for m in models:
         fp32, fp16 = m.results.get("FP32"), m.results.get("FP16")
         if m.export_error:
-            print(line((m.name, "export error", "", "", "", "", "", f"{m.seconds:.0f}s", "FAIL")), file=out)
+            print(line((m.name, "export error") + ("",) * 9 + (f"{m.seconds:.0f}s", "FAIL")), file=out)
             continue
         both = [r for r in (fp32, fp16) if r is not None]
         engines = "/".join(str(r.engines) for r in both)
         fallbacks = "/".join(str(r.fallbacks) for r in both)
+        fallbacks1 = "/".join("-" if r.batch1 is None else str(r.batch1.fallbacks) for r in both)
         status = "ok" if not any(r.failures() for r in both) else "FAIL"
         print(line((m.name, _cell(fp32, "in"), _cell(fp16, "in"), engines, fallbacks, _cell(fp32, "err"),
-                    _cell(fp16, "err"), f"{m.seconds:.0f}s", status)), file=out)
+                    _cell(fp16, "err"), _cell(fp32, "err1"), _cell(fp16, "err1"), fallbacks1,
+                    "/".join(_served1(r) for r in both), f"{m.seconds:.0f}s", status)), file=out)
     print(file=out)
     for m in models:
         lines = details(m)
@@ -473,9 +617,10 @@ def format_table(models: List[ModelResult]) -> str:
 
 
 def details(m: ModelResult, max_lines=8) -> List[str]:
-    """Why `m` is not whole: export/convert/serve errors, target misses, op types left native (with reasons),
-    native runs after build and at serving (build failure messages); Keras's own FP16 error and TF's own FP32
-    spread where measured."""
+    """Why `m` is not whole: export/convert/serve errors, target misses (at the built batch and at batch 1), native
+    segment runs at batch 1 of engine ops not expected to serve it, op types left native (with reasons), native runs
+    after build, at serving and at batch 1 (build failure messages); Keras's own FP16 error and TF's own FP32 spread
+    where measured."""
     if m.export_error:
         return [f"export: {m.export_error}"]
     lines = []
@@ -488,9 +633,13 @@ def details(m: ModelResult, max_lines=8) -> List[str]:
         if r.tf_kernels_error is not None:
             lines.append(f"{r.precision}: TF's oneDNN and Eigen kernels differ on these inputs by "
                          f"{r.tf_kernels_error:.2g} " + ours)
+        one = r.batch1
+        if one is not None and one.fallbacks > one.expected_fallbacks:
+            lines.append(f"{r.precision} batch 1: {one.fallbacks - one.expected_fallbacks} native fallback(s) of "
+                         f"engine ops neither row-wise nor allowed to build at run time (correct, slower)")
     lines += [f"native: {ln}" for ln in m.top_native()]
     runs = []
     for r in m.results.values():
-        runs += [f"{r.precision} {ln}" for ln in r.native_runs]
+        runs += [f"{r.precision} {ln}" for ln in r.native_runs + (r.batch1.native_runs if r.batch1 else [])]
     lines += [ln[:300] for ln in list(collections.OrderedDict.fromkeys(runs))[:max_lines]]
     return lines
