@@ -451,3 +451,26 @@ def test_a_layer_timed_under_one_signature_rebuilds_its_winner_under_another_of_
                  "float16", options, quant=quant)
     assert [tuner.choose(s, gpu.factory)[0].tactic["op"] for s in (fp16, other)] == ["middle", "middle"]
     assert len(gpu.timed) == 3
+
+
+def test_float_candidates_are_built_ahead_before_quantized_ones_which_wait_on_the_triton_compile_process(
+        gpu, monkeypatch):
+    runtime = SimpleNamespace(getDevice=lambda: 0, setDevice=lambda device: None)
+    monkeypatch.setattr(tactics._device, "require", lambda: SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(tactics, "PREBUILD_THREADS", 1)
+    options = BuildOptions()
+    started = []
+
+    def factory(spec):
+        started.append(spec.layer.name)
+        return gpu.factory(spec)
+
+    def spec(name, quantized):
+        layer = SimpleNamespace(name=name, kind="Convolution", params={"groups": 1}, weights={})
+        dtype, shape = "int8" if quantized else "float16", (1, 4 if name.startswith("a") else 8)
+        return Spec(layer, [shape], [dtype], [shape], [dtype], "float16", options,
+                    quant={"format": "INT8"} if quantized else None)
+
+    tactics.Tuner(None, options).prebuild([(spec(name, name.endswith("q")), factory)
+                                           for name in ("a_q", "a", "b_q", "b")])
+    assert started == ["a", "b", "a_q", "b_q"]

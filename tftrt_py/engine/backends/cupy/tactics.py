@@ -162,14 +162,28 @@ class Tuner:
                 todo[sig] = (spec, factory)
         if len(todo) < 2:
             return
+        # Quantized candidates last: theirs wait on kernels the Triton compile process may still be compiling, and
+        # a thread waiting on them would hold back the float candidates queued behind it.
+        todo = dict(sorted(todo.items(), key=lambda item: item[1][0].quant is not None))
         device = _device.require().cuda.runtime.getDevice()
+        start, seconds = time.perf_counter(), {}
+
+        def build(spec, factory):
+            began = time.perf_counter()
+            try:
+                return factory(dataclasses.replace(spec, prefer=None))
+            finally:
+                seconds[spec.layer.name] = time.perf_counter() - began
+
         with concurrent.futures.ThreadPoolExecutor(min(PREBUILD_THREADS, len(todo)), "tftrt-prebuild",
                                                    _device.require().cuda.runtime.setDevice, (device,)) as pool:
-            futures = {sig: pool.submit(factory, dataclasses.replace(spec, prefer=None))
-                       for sig, (spec, factory) in todo.items()}
+            futures = {sig: pool.submit(build, spec, factory) for sig, (spec, factory) in todo.items()}
         for sig, future in futures.items():
             if future.exception() is None:  # else choose() builds it again and reports the failure
                 self._prebuilt[sig] = future.result()
+        logger.debug("built the candidates of %d layer(s) in %.2f s; slowest: %s", len(todo),
+                     time.perf_counter() - start, sorted(((round(s, 2), n) for n, s in seconds.items()),
+                                                         reverse=True)[:5])
 
     def knows(self, spec: Spec) -> bool:
         """A tactic of `spec` is known without timing: recorded in the plan, chosen earlier in this build, or held

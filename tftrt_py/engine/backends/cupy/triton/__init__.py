@@ -116,7 +116,11 @@ def _compile(request: Request) -> CompiledKernel:
             return CompiledKernel(*future.result(timeout=PREFETCH_WAIT_S))
         except Exception as exc:  # the compile process failed, or this kernel did not compile there
             logger.debug("prefetched Triton kernel unavailable (%s): compiling it here", exc)
-    return CompiledKernel(*artifacts(request))
+    start = time.perf_counter()
+    kernel = CompiledKernel(*artifacts(request))
+    logger.debug("Triton kernel %s %s compiled in this process in %.2f s", request[1], dict(request[3]),
+                 time.perf_counter() - start)
+    return kernel
 
 
 def request(module: str, fn_name: str, params: Dict[str, str], constexprs: Dict[str, object], capability: int,
