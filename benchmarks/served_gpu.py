@@ -14,6 +14,8 @@ times, in milliseconds (median of single calls, wall clock):
 - ``floor``: the least a signature call can take on this machine: ``engine_device``, the inputs' and outputs'
   bytes across PCIe at the pinned rates measured at the start, ``tf_call`` and TensorFlow's own ``.numpy()`` of
   tensors of the outputs' shapes (``sig/floor``: how far the signature is from it);
+- ``signature_view``: the same call with its outputs read as ``np.asarray(tensor)`` (a view of TensorFlow's
+  buffer; ``.numpy()`` copies it, as TensorFlow documents), ``cmp/view`` = compile_host / signature_view;
 - ``engine_host``: the engine op's engine on the same host arrays (its context pool, no TensorFlow);
 - ``engine_device``: the engine on arrays already on the GPU;
 - then each batch's engines of all precisions timed against each other in ``--rounds`` interleaved rounds
@@ -586,6 +588,7 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list,
                    "native_vs_torch32": rel_err({k: v for k, v in want.items()}, torch_ref[b]) if b in torch_ref else None,
                    "vs_torch32": rel_err(got, torch_ref[b]) if b in torch_ref else None,
                    "signature": timed(lambda: [v.numpy() for v in sig(**tensors).values()]),
+                   "signature_view": timed(lambda: [np.asarray(v) for v in sig(**tensors).values()]),
                    "native_us": mean_times([st - states.get(id(st), 0) for op in ops for st in op.stats.replay_states]),
                    "engine_ops": len(ops), "fallbacks": sum(sum(op.stats.fallbacks.values()) for op in ops)}
             calls = engine_callables(ops, list(feeds[b].values()), cupy)
@@ -631,10 +634,10 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list,
 
 
 def table(results, threads_rows) -> str:
-    cols = ["tf", "signature", "floor", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
+    cols = ["tf", "signature", "floor", "signature_view", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
             "compile_device", "tf_call", "dispatch"]
     lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols)
-             + "   sig/host host/dev  cmp/dev cmp/sig sig/floor  err (first / fresh)  vs_torch32  native runs"]
+             + "   sig/host host/dev  cmp/dev cmp/sig sig/floor cmp/view  err (first / fresh)  vs_torch32  native runs"]
 
     def ratio(r, num, den):
         return f"{r[num] / r[den]:8.2f}" if r.get(num) and r.get(den) else "       -"
@@ -642,7 +645,8 @@ def table(results, threads_rows) -> str:
         cells = " ".join(f"{r[c]:14.3f}" if c in r else f"{'-':>14}" for c in cols)
         ratios = " ".join(ratio(r, *pair) for pair in (("signature", "engine_host"), ("engine_host", "engine_device"),
                                                       ("compile_device", "engine_device"),
-                                                      ("compile_host", "signature"), ("signature", "floor")))
+                                                      ("compile_host", "signature"), ("signature", "floor"),
+                                                      ("compile_host", "signature_view")))
         vs = f"{r['vs_torch32']:.1e}" if r.get("vs_torch32") is not None else "-"
         lines.append(f"{r['model']:9} {r['precision']:5} {r['batch']:5} {cells} {ratios}  {r['max_rel_err']:.1e} / "
                      f"{r.get('max_rel_err_fresh', float('nan')):.1e}  {vs}  {r.get('native_runs', 0)}")
