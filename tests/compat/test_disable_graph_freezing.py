@@ -98,6 +98,47 @@ def test_without_dynamic_shapes_the_graph_is_frozen_with_a_warning(model_dir, wi
 
 
 # -- conversion, build, save, load ---------------------------------------------------------------------------
+def tf1_reference_variable_model(path):
+    """TF-TRT's tf_variablev2_saved_model: a TF1 graph computing input1 * var1 + input2 * var2 - 45 with reference
+    variables (VariableV2) of 13 and 37."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        input1 = v1.placeholder(tf.float32, [None, 1, 1], name="input1")
+        input2 = v1.placeholder(tf.float32, [None, 1, 1], name="input2")
+        var1 = v1.Variable(np.full((1, 1, 1), 13.0, np.float32), name="var1", use_resource=False)
+        var2 = v1.Variable(np.full((1, 1, 1), 37.0, np.float32), name="var2", use_resource=False)
+        output = tf.identity(input1 * var1 + input2 * var2 - 45.0, name="output")
+        signature = v1.saved_model.signature_def_utils.predict_signature_def(
+            {"input1": input1, "input2": input2}, {"output": output})
+        builder = v1.saved_model.Builder(path)
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={"serving_default": signature})
+        builder.save()
+    assert {"VariableV2"} <= {n.op for n in graph.as_graph_def().node}
+
+
+def test_tf1_reference_variables_cannot_stay_variables_so_their_graph_is_frozen_with_a_warning(
+        without_freezing, tmp_path, caplog):
+    """No function can capture a VariableV2 (it is state of the graph holding it; saved again inside a function it
+    would be a new, uninitialized variable): the converter freezes that graph, says so, and the model serves."""
+    source, out = str(tmp_path / "tf1"), str(tmp_path / "trt")
+    tf1_reference_variable_model(source)
+    params = trt.TrtConversionParams(precision_mode="FP16", minimum_segment_size=3)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=source, conversion_params=params,
+                                        use_dynamic_shape=True, dynamic_shape_profile_strategy="Optimal")
+    with caplog.at_level(logging.WARNING):
+        converter.convert()
+    assert "holds TF1 reference variables (VariableV2), which cannot stay variables" in caplog.text
+    assert converter.freeze and len(engine_nodes(converter)) == 1
+    assert not {"VariableV2", "ReadVariableOp"} & graph_ops(converter)
+    converter.build(lambda: iter([[np.ones((4, 1, 1), np.float32)] * 2]))
+    converter.save(out)
+    served = tf.saved_model.load(out).signatures["serving_default"]
+    got = served(input1=tf.ones([4, 1, 1]), input2=2 * tf.ones([4, 1, 1]))["output"].numpy()
+    np.testing.assert_allclose(got, np.full((4, 1, 1), 42.0), rtol=1e-3)
+
+
 @pytest.mark.parametrize("precision", ["FP32", "FP16"])
 def test_converted_model_keeps_its_variables_and_serves_as_the_original(model_dir, without_freezing, tmp_path,
                                                                         precision):

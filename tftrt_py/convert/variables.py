@@ -30,7 +30,8 @@ from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
 
 __all__ = ["EXPERIMENTAL_FEATURES_ENV", "DISABLE_GRAPH_FREEZING", "WEIGHT_INPUTS_ATTR", "LARGE_VARIABLE_BYTES",
-           "WEIGHTS_FUNCTION", "is_experimental_feature_activated", "captured_variables", "nbytes", "large_variables", "only_read",
+           "WEIGHTS_FUNCTION", "is_experimental_feature_activated", "captured_variables", "REFERENCE_VARIABLE_OPS",
+           "reference_variables", "nbytes", "large_variables", "only_read",
            "written", "WRITE_OPS",
            "variable_values", "variable_reads", "read_directly", "WeightsView", "reads_as_constants",
            "reads_as_inputs", "mark_weight_inputs", "weight_inputs", "engine_inputs", "bind_weights"]
@@ -63,6 +64,16 @@ def captured_variables(func) -> Dict[str, tf.Variable]:
     by_handle = {id(v.handle): v for v in func.variables}
     return {internal.op.name: by_handle[id(external)] for external, internal in func.graph.captures
             if id(external) in by_handle}
+
+
+#: Ops of TF1 reference variables: state of the graph that holds them, which no function can capture.
+REFERENCE_VARIABLE_OPS = frozenset({"VariableV2", "Variable"})
+
+
+def reference_variables(graph_def) -> List[str]:
+    """Names of the reference variables (VariableV2) in `graph_def`: a TF1 SavedModel's signature keeps them inside
+    its graph, where a function saved again would hold new, uninitialized variables of those names."""
+    return [n.name for n in graph_def.node if n.op in REFERENCE_VARIABLE_OPS]
 
 
 def nbytes(v: tf.Variable) -> int:

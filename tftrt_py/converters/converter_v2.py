@@ -141,6 +141,10 @@ class TrtGraphConverterV2:
         saved_model, func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
         output_names = [t.name for t in func.outputs]
+        if not self.freeze and variables.reference_variables(func.graph.as_graph_def()):
+            logger.warning("%s holds TF1 reference variables (VariableV2), which cannot stay variables in a TF2 "
+                           "SavedModel: the graph will be frozen", self._input_saved_model_dir)
+            self.freeze = True
         if self.freeze:  # the loaded model goes but for its large variables: the graph holds the other weights
             captured, self._written = self._kept_variables(func)
             self._saves_variables = sum(map(variables.nbytes, captured.values())) >= settings.KEEP_VARIABLES.get()

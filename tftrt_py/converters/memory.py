@@ -8,7 +8,6 @@ nothing. Memory TensorFlow's own allocators pool (oneDNN's, when its kernels are
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import gc
 
@@ -17,9 +16,10 @@ __all__ = ["release_freed_memory", "MemoryReturn"]
 
 @functools.lru_cache(maxsize=None)
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
+    # the process's own symbols, libc's among them: no library search (which imports modules, and a MemoryReturn
+    # may go while the interpreter shuts down, when imports fail)
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
 
