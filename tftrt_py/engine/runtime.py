@@ -221,17 +221,21 @@ class ExecutionContext:
         """Input arrays by binding name, checked against the engine, and the batch (None: no batch dim).
         With `pad`, a smaller batch of a row-wise engine is padded to the engine's (its last row repeated)."""
         eng = self.engine
-        missing = [t.name for t in eng.inputs if t.name not in bindings]
+        inputs = eng.inputs
+        missing = [t.name for t in inputs if t.name not in bindings]
         if missing:
             raise RuntimeExecutionError(f"missing input bindings {missing}; engine inputs are "
-                                        f"{[t.name for t in eng.inputs]}")
-        values, batch = {}, None
-        for t in eng.inputs:
+                                        f"{[t.name for t in inputs]}")
+        values, batch, exact = {}, None, True
+        for t in inputs:
             arr = np.asarray(bindings[t.name])
             if arr.dtype.name != t.dtype:
                 raise RuntimeExecutionError(f"input {t.name!r} has dtype {arr.dtype.name}, the engine expects {t.dtype}")
             values[t.name] = arr
-        shapes = [values[t.name].shape for t in eng.inputs]
+            exact = exact and arr.shape == t.shape
+        if exact:  # the shapes the engine was built for (a call's usual case)
+            return values, (inputs[0].shape[0] if inputs and inputs[0].rank else None)
+        shapes = [values[t.name].shape for t in inputs]
         if not eng.can_serve(shapes):
             raise RuntimeExecutionError(
                 f"input shapes {[list(s) for s in shapes]} cannot be served by this engine, built for "
