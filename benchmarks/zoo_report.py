@@ -4,12 +4,12 @@
 
 Each model is exported with random weights, converted in FP32 and FP16, built for its shapes, saved, reloaded in a
 fresh process and served fresh inputs at the built batch, then at batch 1 (tests/zoo/measure.py says what is
-counted). Columns: share of compute ops serving in engines, engine ops (FP32/FP16), native fallbacks while serving
-the built batch (FP32/FP16), FP32 max abs error (target 1e-4), FP16 max abs error over the output's max magnitude
-(target 1e-2); at batch 1 (B1), the same errors against native TF at batch 1, native fallbacks (FP32/FP16) and
-how the engine ops served it (FP32/FP16): Nrw by their row-wise engine (padded, or a copy for the smaller batch),
-Nnew by an engine built at run time. Default: the models the zoo tests hold to the targets; --all adds the
-optional ones (DistilBERT, RoBERTa, Gemma, T5, Whisper).
+counted, tests/zoo/report.py formats the table). Columns: share of compute ops serving in engines, engine ops
+(FP32/FP16), native fallbacks while serving the built batch (FP32/FP16), FP32 max abs error (target 1e-4), FP16
+max abs error over the output's max magnitude (target 1e-2); at batch 1 (B1), the same errors against native TF
+at batch 1, native fallbacks (FP32/FP16) and how the engine ops served it (FP32/FP16): Nrw by their row-wise engine
+(padded, or a copy for the smaller batch), Nnew by an engine built at run time. Default: the models the zoo tests
+hold to the targets; --all adds the optional ones (DistilBERT, RoBERTa, Gemma, T5, Whisper).
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from zoo.measure import format_table, measure  # noqa: E402
+from zoo.measure import measure  # noqa: E402
 from zoo.models import REQUIRED, ZOO  # noqa: E402
+from zoo.report import format_table  # noqa: E402
 
 
 def main(argv=None):

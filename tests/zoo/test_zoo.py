@@ -20,8 +20,9 @@ are not compared, since NMS on FP16 scores rightly picks other boxes among near-
 """
 import pytest
 
-from zoo.measure import PRECISIONS, TARGETS, BatchOneResult, PrecisionResult, details
+from zoo.measure import PRECISIONS, TARGETS, BatchOneResult, PrecisionResult
 from zoo.models import REQUIRED
+from zoo.report import details
 
 pytestmark = [pytest.mark.slow, pytest.mark.zoo]
 MODELS = pytest.mark.parametrize("name", list(REQUIRED))
