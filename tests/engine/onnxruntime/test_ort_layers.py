@@ -172,3 +172,25 @@ def test_bias_and_gelu_run_as_one_kernel(act, fused):
     engine = compare(single("MLP", [("float32", (8, 32))], params, weights), normal((8, 32)))
     ops = [n.op_type for n in prune(lower(engine.network)).graph.node]
     assert ops.count(fused) == 1 and "Gelu" not in ops
+
+
+@pytest.mark.parametrize("half_pixel, coordinates", [(True, "half_pixel"), (False, "asymmetric")])
+def test_bilinear_resize_of_finite_inputs_is_one_resize_and_of_others_tensorflows_lerps(half_pixel, coordinates):
+    """Finite inputs take ONNX Runtime's Resize (one pass over the output, within TF's tolerance); inputs holding
+    NaN or an infinity take TF's own gathers and lerps, which decide where an infinite neighbour gives NaN
+    (tests/engine/gpu/test_nan_inf.py holds the values)."""
+    params = {"mode": "linear", "sizes": [24, 20], "align_corners": False, "half_pixel_centers": half_pixel}
+    engine = compare(single("Resize", [("float32", (2, 7, 5, 3))], params), normal((2, 7, 5, 3)))
+    (branching,) = [n for n in prune(lower(engine.network)).graph.node if n.op_type == "If"]
+    branches = {a.name: [n for n in a.g.node] for a in branching.attribute}
+    (resize,) = branches["else_branch"]
+    assert resize.op_type == "Resize" and {a.name: a.s.decode() for a in resize.attribute if a.s} == {
+        "mode": "linear", "coordinate_transformation_mode": coordinates}
+    assert "Resize" not in [n.op_type for n in branches["then_branch"]]
+
+
+def test_bilinear_resize_with_aligned_corners_is_tensorflows_lerps():
+    """ONNX Runtime's align_corners coordinates lie up to 3e-5 from TF's: TF's gathers and lerps instead."""
+    params = {"mode": "linear", "sizes": [24, 20], "align_corners": True, "half_pixel_centers": False}
+    engine = compare(single("Resize", [("float32", (2, 7, 5, 3))], params), normal((2, 7, 5, 3)))
+    assert not {"If", "Resize"} & {n.op_type for n in prune(lower(engine.network)).graph.node}

@@ -137,10 +137,18 @@ def _topk(g, layer, ins):
     return [values, g.cast(indices, "int64", "int32")]
 
 
+#: ONNX Resize's coordinate transformation of TF's bilinear resize, by half_pixel_centers (without align_corners).
+_LINEAR_COORDINATES = {True: "half_pixel", False: "asymmetric"}
+
+
 @lowers("Resize")
 def _resize(g, layer, ins):
-    """Gathers of the rows and columns TF's coordinate rules pick (computed here by the numpy kernel's own
-    functions) and, for linear, its lerps in its order: the numpy kernel's float32 arithmetic exactly."""
+    """Nearest: gathers of the rows and columns TF's coordinate rules pick (computed here by the numpy kernel's own
+    functions). Linear: ONNX Runtime's Resize, one pass over the output (within 2e-6 of TF's values relative to
+    their scale: its weights summed in another order), on finite inputs; on inputs holding NaN or an infinity, and
+    with align_corners (whose coordinates Resize computes otherwise, up to 3e-5 apart), the gathers of the numpy
+    kernel and its lerps in its order, its float32 arithmetic exactly (several passes over tensors of the output's
+    size)."""
     p = layer.params
     (h, w), (oh, ow) = layer.inputs[0].shape[1:3], p["sizes"]
     args = (p.get("align_corners", False), p.get("half_pixel_centers", False))
@@ -154,11 +162,25 @@ def _resize(g, layer, ins):
     y0, y1, ylerp = linear_weights(h, oh, *args)
     x0, x1, xlerp = linear_weights(w, ow, *args)
 
-    def lerp(a, b, t):
-        return g.node("Add", [a, g.node("Mul", [g.node("Sub", [b, a]), g.const(t, np.float32)])])
+    def lerps(b):  # TF's: its gathers, then its lerps in its order
+        def lerp(u, v, t):
+            return b.node("Add", [u, b.node("Mul", [b.node("Sub", [v, u]), b.const(t, np.float32)])])
 
-    rows = [take(x, y, 1) for y in (y0, y1)]
-    top, bottom = (lerp(take(r, x0, 2), take(r, x1, 2), xlerp[None, None, :, None]) for r in rows)
-    return [lerp(top, bottom, ylerp[None, :, None, None])]
+        def gather(v, index, axis):
+            return b.node("Gather", [v, b.const(index, np.int64)], axis=axis)
+
+        rows = [gather(x, y, 1) for y in (y0, y1)]
+        top, bottom = (lerp(gather(r, x0, 2), gather(r, x1, 2), xlerp[None, None, :, None]) for r in rows)
+        return lerp(top, bottom, ylerp[None, :, None, None])
+
+    if args[0]:
+        return [lerps(g)]
+    n, c = layer.inputs[0].shape[0], layer.inputs[0].shape[3]
+    # NaN where any value is NaN or infinite: TF's lerps turn an infinite neighbour into NaN or an infinity by the
+    # order of their terms, which those inputs keep; finite inputs take the one pass
+    nonfinite = g.node("IsNaN", [g.node("ReduceSum", [g.node("Mul", [x, g.scalar(0.0, np.float32)])], keepdims=0)])
+    return [g.when(nonfinite, lerps, lambda b: b.node(
+        "Resize", [x, "", "", b.ints([n, oh, ow, c])], mode="linear",
+        coordinate_transformation_mode=_LINEAR_COORDINATES[args[1]]), "float32")]
 
 

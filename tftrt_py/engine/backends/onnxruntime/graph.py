@@ -52,6 +52,27 @@ class Graph:
     def fresh(self, base: str = "v") -> str:
         return f"{base}#{next(self._ids)}"
 
+    def branch(self) -> "Graph":
+        """An empty graph for a branch of an ``If`` node of this one: names from this graph's sequence (a branch
+        reads this graph's values by name), its constants kept in its own proto."""
+        sub = Graph()
+        sub._ids = self._ids
+        return sub
+
+    def when(self, cond: str, then: Callable[["Graph"], str], otherwise: Callable[["Graph"], str],
+             dtype: str) -> str:
+        """An ``If`` node on the bool scalar `cond`: the value `then(branch)` builds where it is true, else the
+        value `otherwise(branch)` builds; both of `dtype`."""
+        from onnx import helper
+
+        branches = {}
+        for key, build in (("then_branch", then), ("else_branch", otherwise)):
+            sub = self.branch()
+            out = build(sub)
+            branches[key] = helper.make_graph(sub.nodes, self.fresh(key), [], [
+                helper.make_tensor_value_info(out, onnx_dtype(dtype), None)], initializer=sub.initializers)
+        return self.node("If", [cond], **branches)
+
     def node(self, op: str, inputs: Sequence[str], outputs: int = 1, domain: str = "", **attrs
              ) -> Union[str, List[str]]:
         """Add node `op`; returns its output name (a list when `outputs` > 1). Attributes are keywords."""
@@ -123,7 +144,7 @@ def prune(model):
     for node in reversed(graph.node):
         if any(name in live for name in node.output):
             kept.append(node)
-            live.update(node.input)
+            live.update(_reads(node))
     if len(kept) < len(graph.node):
         del graph.node[:]
         graph.node.extend(reversed(kept))
@@ -131,3 +152,15 @@ def prune(model):
         del graph.initializer[:]
         graph.initializer.extend(weights)
     return model
+
+
+def _reads(node) -> List[str]:
+    """The names `node` reads: its inputs, and those the nodes of its branches (an ``If``'s) read."""
+    from onnx import AttributeProto
+
+    names = list(node.input)
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            for inner in attr.g.node:
+                names.extend(_reads(inner))
+    return names
