@@ -1,13 +1,17 @@
 """Native TensorFlow against converted models on the CPU, per engine backend, in one run.
 
-    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit] [--batches 1,8]
+    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit,mlp,zoo] [--batches 1,8]
                                    [--backends onnxruntime,numpy] [--json out.json]
 
 Models (random weights, nothing downloaded): the demo CNN, Keras ResNet50 and MobileNetV2, a keras-hub BERT-base
-encoder (sequence 128, padded masks) and ViT-B/16. Each is exported, converted (engines built for every batch),
-saved; a fresh process per engine backend (onnxruntime when importable, numpy) loads the converted SavedModel and
-times its serving signature between two timings of native TF's: per model and batch, TF ms, converted ms,
-speed-up and the largest difference from TF's outputs. Then:
+encoder (sequence 128, padded masks), ViT-B/16, keras-hub DeepLabV3 on a ResNet-18, and an MLP (Dense 64 -> 64
+relu -> 10) so small that its times are the per-call cost of a converted call against native TF's. ``zoo:NAME``
+is a model of the zoo the tests hold to their targets (tests/zoo/models.py REQUIRED: its builder, exporter and
+feeds, at its own input sizes with the batch replaced), ``zoo`` all of them; the default leaves the zoo out.
+Each is exported, converted (engines built for every batch), saved; a fresh process per engine backend
+(onnxruntime when importable, numpy) loads the converted SavedModel and times its serving signature between two
+timings of native TF's: per model and batch, TF ms, converted ms, speed-up and the largest difference from TF's
+outputs. Then:
 
 - INT8: ResNet50 and BERT calibrated through the converter, served by onnxruntime, against their FP32 engines (its
   integer matrix multiplies take uint8 x int8 sums where the CPU has VNNI or AMX); a CNN trained
@@ -33,11 +37,14 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, os.path.join(ROOT, "models")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "models"), os.path.join(ROOT, "tests")]
 
 import numpy as np  # noqa: E402
 
 from served_gpu import bert_feed, bert_keras, timed  # noqa: E402
+from zoo.models import REQUIRED as ZOO_REQUIRED  # noqa: E402
+from zoo.models import export as zoo_export  # noqa: E402
+from zoo.models import make_feed  # noqa: E402
 
 BACKENDS = ("onnxruntime", "numpy")
 
@@ -90,19 +97,40 @@ def _deeplabv3(size):
     return keras_hub.models.DeepLabV3ImageSegmenter(backbone=backbone, num_classes=21)
 
 
-def image_feed(batch: int, rng, specs) -> dict:
+def _mlp(size):
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+
+
+def uniform_feed(batch: int, rng, specs) -> dict:
+    """The lone float input, values uniform in [-1, 1), `batch` rows of the signature's other dims."""
     (name, spec), = specs.items()
     return {name: rng.uniform(-1, 1, (batch, *spec.shape.as_list()[1:])).astype(np.float32)}
 
 
 MODELS = {
-    "cnn": dict(export=_keras_export(_cnn), feed=image_feed),
-    "resnet50": dict(export=_keras_export(_application("ResNet50")), feed=image_feed),
-    "mobilenetv2": dict(export=_keras_export(_application("MobileNetV2")), feed=image_feed),
+    "cnn": dict(export=_keras_export(_cnn), feed=uniform_feed),
+    "resnet50": dict(export=_keras_export(_application("ResNet50")), feed=uniform_feed),
+    "mobilenetv2": dict(export=_keras_export(_application("MobileNetV2")), feed=uniform_feed),
     "bert": dict(export=lambda directory, size: bert_keras(directory), feed=lambda b, rng, specs: bert_feed(b, rng)),
-    "vit": dict(export=_keras_export(_vit), feed=image_feed),
-    "deeplabv3": dict(export=_keras_export(_deeplabv3), feed=image_feed),
+    "vit": dict(export=_keras_export(_vit), feed=uniform_feed),
+    "deeplabv3": dict(export=_keras_export(_deeplabv3), feed=uniform_feed),
+    "mlp": dict(export=_keras_export(_mlp), feed=uniform_feed),
 }
+#: What --models means without it: the models above, the zoo's left out.
+DEFAULT_MODELS = tuple(MODELS)
+ZOO_PREFIX = "zoo:"
+
+
+def _zoo_model(model) -> dict:
+    """A zoo model (tests/zoo/models.py) as MODELS holds one: the zoo's export (its seeded weights; `size` unused)
+    and its feeds at each batch."""
+    return dict(export=lambda directory, size: zoo_export(model, directory),
+                feed=lambda batch, rng, specs: make_feed(model, specs, int(rng.integers(2 ** 31)), batch))
+
+
+MODELS.update({ZOO_PREFIX + name: _zoo_model(model) for name, model in ZOO_REQUIRED.items()})
 #: Models also converted in INT8 (calibrated on random inputs), served against their FP32 engines.
 INT8_MODELS = ("resnet50", "bert")
 
@@ -347,7 +375,8 @@ def _side_by_side(entry: dict, ov, backend, lower, threads: int, iters: int) -> 
 def tables(job: dict, served: list, side: list) -> str:
     backends = sorted({r["backend"] for r in served}, key=BACKENDS.index)
     by = {(r["model"], r["precision"], r.get("batch"), r["backend"]): r for r in served}
-    lines = ["model        batch  " + "  ".join(f"   TF ms {b:>11s} ms  speed-up  rel err" for b in backends)]
+    width = max([13] + [len(e["model"]) + 6 for e in job["entries"]])  # room for " INT8"
+    lines = [f"{'model':{width}s}batch  " + "  ".join(f"   TF ms {b:>11s} ms  speed-up  rel err" for b in backends)]
     fallbacks = False
     for entry in job["entries"]:
         if entry["model"] == "digits":
@@ -361,7 +390,7 @@ def tables(job: dict, served: list, side: list) -> str:
             cells.append(f"{r['tf_ms']:8.2f}{r['ms']:14.2f}{mark}  {r['tf_ms'] / r['ms']:7.2f}x  "
                          f"{r['max_relative_error']:7.1e}" if r else f"{'-':>8s}{'-':>15s}  {'-':>8s}  {'-':>7s}")
         label = entry["model"] + ("" if entry["precision"] == "FP32" else f" {entry['precision']}")
-        lines.append(f"{label:13s}{entry['batch']:5d}  " + "  ".join(cells))
+        lines.append(f"{label:{width}s}{entry['batch']:5d}  " + "  ".join(cells))
     if fallbacks:
         lines.append("! engines failed and native segments ran (see the log above): not a measurement of engines")
     lines.append("TF ms: native TF in the same process, before and after the converted model (mean of the two "
@@ -393,10 +422,12 @@ def tables(job: dict, served: list, side: list) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated, of {', '.join(MODELS)}; zoo: every {ZOO_PREFIX}NAME")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
-    parser.add_argument("--size", type=int, default=224, help="image models' input size (the CNN keeps 32)")
+    parser.add_argument("--size", type=int, default=224,
+                        help="image models' input size (the CNN keeps 32, the zoo's models their own)")
     parser.add_argument("--iters", type=int, default=5, help="fewest timed calls per measurement")
     parser.add_argument("--no-int8", dest="int8", action="store_false", help="skip the INT8 and digits parts")
     parser.add_argument("--no-openvino", dest="openvino", action="store_false")
@@ -410,7 +441,8 @@ def main():
     if args.serve:
         json.dump(serve(args.job, args.serve, args.serve_model, args.iters), open(args.out, "w"))
         return 0
-    args.models = [m for m in args.models.split(",") if m]
+    args.models = list(dict.fromkeys(name for m in args.models.split(",") if m for name in (
+        [n for n in MODELS if n.startswith(ZOO_PREFIX)] if m == "zoo" else [m])))
     args.batches = [int(b) for b in args.batches.split(",")]
     args.backends = [b for b in args.backends.split(",") if b]
     unknown = set(args.models) - set(MODELS) | set(args.backends) - set(BACKENDS)
