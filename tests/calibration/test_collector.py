@@ -1,5 +1,6 @@
 """The collector bins tensors in a thread of its own while the calibration engine computes: the histograms it
-ends with are those binning each tensor in observation order gives, and a failure in binning reaches the caller."""
+ends with are those binning each tensor in observation order gives, and a failure in binning reaches the caller.
+The calibration engine computes on ONNX Runtime where it runs, as the numpy backend would."""
 import numpy as np
 import pytest
 
@@ -39,3 +40,34 @@ def test_a_binning_failure_is_raised_to_the_caller():
     collector.observe("x", np.ones(4, np.float32))
     with pytest.raises(TypeError):
         collector.ranges()
+
+
+def test_the_calibration_engine_records_every_tensor_with_onnx_runtime_as_the_numpy_backend_does(monkeypatch):
+    """ONNX Runtime computes the FP32 network (sessions returning every tensor they compute); its outputs and the
+    ranges calibrated from them are the numpy backend's within float32 rounding."""
+    from networks import conv_relu_pool_net
+
+    from tftrt_py.calibration import collector as collecting
+    from tftrt_py.calibration.collector import CalibrationEngine
+
+    rng = np.random.default_rng(5)
+    batches = [rng.standard_normal((4, 8, 8, 3)).astype(np.float32) for _ in range(2)]
+
+    def calibrate():
+        engine, found = CalibrationEngine(conv_relu_pool_net()), Collector("entropy")
+        outs = [engine.execute([x], found) for x in batches]
+        return engine, outs, found.ranges()
+
+    engine, outs, ranges = calibrate()
+    assert {type(step).__name__ for step in engine._steps} == {"_Session"}
+    def missing(name):
+        raise ImportError(f"no {name} here")
+
+    monkeypatch.setattr(collecting, "get_backend", missing)
+    reference, want, want_ranges = calibrate()
+    assert {type(step).__name__ for step in reference._steps} == {"LayerStep"}
+    assert sorted(ranges) == sorted(want_ranges) and len(ranges) == 4  # the input and each layer's output
+    for name in ranges:
+        np.testing.assert_allclose(ranges[name], want_ranges[name], rtol=1e-5)
+    for got, ref in zip(outs, want):
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)

@@ -2,21 +2,25 @@
 
 A :class:`CalibrationEngine` is the op's network in FP32, before fusion (only constants are folded), so
 every tensor a later INT8 build may need a range for exists and keeps the name it will have there. It
-runs on the numpy backend and hands each float tensor's values to a :class:`Collector`, which keeps one
-histogram per tensor and turns them into a calibration table with its calibrator.
+runs on ONNX Runtime (the numpy backend where that is missing) and hands each float tensor's values to a
+:class:`Collector`, which keeps one histogram per tensor and turns them into a calibration table with its
+calibrator.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 import logging
+import os
 import threading
+import zlib
 from typing import Dict, List, Sequence
 
 import numpy as np
 
 from tftrt_py.calibration.calibrators import Histogram, get_calibrator
 from tftrt_py.calibration.table import CalibrationTable
+from tftrt_py.engine.backends import get_backend
 from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.builder.passes import eliminate_dead_layers, fold_constants
 from tftrt_py.engine.network import Network
@@ -31,13 +35,16 @@ FLOATS = ("float32", "float16")
 class Collector:
     """Histograms of every float tensor an op's calibration engines computed, over all calibration batches.
 
-    Binning a tensor takes about as long as computing it, so it runs in a thread of its own while the engine
-    computes the next layers (whose BLAS calls let it run): tensors are binned one at a time in the order they
-    were observed (a histogram's counts depend on the order its range grew in), at most MAX_PENDING waiting.
+    Binning a tensor takes about as long as computing it, so it runs in threads of their own while the engine
+    computes the next layers (numpy's ufuncs let them run): each tensor always in the same thread (its name picks
+    one of BINNING_THREADS), so its batches are binned in the order they were observed (a histogram's counts depend
+    on the order its range grew in), at most MAX_PENDING tensors waiting.
     """
 
+    #: Threads binning tensors side by side (at most the process's CPUs).
+    BINNING_THREADS = 4
     #: Tensors observed but not yet binned, at most: each holds its memory until it is.
-    MAX_PENDING = 4
+    MAX_PENDING = 8
 
     def __init__(self, algorithm: str = "entropy"):
         self.calibrator = get_calibrator(algorithm)
@@ -45,19 +52,21 @@ class Collector:
         self.batches = 0
         self.shapes: List[tuple] = []  # distinct input shapes seen, in arrival order
         self._lock = threading.Lock()
-        self._binning = concurrent.futures.ThreadPoolExecutor(1, "tftrt-calibration-binning")
+        self._binning = [concurrent.futures.ThreadPoolExecutor(1, f"tftrt-calibration-binning-{i}")
+                         for i in range(max(1, min(self.BINNING_THREADS, os.cpu_count() or 1)))]
         self._pending: collections.deque = collections.deque()  # futures of binnings, oldest first
         self._pending_lock = threading.Lock()
 
     def observe(self, name: str, value: np.ndarray) -> None:
-        """Bin `value` into the histogram of tensor `name` (in the binning thread; a failure is raised by a later
+        """Bin `value` into the histogram of tensor `name` (in its binning thread; a failure is raised by a later
         observe or by :meth:`ranges`)."""
         if value.dtype.name not in FLOATS:
             return
+        binning = self._binning[zlib.crc32(name.encode()) % len(self._binning)]
         with self._pending_lock:
             while len(self._pending) >= self.MAX_PENDING:
                 self._pending.popleft().result()
-            self._pending.append(self._binning.submit(self._add, name, value))
+            self._pending.append(binning.submit(self._add, name, value))
 
     def _add(self, name: str, value: np.ndarray) -> None:
         with self._lock:
@@ -80,8 +89,19 @@ class Collector:
         return CalibrationTable(self.calibrator.header, self.ranges())
 
 
+def _steps(network: Network) -> list:
+    """Steps computing every tensor of `network`: ONNX Runtime's where it runs here (its convolutions and matrix
+    multiplies several times faster than the numpy kernels'), else the numpy backend's."""
+    try:
+        return get_backend("onnxruntime").recording_steps(network)
+    except Exception as exc:  # not installed, or a layer it cannot lower here
+        logger.debug("calibrating %s on the numpy backend: %s: %s", network.name, type(exc).__name__, exc)
+        return NumpyBackend().recording_steps(network)
+
+
 class CalibrationEngine:
-    """Runs `network` in FP32 on the numpy backend, recording its tensors into a Collector."""
+    """Runs `network` in FP32 (ONNX Runtime's kernels, or the numpy backend's), recording its tensors into a
+    Collector."""
 
     def __init__(self, network: Network):
         while fold_constants(network) | eliminate_dead_layers(network):
@@ -90,13 +110,14 @@ class CalibrationEngine:
         for layer in network.layers:
             layer.precision = None if layer.kind == "Constant" else "FP32"
         self.network = network
-        self._backend = NumpyBackend()
+        self._steps = _steps(network)
         self._last_use: Dict[str, int] = {}
-        for i, layer in enumerate(network.layers):
-            for t in layer.inputs:
-                self._last_use[t.name] = i
+        for i, step in enumerate(self._steps):
+            for layer in step.layers:
+                for t in layer.inputs:
+                    self._last_use[t.name] = i
         for t in network.outputs:
-            self._last_use[t.name] = len(network.layers)
+            self._last_use[t.name] = len(self._steps)
 
     def execute(self, arrays: Sequence[np.ndarray], collector: Collector) -> List[np.ndarray]:
         """The network's outputs for `arrays` (in binding order); every float tensor is recorded."""
@@ -105,15 +126,16 @@ class CalibrationEngine:
         for t, a in zip(net.inputs, arrays):
             values[t.name] = np.asarray(a)
             collector.observe(t.name, values[t.name])
-        for i, layer in enumerate(net.layers):
-            outs = self._backend.run_layer(layer, [values[t.name] for t in layer.inputs])
-            for t, out in zip(layer.outputs, outs):
-                values[t.name] = out
+        for i, step in enumerate(self._steps):
+            step.run(values)
+            for layer in step.layers:
                 if layer.kind != "Constant":
-                    collector.observe(t.name, np.asarray(out))
-            for t in layer.inputs:
-                if self._last_use.get(t.name) == i:
-                    values.pop(t.name, None)
+                    for t in layer.outputs:
+                        collector.observe(t.name, np.asarray(values[t.name]))
+            for layer in step.layers:
+                for t in [*layer.inputs, *layer.outputs]:
+                    if self._last_use.get(t.name, -1) <= i:
+                        values.pop(t.name, None)
         shapes = tuple(tuple(np.shape(a)) for a in arrays)
         with collector._lock:
             collector.batches += 1

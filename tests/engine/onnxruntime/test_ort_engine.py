@@ -62,7 +62,7 @@ def test_kinds_without_lowering_run_on_numpy_between_sessions(caplog):
     with caplog.at_level(logging.WARNING, logger=ort_module.__name__):
         engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(_detector())
     kinds = [type(s).__name__ for s in engine.ort_program.steps]
-    assert kinds == ["_Session", "_NumpyLayer", "_Session"]
+    assert kinds == ["_Session", "LayerStep", "_Session"]
     rng = np.random.default_rng(3)
     lo = rng.uniform(0, 0.6, (2, 12, 1, 2)).astype(np.float32)
     inputs = {"boxes": np.concatenate([lo, lo + rng.uniform(0.1, 0.4, lo.shape).astype(np.float32)], -1),

@@ -17,7 +17,7 @@ from tftrt_py.engine.backends.threads import blas_limit
 from tftrt_py.engine.errors import BackendError, RuntimeExecutionError
 from tftrt_py.engine.reference import KERNELS
 
-__all__ = ["NumpyBackend", "NumpyRunner"]
+__all__ = ["NumpyBackend", "NumpyRunner", "LayerStep"]
 
 
 class NumpyRunner(Runner):
@@ -64,6 +64,19 @@ class NumpyRunner(Runner):
             return outs
 
 
+class LayerStep:
+    """One layer the numpy kernels run, as a step of a program: reads its inputs from `values` (tensor name ->
+    array) and writes its outputs there."""
+
+    def __init__(self, layer):
+        self.layer, self.layers, self.backend = layer, [layer], NumpyBackend()
+
+    def run(self, values: Dict[str, np.ndarray]) -> None:
+        outs = self.backend.run_layer(self.layer, [values[t.name] for t in self.layer.inputs])
+        for t, out in zip(self.layer.outputs, outs):
+            values[t.name] = out
+
+
 class NumpyBackend(Backend):
     """Runs layers with numpy on the host, with IEEE semantics and no warnings: NaN and Inf propagate as in TF."""
 
@@ -75,6 +88,11 @@ class NumpyBackend(Backend):
 
     def create_runner(self, engine) -> NumpyRunner:
         return NumpyRunner(engine)
+
+    def recording_steps(self, network) -> List[LayerStep]:
+        """Steps computing every tensor of `network` as it stands, each leaving the tensors it computes in the
+        values it runs on (see calibration.collector.CalibrationEngine): one layer each."""
+        return [LayerStep(layer) for layer in network.layers]
 
     def run_layer(self, layer, inputs: List[np.ndarray]) -> List[np.ndarray]:
         """Outputs of one layer on host arrays."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from tftrt_py.engine.backends import base
 from tftrt_py.engine.backends.base import Backend, deliver, strict_types
-from tftrt_py.engine.backends.numpy_backend import NumpyBackend
+from tftrt_py.engine.backends.numpy_backend import LayerStep, NumpyBackend
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.int8 import EMULATED
 from tftrt_py.engine.backends.onnxruntime.lowering import NUMPY_KINDS, lower, lowerable
@@ -42,6 +42,10 @@ DISABLED_OPTIMIZERS = (
 #: Timed runs of each lowering when an INT8 engine chooses between its int8 layers and FP16 (after one untimed run).
 CHOICE_RUNS = 2
 
+#: Layers per session of a recording program (OnnxRuntimeBackend.recording_program): each session returns every
+#: tensor its layers compute, so a bounded count bounds what one step holds at once.
+RECORDING_LAYERS = 24
+
 #: Session settings: threads sleep when idle instead of spinning (on a machine whose cores other processes also
 #: use, spinning workers took 1.2-1.5x longer per run: Keras ResNet50 and BERT-base on 2 shared CPUs).
 SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
@@ -57,18 +61,6 @@ class _Session:
     def run(self, values: Dict[str, np.ndarray]) -> None:
         feeds = {name: values[t.name] for name, t in zip(self.input_names, self.inputs)}
         for t, out in zip(self.outputs, self.session.run(None, feeds)):
-            values[t.name] = out
-
-
-class _NumpyLayer:
-    """A layer run by the numpy kernel between sessions."""
-
-    def __init__(self, layer: Layer):
-        self.layer, self.layers, self.backend = layer, [layer], NumpyBackend()
-
-    def run(self, values: Dict[str, np.ndarray]) -> None:
-        outs = self.backend.run_layer(self.layer, [values[t.name] for t in self.layer.inputs])
-        for t, out in zip(self.layer.outputs, outs):
             values[t.name] = out
 
 
@@ -155,9 +147,17 @@ class OnnxRuntimeBackend(Backend):
                                     providers=["CPUExecutionProvider"])
 
     # -- build --------------------------------------------------------------------------------------------
-    def _program(self, network: Network, per_layer: bool = False) -> Program:
+    def recording_steps(self, network: Network) -> list:
+        """Steps computing every tensor of `network` as it stands (no builder passes), each leaving all the
+        tensors it computes in the values it runs on: sessions of at most RECORDING_LAYERS consecutive lowered
+        layers (ONNX Runtime fuses nothing across a graph output), numpy layers between them. INT8 calibration
+        runs the FP32 network through them, recording each step's tensors (calibration.collector)."""
+        return self._program(network, every_tensor=True).steps
+
+    def _program(self, network: Network, per_layer: bool = False, every_tensor: bool = False) -> Program:
         """The sessions and numpy steps running `network`: one session per run of consecutive lowered layers, or
-        one per layer (`per_layer`)."""
+        one per layer (`per_layer`); with `every_tensor`, runs of at most RECORDING_LAYERS layers whose sessions
+        return all the tensors they compute."""
         users: Dict[str, int] = {}
         for i, layer in enumerate(network.layers):
             for t in layer.inputs:
@@ -166,6 +166,9 @@ class OnnxRuntimeBackend(Backend):
             users[t.name] = len(network.layers)
         steps, start = [], 0
         runs = [[layer] for layer in network.layers] if per_layer else _runs(network.layers)
+        if every_tensor:
+            users = dict.fromkeys((t.name for layer in network.layers for t in layer.outputs), len(network.layers))
+            runs = [run[i:i + RECORDING_LAYERS] for run in runs for i in range(0, len(run), RECORDING_LAYERS)]
         for run in runs:
             end = start + len(run)
             if not lowerable(run[0]):
@@ -174,7 +177,7 @@ class OnnxRuntimeBackend(Backend):
                         self._said.add(layer.kind)
                         logger.warning("%s layers run on numpy between ONNX Runtime sessions: %s", layer.kind,
                                        NUMPY_KINDS.get(layer.kind, "no lowering"))
-                    steps.append(_NumpyLayer(layer))
+                    steps.append(LayerStep(layer))
             else:
                 made = {t.name for layer in run for t in layer.outputs}
                 inputs = list({t.name: t for layer in run for t in layer.inputs if t.name not in made}.values())
