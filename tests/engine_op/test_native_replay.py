@@ -38,6 +38,7 @@ class FakeGpu:
         self.running, self.overlap = set(), []
         self.fail = None  # name of a call that returns CUDA error 700
         self.on_alloc = None  # called inside each pinned-block allocation
+        self.meet = None  # a threading.Barrier the first launches wait at (in the graph they run), then no other
         self.lock = threading.Lock()
 
         def set_context(context):
@@ -57,6 +58,13 @@ class FakeGpu:
                 if graph in self.running:
                     self.overlap.append(graph)
                 self.running.add(graph)
+            meet = self.meet
+            if meet is not None:
+                try:
+                    meet.wait()
+                except threading.BrokenBarrierError:  # no other launch came: the test's assertions say so
+                    pass
+                self.meet = None
             x, y = self.graphs[graph]
             np.multiply(x, 2, out=y)
             y += 1
@@ -223,7 +231,10 @@ def test_malformed_replays_are_refused_and_logged(ops, fake, gpu, packed, messag
 
 
 def test_concurrent_callers_share_at_most_limit_replays_never_one_at_once(ops, fake, gpu):
+    """The first replay's launch waits (up to 5 s) for a second launch: the other callers, finding it busy, ask for
+    a replay of their own, which makes the second; beyond the limit they run through Python."""
     offering(fake, gpu, limit=2)
+    gpu.meet = threading.Barrier(2, timeout=5)
     f = engine_op(ops)
     run_threads(lambda k: [call(f, 4, 1000 * k + i) for i in range(25)], range(6))
     assert len(fake.offered) == 2 and not gpu.overlap
