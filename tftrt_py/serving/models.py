@@ -174,8 +174,8 @@ class ModelManager:
         self._failed: Dict[str, Set[int]] = {s.name: set() for s in specs}
         self._unlisted: Set[str] = set()  # models whose base path could not be listed at the last refresh
         #: unloaded versions not freed yet (a request in flight held them at the last collection) -> weak references
-        #: to the servable and its signatures, and the refreshes that collected since: each refresh collects again
-        #: until they go, at most UNLOAD_COLLECTIONS times
+        #: to the servable and its signatures (none once they went: one collection more), and the refreshes that
+        #: collected since: each refresh collects again until they go, at most UNLOAD_COLLECTIONS times
         self._dropped: Dict[Tuple[str, int], Tuple[List[weakref.ref], int]] = {}
         self._lock = threading.Lock()  # guards _servables and _status
         self._refreshing = threading.Lock()
@@ -208,8 +208,13 @@ class ModelManager:
             if loaded or unloaded or self._dropped:
                 _collect_and_freeze()
             for key, (refs, collections) in list(self._dropped.items()):
-                if all(ref() is None for ref in refs):
+                if not refs:  # freed before the last collection, which took what their finalizers left
                     del self._dropped[key]
+                elif all(ref() is None for ref in refs):
+                    # one collection more before they are forgotten: the finalizers of what this one freed (TF's
+                    # functions, releasing their kernels and engine ops) can leave garbage of their own, which a
+                    # frozen heap would keep
+                    self._dropped[key] = ([], collections + 1)
                 elif collections + 1 >= UNLOAD_COLLECTIONS:
                     logger.warning("model %s version %d is still referenced after %d collections", *key,
                                    UNLOAD_COLLECTIONS)
