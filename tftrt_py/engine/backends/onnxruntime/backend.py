@@ -42,7 +42,7 @@ DISABLED_OPTIMIZERS = (
 #: Timed runs of each lowering when an INT8 engine chooses between its int8 layers and FP16 (after one untimed run).
 CHOICE_RUNS = 2
 
-#: Layers per session of a recording program (OnnxRuntimeBackend.recording_program): each session returns every
+#: Layers per session of OnnxRuntimeBackend.recording_steps: each session returns every
 #: tensor its layers compute, so a bounded count bounds what one step holds at once.
 RECORDING_LAYERS = 24
 
@@ -158,16 +158,18 @@ class OnnxRuntimeBackend(Backend):
         """The sessions and numpy steps running `network`: one session per run of consecutive lowered layers, or
         one per layer (`per_layer`); with `every_tensor`, runs of at most RECORDING_LAYERS layers whose sessions
         return all the tensors they compute."""
-        users: Dict[str, int] = {}
-        for i, layer in enumerate(network.layers):
-            for t in layer.inputs:
-                users[t.name] = i
-        for t in network.outputs:
-            users[t.name] = len(network.layers)
+        users: Dict[str, int] = {}  # tensor -> the last layer reading it (past the end: returned)
+        if every_tensor:
+            users = dict.fromkeys((t.name for layer in network.layers for t in layer.outputs), len(network.layers))
+        else:
+            for i, layer in enumerate(network.layers):
+                for t in layer.inputs:
+                    users[t.name] = i
+            for t in network.outputs:
+                users[t.name] = len(network.layers)
         steps, start = [], 0
         runs = [[layer] for layer in network.layers] if per_layer else _runs(network.layers)
         if every_tensor:
-            users = dict.fromkeys((t.name for layer in network.layers for t in layer.outputs), len(network.layers))
             runs = [run[i:i + RECORDING_LAYERS] for run in runs for i in range(0, len(run), RECORDING_LAYERS)]
         for run in runs:
             end = start + len(run)
