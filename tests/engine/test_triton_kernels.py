@@ -6,6 +6,7 @@ import concurrent.futures
 import dataclasses
 import io
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -42,6 +43,15 @@ def test_answers_become_the_kernels_artifacts():
     first, second = collect([answer(1, shared=2048), answer(0)])
     assert first.result() == (b"\x7fELF", "kernel", 4, 1024, 9)
     assert second.result()[3] == 2048
+
+
+def test_the_compile_times_the_process_reports_are_logged_with_the_slowest_kernels(caplog):
+    timed = [json.dumps({**json.loads(answer(i, name=f"k{i}")), "seconds": s}) for i, s in enumerate((1.5, 9.0, 2.0))]
+    with caplog.at_level(logging.DEBUG, logger=kernels.__name__):
+        futures = collect(timed, n=3)
+    assert all(f.result() for f in futures)
+    (message,) = [r.getMessage() for r in caplog.records if "median" in r.getMessage()]
+    assert "2.00 s median, 9.00 s at most" in message and "'k1'" in message
 
 
 def test_a_kernel_that_did_not_compile_reports_why():

@@ -168,6 +168,7 @@ def _collect(proc, futures) -> None:
     """Deliver the compile process's answers: {"index": i, "artifacts": [base64 cubin, name, warps, shared, params]}
     or {"index": i, "error": why}, one JSON object a line; anything else ends the collection."""
     start = time.perf_counter()
+    seconds = []
     try:
         for line in proc.stdout:
             try:
@@ -178,6 +179,7 @@ def _collect(proc, futures) -> None:
                     continue
                 cubin, name, warps, shared, params = answer["artifacts"]
                 f.set_result((base64.b64decode(cubin), str(name), int(warps), int(shared), int(params)))
+                seconds.append((float(answer.get("seconds", 0.0)), time.perf_counter() - start, str(name)))
             except (ValueError, KeyError, IndexError, TypeError, concurrent.futures.InvalidStateError) as exc:
                 logger.debug("unreadable answer from the Triton compile process: %s", exc)
                 break
@@ -186,6 +188,11 @@ def _collect(proc, futures) -> None:
         proc.wait()
         logger.info("Triton compile process: %d of %d kernel(s) in %.1f s", sum(
             f.done() and f.exception() is None for f in futures), len(futures), time.perf_counter() - start)
+        if seconds:
+            compile_s = sorted(s for s, _, _ in seconds)
+            logger.debug("Triton compile process: each kernel %.2f s median, %.2f s at most; the first ready after "
+                         "%.1f s; slowest: %s", compile_s[len(compile_s) // 2], compile_s[-1],
+                         min(at for _, at, _ in seconds), sorted(seconds, reverse=True)[:3])
         for f in futures:
             if not f.done():
                 f.set_exception(RuntimeError("the Triton compile process ended without this kernel"))

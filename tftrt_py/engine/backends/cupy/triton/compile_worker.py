@@ -1,6 +1,7 @@
 """The Triton compile process of triton.prefetch: reads a JSON list of requests on stdin, compiles them in
 parallel worker processes and writes one JSON line per kernel as each finishes: {"index": i, "artifacts":
-[base64 cubin, entry name, warps, shared memory bytes, parameter count]} or {"index": i, "error": why}. Run as
+[base64 cubin, entry name, warps, shared memory bytes, parameter count], "seconds": its compile time} or
+{"index": i, "error": why}. Run as
 ``python -m tftrt_py.engine.backends.cupy.triton.compile_worker`` (this module is the ``__main__`` its spawned
 workers import)."""
 import base64
@@ -9,19 +10,26 @@ import json
 import multiprocessing
 import os
 import sys
+import time
 
 from tftrt_py.engine.backends.cupy.triton import artifacts
+
+
+def _timed_artifacts(request):
+    start = time.perf_counter()
+    return artifacts(request), time.perf_counter() - start
 
 
 def main() -> None:
     requests = json.load(sys.stdin)
     workers = max(1, min(len(requests), os.cpu_count() or 1, 16))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = {pool.submit(artifacts, r): i for i, r in enumerate(requests)}
+        jobs = {pool.submit(_timed_artifacts, r): i for i, r in enumerate(requests)}
         for job in concurrent.futures.as_completed(jobs):
             try:
-                cubin, *rest = job.result()
-                answer = {"index": jobs[job], "artifacts": [base64.b64encode(cubin).decode(), *rest]}
+                (cubin, *rest), seconds = job.result()
+                answer = {"index": jobs[job], "artifacts": [base64.b64encode(cubin).decode(), *rest],
+                          "seconds": round(seconds, 3)}
             except Exception as exc:  # a kernel that does not compile: the build compiles it and reports why
                 answer = {"index": jobs[job], "error": f"{type(exc).__name__}: {exc}"}
             sys.stdout.write(json.dumps(answer) + "\n")
