@@ -272,7 +272,8 @@ def test_triton_kernels_are_prefetched_only_for_layers_whose_tactic_is_not_known
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
     layers = program.quantized_layers(built, "INT8")
     asked = []
-    monkeypatch.setattr(program.triton_conv, "prefetch", lambda requests, tiles=None: asked.extend(requests))
+    monkeypatch.setattr(program.triton_conv, "prefetch_requests", lambda layers, tiles=None: list(layers))
+    monkeypatch.setattr(program.triton, "prefetch", asked.extend)
 
     def prefetched(known, prefer=None):
         asked.clear()

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py.engine.backends.cupy import triton
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, BuildOptions, Spec
 from tftrt_py.engine.backends.cupy.ops import attention, fp8, int8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.cast import CastOp
@@ -392,8 +393,8 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
             residual = (layer.inputs[1].shape[0], f.storage if _stored_residual(layer, fmt) else "float16")
         convolutions.append((fmt, geom, "bias" in layer.weights, layer.params.get("activation"), residual,
                              quantized_residual(layer, fmt), out, scale))
-    triton_conv.prefetch(convolutions)
-    triton_conv.prefetch(gemms, triton_conv.GEMM_TILES)
+    triton.prefetch(triton_conv.prefetch_requests(convolutions)
+                    + triton_conv.prefetch_requests(gemms, triton_conv.GEMM_TILES))
 
 
 def normalization_duals(net, layers: Dict[str, List[Tuple[int, bool]]], precision: str) -> Dict[str, str]:

@@ -22,7 +22,7 @@ from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
 __all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
-           "gemm_geom", "prefetch", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
+           "gemm_geom", "prefetch_requests", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,16 +139,17 @@ def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability:
                           deq.out_dtype, deq.dual_scale is not None, tile, capability, deq.requant_scale)
 
 
-def prefetch(convolutions, tiles=TILES) -> None:
-    """Start compiling every tile of `tiles` for these convolutions: (format, geom, has bias, activation, residual
-    (batch, dtype) or None, residual scaled, output dtype, its scale or None) each, those the kernel fits."""
+def prefetch_requests(convolutions, tiles=TILES) -> list:
+    """The compile requests of every tile of `tiles` for these convolutions (for triton.prefetch): (format, geom,
+    has bias, activation, residual (batch, dtype) or None, residual scaled, output dtype, its scale or None) each,
+    those the kernel fits; none where Triton is missing."""
     if not triton.available():
-        return
+        return []
     capability = int(_device.require().cuda.Device().compute_capability)
-    triton.prefetch([kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, False, tile,
-                                    capability, out_scale)
-                     for fmt, geom, bias, act, residual, scaled, out, out_scale in convolutions
-                     if fits(geom, act, residual) for tile in tiles])
+    return [kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, False, tile, capability,
+                           out_scale)
+            for fmt, geom, bias, act, residual, scaled, out, out_scale in convolutions
+            if fits(geom, act, residual) for tile in tiles]
 
 
 class TritonConvOp(Op):

@@ -20,10 +20,27 @@ def _timed_artifacts(request):
     return artifacts(request), time.perf_counter() - start
 
 
+#: Modules the workers compile from, imported once by the fork server they are forked from rather than by each
+#: worker (a worker spawned fresh spent about as long importing Triton and this package as compiling one kernel).
+PRELOAD = ["triton", "tftrt_py.engine.backends.cupy.triton.quantized_conv",
+           "tftrt_py.engine.backends.cupy.triton.quantized_attention"]
+
+
+def _context():
+    """Workers forked from a fork server holding PRELOAD (no CUDA in it: compiling for a given target needs no
+    GPU), or spawned where there is no fork server."""
+    try:
+        context = multiprocessing.get_context("forkserver")
+    except ValueError:
+        return multiprocessing.get_context("spawn")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
 def main() -> None:
     requests = json.load(sys.stdin)
     workers = max(1, min(len(requests), os.cpu_count() or 1, 16))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=_context()) as pool:
         jobs = {pool.submit(_timed_artifacts, r): i for i, r in enumerate(requests)}
         for job in concurrent.futures.as_completed(jobs):
             try:
