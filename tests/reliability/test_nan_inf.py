@@ -56,7 +56,7 @@ def huge_mixed(shape):
 
 W = {name: finite(shape, i) for i, (name, shape) in enumerate([
     ("k33", (3, 3, 4, 6)), ("dw", (3, 3, 4, 1)), ("b6", (6,)),
-    ("dk", (2, 2, 3, 4)), ("dense", (6, 6)), ("k68", (6, 8)), ("k85", (8, 5))])}
+    ("dk", (2, 2, 3, 4)), ("dense", (6, 6)), ("k68", (6, 8)), ("k85", (8, 5)), ("p43", (1, 1, 4, 3)), ("b3", (3,))])}
 GAMMA, BETA, MEAN, VAR = finite((4,), 20), finite((4,), 21), finite((4,), 22), np.abs(finite((4,), 23))
 
 def _bn(x):
@@ -172,6 +172,11 @@ CASES = {
     "gather": ("Gather", lambda x: tf.gather(x, [3, 0, 1, 0], axis=1), [X2]),
     "resize_linear": ("Resize", lambda x: tf.image.resize(x, [9, 11], "bilinear"), [X4]),
     "resize_nearest": ("Resize", lambda x: tf.image.resize(x, [9, 11], "nearest"), [X4]),
+    # a pointwise projection of the upsampled values (the builder moves it before the Resize)
+    **{f"resize_{mode}_projection{suffix}": ("Resize", (lambda m: lambda x: tf.nn.bias_add(tf.nn.conv2d(
+        tf.image.resize(x, [9, 11], m), W["p43"], 1, "VALID"), W["b3"]))(method), [spec(X4)])
+       for mode, method in (("linear", "bilinear"), ("nearest", "nearest"))
+       for suffix, spec in (("", lambda shape: shape), ("_inf", inf_only))},
     "nms": ("NMS", _nms, [(2, 10, 1, 4), (2, 10, 3)]),
     # Overflow of finite inputs (FP32 only: fp16 holds no 3e38)
     **{f"huge_activation_{n}": ("Activation", f, [huge_mixed(X2)]) for n, f in {

@@ -1,10 +1,15 @@
 """ResizeBilinear and ResizeNearestNeighbor match TensorFlow for every coordinate rule, up and down."""
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import support
 from reasons import check
+from specials import mismatch
 from support import assert_converts, random_array
+from tftrt_py.engine.builder import BuilderConfig
 
 RULES = {"legacy": (False, False), "align_corners": (True, False), "half_pixel_centers": (False, True)}
 SIZES = [(5, 7), (2, 3), (8, 8), (1, 1), (4, 9)]
@@ -70,3 +75,24 @@ def test_values_are_exactly_tfs_for_nearest():
     x = np.arange(1, 1 + 2 * 5 * 4 * 1, dtype=np.float32).reshape(2, 5, 4, 1)
     assert_converts(lambda t: tf.raw_ops.ResizeNearestNeighbor(images=t, size=[9, 3], half_pixel_centers=True),
                     [x], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["bilinear", "nearest"])
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_projection_of_upsampled_values_runs_first_and_matches_tf_with_nan_and_inf(method, backend, monkeypatch):
+    """Resize -> 1x1 Conv2D (a segmentation head's logits): the engine projects first, at the input's resolution,
+    and gives TF's values, its NaN and its infinities of either sign (a few non-finite pixels, the rest finite)."""
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+        monkeypatch.setattr(support, "BuilderConfig", functools.partial(BuilderConfig, backend=backend))
+    rng = np.random.default_rng(5)
+    kernel, bias = random_array((1, 1, 6, 2)), random_array((2,))
+    fn = lambda t: tf.nn.bias_add(tf.nn.conv2d(tf.image.resize(t, [13, 17], method), kernel, 1, "VALID"), bias)
+    x = random_array((2, 5, 6, 6))
+    for value in (np.inf, -np.inf, np.nan, np.inf, -np.inf):
+        x[tuple(rng.integers(0, n) for n in x.shape)] = value
+    engine, (got,) = support.run_engine(fn, [x])
+    assert [l.kind for l in engine.network.layers if l.kind != "Constant"] == ["Convolution", "Resize"]
+    want = fn(tf.constant(x)).numpy()
+    assert np.isfinite(want).any() and not np.isfinite(want).all()
+    assert mismatch(got, want, 1e-5) is None, mismatch(got, want, 1e-5)

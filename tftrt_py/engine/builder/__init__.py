@@ -13,7 +13,7 @@ from typing import Callable, List, Optional, Tuple, Union
 from tftrt_py.engine.builder import passes
 from tftrt_py.engine.builder.precision import assign_precisions
 from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, gemm, horizontal, match, mlp,
-                                             normalization, reduce, shuffle)
+                                             normalization, reduce, resize, shuffle)
 from tftrt_py.engine.errors import BuildError, EngineError
 from tftrt_py.engine.runtime import Engine
 from tftrt_py.engine.timing_cache import TimingCache, using
@@ -51,10 +51,12 @@ PIPELINE: List[Tuple[str, Callable]] = [
 
 #: Passes that wait for PIPELINE's fixed point (they would take patterns that its passes fuse better), then run
 #: with it to a new one: equal computations merge (fusions want each their own copy), residual sums no
-#: Normalization absorbed go into their GEMMs.
+#: Normalization absorbed go into their GEMMs, a projection after an upsampling moves before it once its bias and
+#: activation are settled.
 LATE_PASSES: List[Tuple[str, Callable]] = [
     ("common subexpression merging", passes.merge_common_subexpressions),
     ("GEMM residual fusion", gemm.fuse_gemm_residuals),
+    ("projection before resize", resize.project_before_resize),
 ]
 
 MAX_ROUNDS = 50
