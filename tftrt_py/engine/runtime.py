@@ -229,7 +229,7 @@ class ExecutionContext:
         values, batch, exact = {}, None, True
         for t in inputs:
             arr = np.asarray(bindings[t.name])
-            if arr.dtype.name != t.dtype:
+            if arr.dtype != t.dtype:  # a dtype equals its name; its .name property costs more than the check
                 raise RuntimeExecutionError(f"input {t.name!r} has dtype {arr.dtype.name}, the engine expects {t.dtype}")
             values[t.name] = arr
             exact = exact and arr.shape == t.shape
