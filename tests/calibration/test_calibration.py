@@ -1,6 +1,8 @@
 """INT8 calibration end to end: TrtGraphConverterV2.convert(calibration_input_fn), TrtGraphConverter.calibrate(),
 calibration tables in calibration_data through save and load, graph ranges mixed with calibrated ones, and
 FP16 / INT8 engines against TensorFlow on small graphs."""
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,8 +11,11 @@ from tensorflow.core.protobuf import saved_model_pb2
 from support import frozen_graph_def, random_array, segment_graph_def
 from tftrt_py import trt_convert as trt
 from tftrt_py.calibration import CalibrationTable, Collector
+from tftrt_py.convert import build as build_lib
 from tftrt_py.convert.build import SegmentGraph, build_engine, calibration_engine
-from tftrt_py.engine import BuilderConfig
+from tftrt_py.engine import BuilderConfig, backends
+from tftrt_py.engine.backends.numpy_backend import NumpyBackend
+from tftrt_py.engine.types import FLOATS
 from tftrt_py.engine_op import dispatcher
 
 RNG = np.random.default_rng(21)
@@ -205,3 +210,60 @@ def test_reduced_precision_engines_match_tensorflow(name, precision, tolerance):
     x = random_array(shape)
     got = engine.create_execution_context().execute_v2([x])[0]
     np.testing.assert_allclose(got, fn(tf.constant(x)).numpy(), rtol=tolerance, atol=tolerance)
+
+
+class Anticipating(NumpyBackend):
+    """A numpy backend that records what Builder.anticipate hands it."""
+
+    anticipates = True
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.done = [], threading.Event()
+
+    def anticipate(self, network, precision, build_config):
+        self.seen.append((network, precision, build_config))
+        self.done.set()
+
+
+def anticipating_backend(monkeypatch) -> Anticipating:
+    backend = Anticipating()
+    monkeypatch.setitem(backends._FACTORIES, "anticipating", Anticipating)
+    monkeypatch.setitem(backends._INSTANCES, "anticipating", backend)
+    return backend
+
+
+def calibration_ranges(segment, shape):
+    collector, recorder = Collector("minmax"), calibration_engine(segment, [shape])
+    recorder.execute([random_array(shape)], collector)
+    return CalibrationTable.from_bytes(collector.table().to_bytes()).ranges
+
+
+def test_calibrating_anticipates_the_int8_build_optimized_with_a_stand_in_range_on_every_float_tensor(monkeypatch):
+    backend = anticipating_backend(monkeypatch)
+    shape, fn = SMALL_GRAPHS["residual"]
+    segment = SegmentGraph.from_graph_def(segment_graph_def(fn, [tf.TensorSpec(shape, tf.float32)]))
+    config = BuilderConfig(precision="INT8", backend="anticipating")
+    calibration_engine(segment, [shape], name="anticipated", config=config)
+    assert backend.done.wait(60)
+    ((network, precision, recorded),) = backend.seen
+    assert precision == "INT8" and recorded == config.recorded()
+    floats = [t for t in network.inputs + [o for layer in network.layers for o in layer.outputs]
+              if t.dtype in FLOATS]
+    assert floats and all(t.dynamic_range is not None for t in floats)
+    assert {layer.kind for layer in network.layers if layer.precision == "INT8"} == {"Convolution"}
+    # the build itself waits for the anticipation, then takes the calibrated ranges
+    engine = build_engine(segment, [shape], name="anticipated", config=config,
+                          ranges=calibration_ranges(segment, shape))
+    assert not build_lib._ANTICIPATING
+    x = random_array(shape)
+    np.testing.assert_allclose(engine.create_execution_context().execute_v2([x])[0], fn(tf.constant(x)).numpy(),
+                               rtol=1e-1, atol=1e-1)
+
+
+def test_a_backend_with_nothing_to_anticipate_gets_no_thread():
+    shape, fn = SMALL_GRAPHS["conv"]
+    segment = SegmentGraph.from_graph_def(segment_graph_def(fn, [tf.TensorSpec(shape, tf.float32)]))
+    calibration_engine(segment, [shape], name="plain", config=BuilderConfig(precision="INT8"))
+    assert not build_lib._ANTICIPATING
+    assert not [t for t in threading.enumerate() if t.name.startswith("anticipate-")]

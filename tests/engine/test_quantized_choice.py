@@ -284,3 +284,22 @@ def test_triton_kernels_are_prefetched_only_for_layers_whose_tactic_is_not_known
     assert prefetched({"qkv"}) == [64]
     assert prefetched({"qkv", "o"}) == []
     assert prefetched(set(), prefer={"o": {"int8": True}}) == [192]
+
+
+def test_anticipating_a_build_prefetches_the_kernels_of_every_quantized_layer_whose_tactic_is_not_known(monkeypatch):
+    """While calibration runs (ranges stand-ins), nothing is preferred yet: every candidate the tuner does not know
+    has its tiles compiled; an FP16 build compiles none."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import quant_planning as program
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+    attention_kernel_available(monkeypatch)
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    asked = []
+    monkeypatch.setattr(program.triton_conv, "prefetch_requests", lambda layers, tiles=None: list(layers))
+    monkeypatch.setattr(program.triton, "prefetch", asked.extend)
+    program.anticipate(built, "INT8", KnownTactics({"qkv"}), BuildOptions())
+    assert sorted(geom.cout for _, geom, *_ in asked) == [64]
+    asked.clear()
+    program.anticipate(built, "FP16", KnownTactics(set()), BuildOptions())
+    assert asked == []

@@ -11,6 +11,8 @@ engine takes the value given as weights, and its bindings number the other input
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -27,6 +29,8 @@ from tftrt_py.engine.errors import MissingDynamicRangeError
 
 __all__ = ["INPUT_PREFIX", "OUTPUT_PREFIX", "SegmentGraph", "segment_refusal", "network_from_segment",
            "build_engine", "calibration_engine"]
+
+logger = logging.getLogger(__name__)
 
 INPUT_PREFIX = "TensorRTInputPH_"
 OUTPUT_PREFIX = "TensorRTOutputPH_"
@@ -138,6 +142,7 @@ def build_engine(segment, input_shapes, name: str = "engine", config: BuilderCon
     if not isinstance(segment, SegmentGraph):
         segment = SegmentGraph.from_graph_def(segment)
     config = config or BuilderConfig()
+    _await_anticipation(name, input_shapes)
     network = network_from_segment(segment, input_shapes, name=name, precision=config.precision)
     if ranges:
         apply_ranges(network, ranges)
@@ -147,9 +152,47 @@ def build_engine(segment, input_shapes, name: str = "engine", config: BuilderCon
         raise MissingQuantizationRangeError(str(exc), exc.tensors) from exc
 
 
-def calibration_engine(segment: SegmentGraph, input_shapes, name: str = "engine"):
+def calibration_engine(segment: SegmentGraph, input_shapes, name: str = "engine",
+                       config: Optional[BuilderConfig] = None):
     """The FP32 engine an INT8 op runs while it calibrates, recording its tensors (see calibration.collector).
 
-    Converters see INT8 (so quantization ops convert, as they will in the INT8 engines); nothing is fused.
+    Converters see INT8 (so quantization ops convert, as they will in the INT8 engines); nothing is fused. With
+    `config` (the build that follows calibration), that build is anticipated meanwhile (Builder.anticipate).
     """
-    return CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"))
+    engine = CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"))
+    if config is not None and Builder(config).anticipates:
+        key = (name, _shapes_key(input_shapes))
+        thread = threading.Thread(target=_anticipate, args=(segment, list(input_shapes), name, config),
+                                  daemon=True, name=f"anticipate-{name}")
+        with _ANTICIPATING_LOCK:
+            _ANTICIPATING[key] = thread
+        thread.start()
+    return engine
+
+
+#: (engine name, input shapes) -> the thread anticipating that build (calibration_engine); build_engine waits for
+#: it, so that the two never compile the same kernels side by side.
+_ANTICIPATING: Dict[tuple, threading.Thread] = {}
+_ANTICIPATING_LOCK = threading.Lock()
+#: Seconds build_engine waits for an anticipation still running.
+ANTICIPATION_WAIT_S = 60
+
+
+def _shapes_key(input_shapes) -> tuple:
+    return tuple(tuple(int(d) for d in shape) for shape in input_shapes)
+
+
+def _anticipate(segment: SegmentGraph, input_shapes, name: str, config: BuilderConfig) -> None:
+    """Builder.anticipate on a network of its own; what fails here is only logged (the build does the work)."""
+    try:
+        Builder(config).anticipate(network_from_segment(segment, input_shapes, name=name,
+                                                        precision=config.precision))
+    except Exception as exc:
+        logger.debug("could not anticipate the build of %s: %s: %s", name, type(exc).__name__, exc)
+
+
+def _await_anticipation(name: str, input_shapes) -> None:
+    with _ANTICIPATING_LOCK:
+        thread = _ANTICIPATING.pop((name, _shapes_key(input_shapes)), None)
+    if thread is not None:
+        thread.join(ANTICIPATION_WAIT_S)

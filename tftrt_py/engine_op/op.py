@@ -420,7 +420,8 @@ class EngineOp:
     def _calibrate(self, arrays: List[np.ndarray]) -> Optional[List[np.ndarray]]:
         try:
             outs = self.calibration.run(
-                lambda shapes: build_lib.calibration_engine(self.segment_graph(), list(shapes), name=self.name), arrays)
+                lambda shapes: build_lib.calibration_engine(self.segment_graph(), list(shapes), name=self.name,
+                                                            config=self.builder_config()), arrays)
         except Exception as exc:
             return self.fallback("calibration_failed", f"INT8 calibration failed: {type(exc).__name__}: {exc}",
                                  tuple(tuple(a.shape) for a in arrays))

@@ -35,10 +35,10 @@ def flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-def strict_types(engine) -> bool:
-    """Whether `engine` keeps every quantized layer quantized even where another precision runs faster (TensorRT's
-    strict types): its build config's ``strict_types``, else ``TFTRT_PY_STRICT_TYPES``."""
-    return flag((engine.build_config or {}).get("strict_types", settings.STRICT_TYPES.raw() or "0"))
+def strict_types(build_config: Optional[dict]) -> bool:
+    """Whether an engine of `build_config` keeps every quantized layer quantized even where another precision runs
+    faster (TensorRT's strict types): the config's ``strict_types``, else ``TFTRT_PY_STRICT_TYPES``."""
+    return flag((build_config or {}).get("strict_types", settings.STRICT_TYPES.raw() or "0"))
 
 
 class Runner(abc.ABC):
@@ -71,6 +71,14 @@ class Backend(abc.ABC):
 
     def prepare_engine(self, engine) -> None:
         """Compile `engine` once (tactics, sessions, device check); nothing by default."""
+
+    #: Whether anticipate() does anything.
+    anticipates = False
+
+    def anticipate(self, network, precision: str, build_config: dict) -> None:
+        """Start, in the background, the slowest work of a later build of `network` (optimized, its precisions
+        assigned, stand-in ranges where its ranges are still being calibrated) at `precision` with
+        `build_config` (BuilderConfig.recorded()); nothing by default."""
 
     @abc.abstractmethod
     def create_runner(self, engine) -> Runner:

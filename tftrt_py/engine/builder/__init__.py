@@ -10,14 +10,15 @@ import logging
 import time
 from typing import Callable, List, Optional, Tuple, Union
 
+from tftrt_py.engine.backends import get_backend
 from tftrt_py.engine.builder import passes
 from tftrt_py.engine.builder.precision import assign_precisions
 from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, gemm, horizontal, match, mlp,
                                              normalization, reduce, resize, shuffle)
-from tftrt_py.engine.errors import BuildError, EngineError
+from tftrt_py.engine.errors import BackendError, BuildError, EngineError
 from tftrt_py.engine.runtime import Engine
 from tftrt_py.engine.timing_cache import TimingCache, using
-from tftrt_py.engine.types import PRECISIONS
+from tftrt_py.engine.types import FLOATS, PRECISIONS
 
 __all__ = ["BuilderConfig", "Builder", "PIPELINE", "LATE_PASSES"]
 
@@ -60,6 +61,8 @@ LATE_PASSES: List[Tuple[str, Callable]] = [
 ]
 
 MAX_ROUNDS = 50
+#: The range Builder.anticipate gives tensors still being calibrated.
+STAND_IN_RANGE = 1.0
 
 
 @dataclasses.dataclass
@@ -116,6 +119,27 @@ class Builder:
             if not changed:
                 return
         logger.warning("builder passes did not settle after %d rounds on %s", MAX_ROUNDS, network.name)
+
+    @property
+    def anticipates(self) -> bool:
+        """Whether the backend does anything in anticipate() (the GPU backend does)."""
+        try:
+            return get_backend(self.config.backend).anticipates
+        except BackendError:
+            return False
+
+    def anticipate(self, network) -> None:
+        """Let the backend start the slowest work of building `network` while its INT8 ranges are still being
+        calibrated: the network is optimized and its precisions assigned as build_engine does, with a stand-in
+        range on every float tensor that has none (calibration gives each one); on the GPU backend the Triton
+        kernels its quantized layers will be timed with start compiling. `network` is consumed."""
+        for t in network.inputs + [t for layer in network.layers for t in layer.outputs]:
+            if t.dtype in FLOATS and t.dynamic_range is None:
+                t.dynamic_range = STAND_IN_RANGE
+        self.optimize(network)
+        assign_precisions(network, self.config.precision)
+        with using(self.config.timing_cache):
+            get_backend(self.config.backend).anticipate(network, self.config.precision, self.config.recorded())
 
     def build_engine(self, network) -> Engine:
         if not network.outputs:

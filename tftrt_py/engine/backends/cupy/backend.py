@@ -23,6 +23,7 @@ class CupyBackend(Backend):
     """Runs engines on an NVIDIA GPU through cupy, cuDNN (frontend graphs) and cuBLAS."""
 
     name = "cupy"
+    anticipates = True
 
     def __init__(self):
         _device.require()
@@ -45,16 +46,26 @@ class CupyBackend(Backend):
             self._tuner = RunContext(None)
         return self._tuner
 
-    def options_for(self, engine):
+    def options_for(self, build_config: dict):
+        """The build options of an engine of `build_config` (its BuilderConfig.recorded()), the timing cache the
+        build in progress names."""
         from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
-        cfg = engine.build_config or {}
+        cfg = build_config or {}
         allow_tf32 = flag(cfg.get("allow_tf32", settings.ALLOW_TF32.raw() or "0"))
-        strict = strict_types(engine)
         return BuildOptions(allow_tf32=allow_tf32, max_workspace=int(cfg.get("max_workspace_size", 1 << 30)),
                             cudnn_plans=settings.CUDNN_PLANS.get(),
                             cudnn_runtime_plans=settings.CUDNN_RUNTIME_PLANS.get(),
-                            strict_types=strict)
+                            strict_types=strict_types(cfg), timing_cache=timing_cache.for_build())
+
+    def anticipate(self, network, precision: str, build_config: dict) -> None:
+        """INT8 and FP8: start compiling the Triton kernels the build's quantized layers will be timed with
+        (quant_planning.anticipate), so that they compile while calibration runs."""
+        from tftrt_py.engine.backends.cupy import quant_planning
+        from tftrt_py.engine.backends.cupy.tactics import Tuner
+
+        options = self.options_for(build_config)
+        quant_planning.anticipate(network, precision, Tuner(None, options), options)
 
     def prepare_engine(self, engine) -> None:
         """Compile `engine` for this GPU: choose (or re-use) tactics and upload weights.
@@ -71,8 +82,7 @@ class CupyBackend(Backend):
             else:
                 logger.warning("engine %r was tuned on %r; this GPU is %r: re-tuning its tactics", engine.name,
                                engine.device, self.device)
-        options = self.options_for(engine)
-        options.timing_cache = timing_cache.for_build()
+        options = self.options_for(engine.build_config)
         ledger = Ledger(engine.name)
         from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK
 

@@ -486,6 +486,15 @@ class QuantPlan:
     dual_writers: set
 
 
+def anticipate(net, precision: str, tuner: Tuner, options: BuildOptions) -> None:
+    """Start compiling the Triton kernels a later build of `net` at `precision` times its candidates with (the
+    prefetch of plan_quantization, its ranges stand-ins while calibration runs: a kernel depends on a range only
+    through whether it clamps in fp16, so nearly all of them are the build's own; the build compiles any other
+    it needs)."""
+    if precision in FORMATS:
+        _prefetch_triton_kernels(net, quantized_layers(net, precision), precision, {}, tuner, options)
+
+
 def plan_quantization(net, precision: str, tuner: Tuner, options: BuildOptions,
                       prefer: Dict[str, dict]) -> QuantPlan:
     """The candidates (quantized_layers), their Triton kernels prefetched, the choice by timing

@@ -195,7 +195,7 @@ class OnnxRuntimeBackend(Backend):
         """Lower `engine` to ONNX and make its sessions (once per engine); an INT8 engine keeps its int8 layers
         only where they run faster (:meth:`_keep_faster`)."""
         try:
-            strict = strict_types(engine)
+            strict = strict_types(engine.build_config)
             if not strict:
                 _demote_emulated(engine.network)
             engine.ort_program = self._program(engine.network)
