@@ -26,7 +26,8 @@ times, in milliseconds (median of single calls, wall clock):
   the GPU; ``cmp/dev`` = compile_device / engine_device and ``cmp/sig`` = compile_host / signature (> 1: ours is
   faster).
 
-Then 1, 4 and 8 threads call the signature at one batch: aggregate calls/s, p50 and p99 latency.
+Then 1, 4 and 8 threads call the signature at one batch: aggregate calls/s, p50 and p99 latency. ``--trace``
+prints each call step by step against each step's floor (copy in, device, hand-off, TensorFlow, ``.numpy()``).
 
     python benchmarks/served_gpu.py --models resnet50 --json $OUT/served.json
 """
@@ -457,17 +458,43 @@ def copy_ceilings(cupy, nbytes: int) -> dict:
     return out
 
 
+#: Bytes of output copies floor_ms cycles through, more than any last-level cache: each ``.numpy()`` then reads its
+#: source from DRAM, as it reads an output the GPU has just written to host memory.
+COLD_BYTES = 1 << 29
+
+
 def floor_ms(row: dict, inputs: dict, outputs: dict, ceilings: dict) -> float:
     """The least a signature call can take here: the engine on device arrays, its inputs' and outputs' bytes across
     PCIe at the measured pinned rates, TensorFlow's call of a trivial signature, and TensorFlow's own ``.numpy()``
-    of tensors of the outputs' shapes (a copy of its own)."""
+    of tensors of the outputs' shapes (a copy of its own, from memory no cache holds). Each part goes in `row`
+    (``floor_parts``) for the trace."""
+    import itertools
+
     import tensorflow as tf
 
-    held = [tf.constant(v) for v in outputs.values()]
-    numpy_ms = timed(lambda: [t.numpy() for t in held])
-    bytes_in, bytes_out = sum(v.nbytes for v in inputs.values()), sum(v.nbytes for v in outputs.values())
-    pcie_ms = bytes_in / ceilings["pinned_to_device"] / 1e6 + bytes_out / ceilings["device_to_pinned"] / 1e6
-    return row["engine_device"] + pcie_ms + row["tf_call"] + numpy_ms
+    nbytes = sum(v.nbytes for v in outputs.values())
+    copies = max(2, min(64, -(-COLD_BYTES // max(nbytes, 1))))
+    held = itertools.cycle([[tf.constant(v) for v in outputs.values()] for _ in range(copies)])
+    numpy_ms = timed(lambda: [t.numpy() for t in next(held)])
+    bytes_in = sum(v.nbytes for v in inputs.values())
+    row["floor_parts"] = {"copy_in": bytes_in / ceilings["pinned_to_device"] / 1e6,
+                          "device": row["engine_device"] + nbytes / ceilings["device_to_pinned"] / 1e6,
+                          "hand_off": 0.0, "tensorflow": row["tf_call"], "numpy": numpy_ms}
+    return sum(row["floor_parts"].values())
+
+
+def trace(row: dict) -> str:
+    """One signature call step by step against each step's floor (floor_ms), milliseconds: the engine op's copy of
+    the inputs to the device, the engine with its outputs' copy to the host, handing the outputs to TensorFlow
+    (the op's own timers, mean per call), TensorFlow around the op (signature_view less the op) and ``.numpy()``
+    (signature less signature_view)."""
+    op = {k: v / 1e3 for k, v in row["native_us"].items()}
+    steps = {"copy_in": op["copy_in"], "device": op["device"], "hand_off": op["copy_out"],
+             "tensorflow": row["signature_view"] - op["kernel"], "numpy": row["signature"] - row["signature_view"]}
+    floors = row["floor_parts"]
+    return (f"trace {row['model']} {row['precision']} b{row['batch']}, ms (floor): " + ", ".join(
+        f"{k} {v:.3f} ({floors[k]:.3f})" for k, v in steps.items())
+        + f"; signature {row['signature']:.3f} ({row['floor']:.3f})")
 
 
 def served_ops(created: set):
@@ -688,6 +715,7 @@ def main() -> int:
     parser.add_argument("--profile-build", action="store_true", help="cProfile the first precision's build")
     parser.add_argument("--profile-engine", action="store_true",
                         help="per-layer GPU times of each whole-model engine at each batch")
+    parser.add_argument("--trace", action="store_true", help="each signature call step by step against its floor")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "served.json"))
     args = parser.parse_args()
     os.environ.setdefault("TFTRT_PY_BACKEND", "cupy")
@@ -703,11 +731,13 @@ def main() -> int:
             bench_model(name, args, torch, cupy, results, threads_rows, ceilings)
         except Exception:
             traceback.print_exc()
-    with open(args.json, "w") as f:
-        json.dump({"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": results,
-                   "threads": threads_rows, "copy_gb_s": ceilings}, f, indent=1)
+        with open(args.json, "w") as f:  # after each model: a run cut short keeps what it measured
+            json.dump({"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": results,
+                       "threads": threads_rows, "copy_gb_s": ceilings}, f, indent=1)
     print("copy GB/s, 19 MB: " + ", ".join(f"{k} {v:.1f}" for k, v in ceilings.items()))
     print(table(results, threads_rows))
+    if args.trace:
+        print("\n".join(trace(r) for r in results if r.get("floor_parts") and r.get("native_runs")))
     return 0 if results else 1
 
 
