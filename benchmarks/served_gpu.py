@@ -458,24 +458,16 @@ def copy_ceilings(cupy, nbytes: int) -> dict:
     return out
 
 
-#: Bytes of output copies floor_ms cycles through, more than any last-level cache: each ``.numpy()`` then reads its
-#: source from DRAM, as it reads an output the GPU has just written to host memory.
-COLD_BYTES = 1 << 29
-
-
 def floor_ms(row: dict, inputs: dict, outputs: dict, ceilings: dict) -> float:
     """The least a signature call can take here: the engine on device arrays, its inputs' and outputs' bytes across
     PCIe at the measured pinned rates, TensorFlow's call of a trivial signature, and TensorFlow's own ``.numpy()``
-    of tensors of the outputs' shapes (a copy of its own, from memory no cache holds). Each part goes in `row`
-    (``floor_parts``) for the trace."""
-    import itertools
-
+    of tensors of the outputs' shapes (a copy of its own). Each part goes in `row` (``floor_parts``) for the
+    trace."""
     import tensorflow as tf
 
     nbytes = sum(v.nbytes for v in outputs.values())
-    copies = max(2, min(64, -(-COLD_BYTES // max(nbytes, 1))))
-    held = itertools.cycle([[tf.constant(v) for v in outputs.values()] for _ in range(copies)])
-    numpy_ms = timed(lambda: [t.numpy() for t in next(held)])
+    held = [tf.constant(v) for v in outputs.values()]
+    numpy_ms = timed(lambda: [t.numpy() for t in held])
     bytes_in = sum(v.nbytes for v in inputs.values())
     row["floor_parts"] = {"copy_in": bytes_in / ceilings["pinned_to_device"] / 1e6,
                           "device": row["engine_device"] + nbytes / ceilings["device_to_pinned"] / 1e6,
