@@ -47,7 +47,9 @@ CHOICE_RUNS = 2
 RECORDING_LAYERS = 24
 
 #: Session settings: threads sleep when idle instead of spinning (on a machine whose cores other processes also
-#: use, spinning workers took 1.2-1.5x longer per run: Keras ResNet50 and BERT-base on 2 shared CPUs).
+#: use, spinning workers took 1.2-1.5x longer per run: Keras ResNet50 and BERT-base on 2 shared CPUs). Spinning only
+#: while a run lasts (session.force_spinning_stop) is no better there: the zoo's RetinaNet engine at batch 8 took
+#: 16.7 ms instead of 11.9 beside a process holding one of 2 CPUs, for 8.8 instead of 9.3 on idle ones.
 SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 
 
