@@ -1,5 +1,6 @@
 """Converted models in TF Serving's layout (<root>/<model>/<version>/), the native models they came from, and
-servers (REST and gRPC on ephemeral loopback ports) with batching off and on."""
+servers (REST and gRPC on ephemeral loopback ports) with batching off and on; a plain model of string, int64 and
+bool tensors on a server of its own."""
 import json
 import os
 import re
@@ -34,6 +35,16 @@ class Pair(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
     def serve(self, x):
         return {"y": tf.nn.relu(tf.matmul(x, self.w))}
+
+
+class Typed(tf.Module):
+    """A signature of string, int64 and bool tensors (text [?], count [?,2], flag [?])."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text"),
+                                  tf.TensorSpec([None, 2], tf.int64, name="count"),
+                                  tf.TensorSpec([None], tf.bool, name="flag")])
+    def serve(self, text, count, flag):
+        return {"upper": tf.strings.upper(text), "doubled": count * 2, "negated": tf.logical_not(flag)}
 
 
 def _convert(native_dir, out_dir, feeds, signature="serving_default"):
@@ -94,17 +105,18 @@ class Rest:
     def __init__(self, port, prefix=""):
         self.base = f"http://127.0.0.1:{port}{prefix}"
 
-    def call(self, path, body=None, raw=None):
+    def call(self, path, body=None, raw=None, headers=None):
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        request = urllib.request.Request(self.base + path, data=data, method="GET" if data is None else "POST")
+        request = urllib.request.Request(self.base + path, data=data, method="GET" if data is None else "POST",
+                                         headers=headers or {})
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def json(self, path, body=None, raw=None):
-        status, text = self.call(path, body, raw)
+    def json(self, path, body=None, raw=None, headers=None):
+        status, text = self.call(path, body, raw, headers)
         return status, json.loads(text)
 
 
@@ -121,4 +133,14 @@ def batching_server(models):
     options = BatchingOptions(max_batch_size=8, batch_timeout_micros=50_000, num_batch_threads=2,
                               allowed_batch_sizes=(4, 8))
     with Server(specs(models.root), batching=options) as running:
+        yield types.SimpleNamespace(server=running, rest=Rest(running.rest_port))
+
+
+@pytest.fixture(scope="session")
+def typed_server(tmp_path_factory):
+    """`typed` alone, as saved (no engines: nothing in it converts), batching off."""
+    root = tmp_path_factory.mktemp("typed")
+    module = Typed()
+    tf.saved_model.save(module, str(root / "typed" / "1"), signatures={"serving_default": module.serve})
+    with Server([ModelSpec("typed", str(root / "typed"))]) as running:
         yield types.SimpleNamespace(server=running, rest=Rest(running.rest_port))

@@ -1,12 +1,11 @@
 """TF Serving's gRPC services over a Service: PredictionService (Predict, GetModelMetadata) and ModelService
-(GetModelStatus), with the tensorflow-serving-api protos, on an asyncio gRPC server (grpc.aio) in a thread of its
-own: a batched Predict awaits its batch on the event loop instead of holding a thread; an unbatched one runs its
-model on a thread pool. A ServingError aborts with its gRPC status code."""
+(GetModelStatus), with the tensorflow-serving-api protos, beside the Open Inference Protocol's (kserve_grpc), on an
+asyncio gRPC server (grpc.aio) in a thread of its own: a batched Predict awaits its batch on the event loop instead
+of holding a thread; an unbatched one runs its model on a thread pool. A ServingError aborts with its gRPC status
+code."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Tuple
@@ -14,11 +13,10 @@ from typing import Optional, Tuple
 import grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
 
-from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving import kserve_grpc
+from tftrt_py.serving.grpc_calls import aborting
 from tftrt_py.serving.service import Service
 from tftrt_py.serving.tensors import fill_tensor_proto, from_tensor_proto
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["GrpcServer", "add_services"]
 
@@ -33,19 +31,6 @@ def _version(model_spec) -> Tuple[Optional[int], Optional[str]]:
     return None, model_spec.version_label if which == "version_label" else None
 
 
-@contextlib.asynccontextmanager
-async def _aborting(context: grpc.aio.ServicerContext, service: Service, model: str, api: str):
-    """Run the block as a counted request; errors abort the call with their status code."""
-    try:
-        with service.request(model, api):
-            yield
-    except ServingError as exc:
-        await context.abort(exc.code.grpc_code, exc.message)
-    except Exception as exc:  # a bug answers INTERNAL and is logged; the server goes on
-        logger.exception("gRPC %s failed", api)
-        await context.abort(Code.INTERNAL.grpc_code, f"{type(exc).__name__}: {exc}")
-
-
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     """Predict runs unbatched models on `executor`."""
 
@@ -54,7 +39,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     async def Predict(self, request, context):
         spec = request.model_spec
-        async with _aborting(context, self.service, spec.name, "grpc_predict"):
+        async with aborting(context, self.service, spec.name, "grpc_predict"):
             servable, signature = self.service.resolve(spec.name, *_version(spec), spec.signature_name)
             arrays = {k: from_tensor_proto(k, v) for k, v in request.inputs.items()}
             outputs = await asyncio.wrap_future(self.service.submit(
@@ -69,7 +54,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     async def GetModelMetadata(self, request, context):
         spec = request.model_spec
-        async with _aborting(context, self.service, spec.name, "grpc_metadata"):
+        async with aborting(context, self.service, spec.name, "grpc_metadata"):
             response, _ = self.service.metadata(spec.name, *_version(spec), fields=list(request.metadata_field))
             return response
 
@@ -80,13 +65,15 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     async def GetModelStatus(self, request, context):
         spec = request.model_spec
-        async with _aborting(context, self.service, spec.name, "grpc_status"):
+        async with aborting(context, self.service, spec.name, "grpc_status"):
             return self.service.status(spec.name, *_version(spec))
 
 
 def add_services(server: grpc.aio.Server, service: Service, executor: ThreadPoolExecutor) -> None:
+    """TF Serving's services and the Open Inference Protocol's GRPCInferenceService, on one server."""
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(service, executor), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(service), server)
+    kserve_grpc.add_service(server, service, executor)
 
 
 class GrpcServer:

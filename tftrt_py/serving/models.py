@@ -28,7 +28,7 @@ UNLOAD_COLLECTIONS = 10
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """A signature input: numpy dtype (object for strings) and shape (None: unknown dim; shape None: any rank)."""
+    """A signature tensor: numpy dtype (object for strings) and shape (None: unknown dim; shape None: any rank)."""
 
     dtype: np.dtype
     shape: Optional[Tuple[Optional[int], ...]]
@@ -52,7 +52,7 @@ class Signature:
 
         self.name = name
         self.inputs: Dict[str, TensorSpec] = {k: spec(v) for k, v in sorted(signature_def.inputs.items())}
-        self.outputs: List[str] = sorted(signature_def.outputs)
+        self.outputs: Dict[str, TensorSpec] = {k: spec(v) for k, v in sorted(signature_def.outputs.items())}
         self._function = function
 
     def check_names(self, names) -> None:

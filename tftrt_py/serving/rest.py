@@ -1,27 +1,24 @@
 """TF Serving's REST API as an ASGI app (starlette): predict, model status and metadata under /v1/models, plus
-/healthz (live), /readyz (models loaded) and /monitoring/prometheus/metrics. Errors answer {"error": message}
-with TF Serving's HTTP status for the code."""
+/healthz (live), /readyz (models loaded) and /monitoring/prometheus/metrics; the Open Inference Protocol's under
+/v2 beside it (kserve_rest). Errors answer {"error": message} with TF Serving's HTTP status for the code."""
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import re
 from typing import Optional
 
 import anyio
-import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from tftrt_py.serving import kserve_rest
 from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.json_http import answering_errors, json_response, loads
 from tftrt_py.serving.metrics import CONTENT_TYPE
 from tftrt_py.serving.service import Service
 from tftrt_py.serving.tensors import rest_inputs, rest_outputs
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["create_app", "METRICS_PATH"]
 
@@ -30,23 +27,6 @@ METRICS_PATH = "/monitoring/prometheus/metrics"
 PREDICT_URL = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)",
                          re.IGNORECASE)
 STATUS_URL = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?", re.IGNORECASE)
-
-
-def _json(body, status: int = 200) -> Response:
-    return Response(json.dumps(body), status_code=status, media_type="application/json")
-
-
-def _error(exc: ServingError) -> Response:
-    return _json({"error": exc.message}, exc.code.http_status)
-
-
-def _loads(body: bytes):
-    """The parsed JSON body: orjson (8x faster than json on a 32x32x3 image's numbers), json where orjson refuses
-    (NaN and Infinity literals, integers beyond 64 bits, which TF Serving accepts), json's error otherwise."""
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return json.loads(body)
 
 
 def _version(text: Optional[str]) -> Optional[int]:
@@ -60,10 +40,7 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
 
     def submit(model: str, version: Optional[int], label: Optional[str], body: bytes):
         """(future of the outputs, row format?) of a predict body; runs on a request thread."""
-        try:
-            request = _loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ServingError(Code.INVALID_ARGUMENT, f"JSON Parse error: {exc}") from None
+        request = loads(body)
         signature_name = request.get("signature_name", "") if isinstance(request, dict) else ""
         if not isinstance(signature_name, str):
             raise ServingError(Code.INVALID_ARGUMENT, "'signature_name' must be a string")
@@ -77,7 +54,8 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
         with service.request(model, "rest_predict"):
             future, row_format = await anyio.to_thread.run_sync(submit, model, version, label, body, limiter=limiter)
             outputs = await asyncio.wrap_future(future)
-            return await anyio.to_thread.run_sync(lambda: _json(rest_outputs(outputs, row_format)), limiter=limiter)
+            return await anyio.to_thread.run_sync(lambda: json_response(rest_outputs(outputs, row_format)),
+                                                  limiter=limiter)
 
     def status(model: str, version: Optional[int], label: Optional[str], metadata: bool) -> Response:
         from google.protobuf import json_format
@@ -88,34 +66,29 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
 
         with service.request(model, "rest_metadata" if metadata else "rest_status"):
             if not metadata:
-                return _json(as_dict(service.status(model, version, label)))
+                return json_response(as_dict(service.status(model, version, label)))
             response, signature_defs = service.metadata(model, version, label)
             spec = as_dict(response.model_spec)
             spec["version"] = str(response.model_spec.version.value)
-            return _json({"model_spec": spec, "metadata": {"signature_def": as_dict(signature_defs)}})
+            return json_response({"model_spec": spec, "metadata": {"signature_def": as_dict(signature_defs)}})
 
+    @answering_errors
     async def models(request: Request) -> Response:
         path = "/v1/models/" + request.path_params["rest"]  # without the prefix of an app mounted under one
-        try:
-            if request.method == "POST":
-                match = PREDICT_URL.fullmatch(path)
-                if match is None:
-                    raise ServingError(Code.NOT_FOUND, f"Malformed request: POST {path}")
-                model, version, label, verb = match.groups()
-                if verb.lower() != "predict":
-                    raise ServingError(Code.UNIMPLEMENTED, f"{verb} is not served: only predict")
-                return await predict(model, _version(version), label, await request.body())
-            match = STATUS_URL.fullmatch(path)
+        if request.method == "POST":
+            match = PREDICT_URL.fullmatch(path)
             if match is None:
-                raise ServingError(Code.NOT_FOUND, f"Malformed request: GET {path}")
-            model, version, label, metadata = match.groups()
-            return await anyio.to_thread.run_sync(status, model, _version(version), label, bool(metadata),
-                                                  limiter=limiter)
-        except ServingError as exc:
-            return _error(exc)
-        except Exception as exc:  # a bug here answers 500 and is logged; the server goes on
-            logger.exception("REST request %s %s failed", request.method, path)
-            return _error(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+                raise ServingError(Code.NOT_FOUND, f"Malformed request: POST {path}")
+            model, version, label, verb = match.groups()
+            if verb.lower() != "predict":
+                raise ServingError(Code.UNIMPLEMENTED, f"{verb} is not served: only predict")
+            return await predict(model, _version(version), label, await request.body())
+        match = STATUS_URL.fullmatch(path)
+        if match is None:
+            raise ServingError(Code.NOT_FOUND, f"Malformed request: GET {path}")
+        model, version, label, metadata = match.groups()
+        return await anyio.to_thread.run_sync(status, model, _version(version), label, bool(metadata),
+                                              limiter=limiter)
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -130,4 +103,5 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
     return Starlette(routes=[
         Route("/healthz", healthz), Route("/readyz", readyz), Route(METRICS_PATH, metrics),
         Route("/v1/models/{rest:path}", models, methods=["GET", "POST"]),
+        *kserve_rest.routes(service, limiter),
     ])

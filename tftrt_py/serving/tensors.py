@@ -12,7 +12,7 @@ import numpy as np
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.models import Signature, TensorSpec
 
-__all__ = ["rest_inputs", "rest_outputs", "from_tensor_proto", "fill_tensor_proto"]
+__all__ = ["rest_inputs", "rest_outputs", "json_array", "from_tensor_proto", "fill_tensor_proto"]
 
 #: numpy dtypes tf.make_tensor_proto writes as tensor_content bytes (its _TENSOR_CONTENT_TYPES)
 CONTENT_DTYPES = frozenset(map(np.dtype, ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
@@ -42,7 +42,7 @@ def _string_leaves(value):
     raise _invalid(f"expected a string or {{'b64': ...}}, got {type(value).__name__}")
 
 
-def _array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
+def json_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
     """A JSON value as an array of the input's dtype; values of another kind (a float for an int, a string for a
     number) or ragged lists are INVALID_ARGUMENT."""
     try:
@@ -88,7 +88,7 @@ def rest_inputs(body: Any, signature: Signature) -> Tuple[Dict[str, np.ndarray],
             raise _invalid("every element of 'instances' must name the same inputs")
         values = {k: [row[k] for row in rows] for k in keys}
     signature.check_names(values)
-    return {k: _array(k, v, signature.inputs[k]) for k, v in values.items()}, "instances" in body
+    return {k: json_array(k, v, signature.inputs[k]) for k, v in values.items()}, "instances" in body
 
 
 def _json_value(name: str, array: np.ndarray):

@@ -1,0 +1,60 @@
+"""JSON over HTTP for the REST front ends (TF Serving's and the Open Inference Protocol's): request bodies parsed,
+answers written, and errors answered as {"error": message} with the HTTP status of their code."""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import Awaitable, Callable
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tftrt_py.serving.errors import Code, ServingError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["loads", "dumps", "json_response", "error_response", "answering_errors"]
+
+
+def loads(body: bytes):
+    """The parsed JSON body: orjson (8x faster than json on a 32x32x3 image's numbers), json where orjson refuses
+    (NaN and Infinity literals, integers beyond 64 bits, which TF Serving accepts); INVALID_ARGUMENT when neither
+    parses it."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ServingError(Code.INVALID_ARGUMENT, f"JSON Parse error: {exc}") from None
+
+
+def dumps(body) -> bytes:
+    """`body` as JSON text (json's writer: NaN and Infinity as literals, as TF Serving writes them)."""
+    return json.dumps(body).encode()
+
+
+def json_response(body, status: int = 200) -> Response:
+    return Response(dumps(body), status_code=status, media_type="application/json")
+
+
+def error_response(exc: ServingError) -> Response:
+    return json_response({"error": exc.message}, exc.code.http_status)
+
+
+def answering_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """`handler` answering a ServingError as error_response; any other exception is logged and answers INTERNAL
+    (500): the server goes on."""
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ServingError as exc:
+            return error_response(exc)
+        except Exception as exc:
+            logger.exception("REST request %s %s failed", request.method, request.url.path)
+            return error_response(ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}"))
+    return answer

@@ -1,0 +1,199 @@
+"""The Open Inference Protocol's REST API (KServe v2) beside TF Serving's: health, server and model metadata, model
+readiness and inference under /v2, with the binary tensor data extension that tritonclient speaks: a body is its
+JSON header (Inference-Header-Content-Length bytes, the whole body without that header) followed by the raw bytes
+of each tensor whose parameters give a binary_data_size, in the order of the tensors. Errors answer
+{"error": message} with the HTTP status of their code."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional
+
+import anyio
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.json_http import answering_errors, dumps, json_response, loads
+from tftrt_py.serving.kserve import SIGNATURE_PARAMETER, model_metadata, model_ready, model_version, server_metadata
+from tftrt_py.serving.kserve_tensors import datatype, from_json, from_raw, to_json, to_raw
+from tftrt_py.serving.models import Servable
+from tftrt_py.serving.service import Service
+
+__all__ = ["routes", "InferRequest", "parse_infer", "HEADER_LENGTH"]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+KINDS = {str: "a string", int: "a whole number", bool: "true or false", list: "a list"}  # JSON value kinds
+
+
+def _invalid(message: str) -> ServingError:
+    return ServingError(Code.INVALID_ARGUMENT, message)
+
+
+def _object(value: Any, where: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _invalid(f"{where} must be a JSON object")
+    return value
+
+
+def _typed(value: Any, kind: type, where: str):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _invalid(f"{where} must be {KINDS[kind]}, got {value!r}")
+    return value
+
+
+def _parameters(owner: Dict[str, Any], where: str) -> Dict[str, Any]:
+    return _object(owner.get("parameters", {}), f"{where}'s parameters")
+
+
+@dataclasses.dataclass(frozen=True)
+class InferRequest:
+    """An inference request, its body parsed and its input tensors decoded."""
+
+    id: Optional[str]
+    signature_name: str
+    inputs: Dict[str, np.ndarray]
+    outputs: List[str]  # the outputs asked for (empty: all)
+    binary: Mapping[str, bool]  # outputs asked for with parameters binary_data
+    binary_default: bool  # parameters binary_data_output: outputs as raw bytes unless they say otherwise
+
+    def binary_output(self, name: str) -> bool:
+        return self.binary.get(name, self.binary_default)
+
+
+def parse_infer(body: bytes, header_length: Optional[str]) -> InferRequest:
+    """An inference request body (`header_length`: its Inference-Header-Content-Length header, if any); raw input
+    data is read in place."""
+    header = len(body)
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise _invalid(f"{HEADER_LENGTH} must be the byte length of the JSON header (at most the body's "
+                           f"{len(body)} bytes), got {header_length!r}")
+        header = int(header_length)
+    request = _object(loads(body[:header]), "the request body")
+    parameters = _parameters(request, "the request")
+    raw, offset = memoryview(body)[header:], 0
+    entries = _typed(request.get("inputs"), list, "'inputs'")
+    if not entries:
+        raise _invalid("'inputs' must list the model's input tensors")
+    inputs: Dict[str, np.ndarray] = {}
+    for entry in entries:
+        entry = _object(entry, "each of 'inputs'")
+        name = _typed(entry.get("name"), str, "an input's 'name'")
+        if name in inputs:
+            raise _invalid(f"input {name!r} is given twice: send each input once")
+        size = _parameters(entry, f"input {name!r}").get("binary_data_size")
+        if size is not None:
+            size = _typed(size, int, f"input {name!r}: binary_data_size")
+            if offset + size > len(raw):
+                raise _invalid(f"input {name!r}: binary_data_size {size} runs past the body's binary data "
+                               f"({len(raw) - offset} bytes left): send {HEADER_LENGTH} and every input's bytes")
+            inputs[name] = from_raw(name, entry.get("datatype"), entry.get("shape"), raw[offset:offset + size])
+            offset += size
+        elif "data" in entry:
+            inputs[name] = from_json(name, entry.get("datatype"), entry.get("shape"), entry["data"])
+        else:
+            raise _invalid(f"input {name!r} has no values: give them in 'data', or as binary data with "
+                           f"parameters binary_data_size")
+    if offset != len(raw):
+        raise _invalid(f"the body holds {len(raw) - offset} bytes after its JSON header that no input's "
+                       f"binary_data_size accounts for")
+    outputs, binary = [], {}
+    for entry in _typed(request.get("outputs", []), list, "'outputs'"):
+        entry = _object(entry, "each of 'outputs'")
+        name = _typed(entry.get("name"), str, "an output's 'name'")
+        outputs.append(name)
+        choice = _parameters(entry, f"output {name!r}").get("binary_data")
+        if choice is not None:
+            binary[name] = _typed(choice, bool, f"output {name!r}: binary_data")
+    request_id = request.get("id")
+    return InferRequest(
+        id=None if request_id is None else _typed(request_id, str, "'id'"),
+        signature_name=_typed(parameters.get(SIGNATURE_PARAMETER, ""), str, SIGNATURE_PARAMETER),
+        inputs=inputs, outputs=outputs, binary=binary,
+        binary_default=_typed(parameters.get("binary_data_output", False), bool, "binary_data_output"))
+
+
+def infer_response(servable: Servable, request: InferRequest, outputs: Mapping[str, np.ndarray]) -> Response:
+    """The answer to `request`: outputs asked for as binary data follow the JSON header as raw bytes."""
+    header: Dict[str, Any] = {"model_name": servable.name, "model_version": str(servable.version)}
+    if request.id is not None:
+        header["id"] = request.id
+    header["outputs"], chunks = [], []
+    for name, array in outputs.items():
+        entry = {"name": name, "datatype": datatype(array.dtype), "shape": list(array.shape)}
+        if request.binary_output(name):
+            chunks.append(to_raw(array))
+            entry["parameters"] = {"binary_data_size": len(chunks[-1])}
+        else:
+            entry["data"] = to_json(name, array)
+        header["outputs"].append(entry)
+    text = dumps(header)
+    if not chunks:
+        return Response(text, media_type="application/json")
+    return Response(b"".join([text, *chunks]), media_type="application/octet-stream",
+                    headers={HEADER_LENGTH: str(len(text))})
+
+
+def routes(service: Service, limiter: anyio.CapacityLimiter) -> List[Route]:
+    """The /v2 routes over `service`; bodies are decoded and answers encoded on `limiter`'s threads, batched
+    requests wait for their batch on the event loop."""
+
+    def version(request: Request) -> Optional[int]:
+        return model_version(request.path_params.get("version", ""))
+
+    async def live(request: Request) -> Response:
+        return Response()
+
+    async def ready(request: Request) -> Response:
+        return Response(status_code=200 if service.manager.ready else 400)
+
+    async def metadata(request: Request) -> Response:
+        return json_response(server_metadata())
+
+    @answering_errors
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        with service.request(name, "kserve_rest_metadata"):
+            return json_response(await anyio.to_thread.run_sync(model_metadata, service, name, version(request),
+                                                                limiter=limiter))
+
+    @answering_errors
+    async def model_is_ready(request: Request) -> Response:
+        name = request.path_params["model"]
+        with service.request(name, "kserve_rest_ready"):
+            number = version(request)
+            if model_ready(service, name, number):
+                return Response()
+            which = "" if number is None else f" version {number}"
+            return json_response({"error": f"model {name!r}{which} is not loaded"}, 400)
+
+    def submit(name: str, request: Request, body: bytes):
+        """(servable, parsed request, future of its outputs); runs on a request thread."""
+        parsed = parse_infer(body, request.headers.get(HEADER_LENGTH))
+        servable, signature = service.resolve(name, version(request), None, parsed.signature_name)
+        return servable, parsed, service.submit(servable, signature, parsed.inputs, parsed.outputs)
+
+    @answering_errors
+    async def infer(request: Request) -> Response:
+        name = request.path_params["model"]
+        with service.request(name, "kserve_rest_infer"):
+            body = await request.body()
+            servable, parsed, future = await anyio.to_thread.run_sync(submit, name, request, body, limiter=limiter)
+            outputs = await asyncio.wrap_future(future)
+            return await anyio.to_thread.run_sync(infer_response, servable, parsed, outputs, limiter=limiter)
+
+    async def unknown(request: Request) -> Response:
+        return json_response({"error": f"no Open Inference Protocol endpoint {request.method} {request.url.path}: "
+                                       f"see GET /v2, /v2/health/{{live,ready}}, /v2/models/<m>[/versions/<v>]"
+                                       f"[/ready] and POST /v2/models/<m>[/versions/<v>]/infer"}, 404)
+
+    return [
+        Route("/v2", metadata), Route("/v2/health/live", live), Route("/v2/health/ready", ready),
+        *(Route(f"/v2/models/{{model}}{at}", model) for at in ("", "/versions/{version}")),
+        *(Route(f"/v2/models/{{model}}{at}/ready", model_is_ready) for at in ("", "/versions/{version}")),
+        *(Route(f"/v2/models/{{model}}{at}/infer", infer, methods=["POST"]) for at in ("", "/versions/{version}")),
+        Route("/v2/{rest:path}", unknown, methods=["GET", "POST"]),
+    ]
