@@ -142,6 +142,14 @@ def test_bad_requests_get_status_codes_and_the_server_serves_on(stub, models, re
                                reference(models, "mlp", 2, features=x)["scores"], **TOL)
 
 
+def test_the_classification_extension_is_unimplemented(client):
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("mlp", [infer_input("features", random_array((1, 16)))],
+                     outputs=[grpcclient.InferRequestedOutput("scores", class_count=3)])
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "classification extension is not served" in info.value.message()
+
+
 def test_the_rest_of_tritons_rpcs_are_unimplemented(client, stub):
     with pytest.raises(InferenceServerException) as info:
         client.get_model_config("mlp")

@@ -1,7 +1,7 @@
 """The Open Inference Protocol's REST API (KServe v2) through tritonclient.http and plain HTTP: health, server and
-model metadata, readiness by version, inference with binary and JSON tensors answering what native TF and the TF
-Serving API answer, named signatures and requested outputs, errors as {"error": ...} with their HTTP status (the
-server serving on after each), metrics, and batching."""
+model metadata, readiness by version, inference with binary and JSON tensors (compressed bodies too) answering what
+native TF and the TF Serving API answer, named signatures and requested outputs, errors as {"error": ...} with their
+HTTP status (the server serving on after each), metrics, and batching."""
 import contextlib
 import json
 
@@ -88,6 +88,20 @@ def test_versions_requested_outputs_and_a_named_signature(client, models):
         np.testing.assert_allclose(result.as_numpy(name), want, **TOL)
 
 
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_compressed_request_bodies(client, models, compression):
+    x = random_array((2, 16))
+    result = client.infer("mlp", [infer_input("features", x)], request_compression_algorithm=compression)
+    np.testing.assert_allclose(result.as_numpy("scores"), reference(models, "mlp", 2, features=x)["scores"], **TOL)
+
+
+def test_the_classification_extension_is_unimplemented(client):
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("mlp", [infer_input("features", random_array((1, 16)))],
+                     outputs=[httpclient.InferRequestedOutput("scores", class_count=3)])
+    assert info.value.status() == "501" and "classification extension is not served" in info.value.message()
+
+
 def test_nested_json_data_answers_flattened_json(server, models):
     x = random_array((2, 16))
     status, body = server.rest.json("/v2/models/mlp/infer", {
@@ -144,6 +158,7 @@ INPUT = {"name": "features", "shape": [1, 16], "datatype": "FP32", "data": [1.0]
      "output tensor alias not found"),
     ("/v2/models/mlp/infer", {"inputs": [INPUT], "parameters": {"signature_name": "nope"}}, 400, '"nope" not found'),
     ("/v2/models/mlp/infer", {"inputs": [{**INPUT, "parameters": {"binary_data_size": 64}}]}, 400, "runs past"),
+    ("/v2/models/mlp/infer", {"inputs": [INPUT], "id": 7}, 400, "'id' must be a string, got 7"),
     ("/v2/models/nope", None, 404, "nope"),
     ("/v2/models/mlp/versions/7", None, 404, "Specific(mlp, 7)"),
     ("/v2/models/mlp/statistics", None, 404, "no Open Inference Protocol endpoint GET /v2/models/mlp/statistics"),
@@ -181,6 +196,8 @@ def test_binary_data_follows_its_json_header(server, models):
     status, answer = server.rest.json("/v2/models/mlp/infer", raw=header + x.tobytes(),
                                       headers={"Inference-Header-Content-Length": "-3"})
     assert status == 400 and "Inference-Header-Content-Length must be the byte length" in answer["error"]
+    status, answer = server.rest.json("/v2/models/mlp/infer", raw=header, headers={"Content-Encoding": "br"})
+    assert status == 400 and "Content-Encoding 'br' is not accepted" in answer["error"]
 
 
 def test_tritonclient_raises_the_error_with_its_status(client):

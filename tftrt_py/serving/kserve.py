@@ -12,7 +12,8 @@ from tftrt_py.serving.kserve_tensors import datatype
 from tftrt_py.serving.models import TensorSpec
 from tftrt_py.serving.service import Service
 
-__all__ = ["SIGNATURE_PARAMETER", "model_version", "server_metadata", "model_metadata", "model_ready"]
+__all__ = ["SIGNATURE_PARAMETER", "model_version", "check_output_parameters", "server_metadata", "model_metadata",
+           "model_ready"]
 
 SERVER_NAME = "tftrt-serve"
 PLATFORM = "tensorflow_savedmodel"  # Triton's name for the TensorFlow SavedModel platform
@@ -29,6 +30,14 @@ def model_version(text: str) -> Optional[int]:
         raise ServingError(Code.INVALID_ARGUMENT, f"model version {text!r} is not a whole number: give a version "
                                                   f"number, or none for the latest")
     return int(text)
+
+
+def check_output_parameters(name: str, parameters) -> None:
+    """UNIMPLEMENTED for a requested output's parameters that ask for what is not served: the classification
+    extension (the top classes instead of the tensor)."""
+    if "classification" in parameters:
+        raise ServingError(Code.UNIMPLEMENTED, f"output {name!r}: the classification extension is not served: ask "
+                                               f"for the output tensor without parameters classification")
 
 
 def server_metadata() -> Dict[str, Any]:

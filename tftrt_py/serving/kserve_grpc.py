@@ -17,7 +17,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.grpc_calls import aborting
-from tftrt_py.serving.kserve import SIGNATURE_PARAMETER, model_metadata, model_ready, model_version, server_metadata
+from tftrt_py.serving.kserve import (SIGNATURE_PARAMETER, check_output_parameters, model_metadata, model_ready,
+                                     model_version, server_metadata)
 from tftrt_py.serving.kserve_tensors import datatype, from_contents, from_raw, to_raw
 from tftrt_py.serving.models import Servable
 from tftrt_py.serving.service import Service
@@ -95,6 +96,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async with aborting(context, self.service, request.model_name, "kserve_grpc_infer"):
             servable, signature = self.service.resolve(request.model_name, model_version(request.model_version),
                                                        None, _signature_name(request.parameters))
+            for output in request.outputs:
+                check_output_parameters(output.name, output.parameters)
             outputs = await asyncio.wrap_future(self.service.submit(
                 servable, signature, _inputs(request), [o.name for o in request.outputs], executor=self.executor))
             return _response(servable, request.id, outputs)

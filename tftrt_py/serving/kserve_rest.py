@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
+import zlib
 from typing import Any, Dict, List, Mapping, Optional
 
 import anyio
@@ -17,7 +19,8 @@ from starlette.routing import Route
 
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.json_http import answering_errors, dumps, json_response, loads
-from tftrt_py.serving.kserve import SIGNATURE_PARAMETER, model_metadata, model_ready, model_version, server_metadata
+from tftrt_py.serving.kserve import (SIGNATURE_PARAMETER, check_output_parameters, model_metadata, model_ready,
+                                     model_version, server_metadata)
 from tftrt_py.serving.kserve_tensors import datatype, from_json, from_raw, to_json, to_raw
 from tftrt_py.serving.models import Servable
 from tftrt_py.serving.service import Service
@@ -25,6 +28,8 @@ from tftrt_py.serving.service import Service
 __all__ = ["routes", "InferRequest", "parse_infer", "HEADER_LENGTH"]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+#: request body encodings accepted (Content-Encoding), as tritonclient's request_compression_algorithm sends them
+DECODERS = {"gzip": gzip.decompress, "deflate": zlib.decompress}
 KINDS = {str: "a string", int: "a whole number", bool: "true or false", list: "a list"}  # JSON value kinds
 
 
@@ -63,9 +68,23 @@ class InferRequest:
         return self.binary.get(name, self.binary_default)
 
 
-def parse_infer(body: bytes, header_length: Optional[str]) -> InferRequest:
-    """An inference request body (`header_length`: its Inference-Header-Content-Length header, if any); raw input
-    data is read in place."""
+def _decoded(body: bytes, encoding: Optional[str]) -> bytes:
+    if encoding is None:
+        return body
+    decode = DECODERS.get(encoding.strip().lower())
+    if decode is None:
+        raise _invalid(f"Content-Encoding {encoding!r} is not accepted: send the body as {', '.join(DECODERS)} "
+                       f"or uncompressed")
+    try:
+        return decode(body)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _invalid(f"the body is not valid {encoding} data: {exc}") from None
+
+
+def parse_infer(body: bytes, header_length: Optional[str], encoding: Optional[str] = None) -> InferRequest:
+    """An inference request body (`header_length`: its Inference-Header-Content-Length header, `encoding`: its
+    Content-Encoding, if any); raw input data is read in place."""
+    body = _decoded(body, encoding)
     header = len(body)
     if header_length is not None:
         if not header_length.isdigit() or int(header_length) > len(body):
@@ -105,6 +124,7 @@ def parse_infer(body: bytes, header_length: Optional[str]) -> InferRequest:
         entry = _object(entry, "each of 'outputs'")
         name = _typed(entry.get("name"), str, "an output's 'name'")
         outputs.append(name)
+        check_output_parameters(name, _parameters(entry, f"output {name!r}"))
         choice = _parameters(entry, f"output {name!r}").get("binary_data")
         if choice is not None:
             binary[name] = _typed(choice, bool, f"output {name!r}: binary_data")
@@ -172,7 +192,7 @@ def routes(service: Service, limiter: anyio.CapacityLimiter) -> List[Route]:
 
     def submit(name: str, request: Request, body: bytes):
         """(servable, parsed request, future of its outputs); runs on a request thread."""
-        parsed = parse_infer(body, request.headers.get(HEADER_LENGTH))
+        parsed = parse_infer(body, request.headers.get(HEADER_LENGTH), request.headers.get("Content-Encoding"))
         servable, signature = service.resolve(name, version(request), None, parsed.signature_name)
         return servable, parsed, service.submit(servable, signature, parsed.inputs, parsed.outputs)
 
