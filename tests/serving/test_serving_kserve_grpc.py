@@ -58,6 +58,9 @@ def test_model_metadata_describes_the_serving_signature(client):
         "outputs": [{"name": "logits", "datatype": "FP32", "shape": ["-1", "10"]},
                     {"name": "scores", "datatype": "FP32", "shape": ["-1", "10"]}]}
     assert list(client.get_model_metadata("cnn", "1").inputs[0].shape) == [-1, 32, 32, 3]
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("nope")
+    assert info.value.status() == "StatusCode.NOT_FOUND" and "Latest(nope)" in info.value.message()
 
 
 def test_infer_matches_native_tf_and_tf_serving_predict(client, server, models):

@@ -157,9 +157,10 @@ INPUT = {"name": "features", "shape": [1, 16], "datatype": "FP32", "data": [1.0]
     ("/v2/models/mlp/infer", {"inputs": [INPUT], "outputs": [{"name": "probs"}]}, 400,
      "output tensor alias not found"),
     ("/v2/models/mlp/infer", {"inputs": [INPUT], "parameters": {"signature_name": "nope"}}, 400, '"nope" not found'),
-    ("/v2/models/mlp/infer", {"inputs": [{**INPUT, "parameters": {"binary_data_size": 64}}]}, 400, "runs past"),
+    ("/v2/models/mlp/infer", {"inputs": [{**INPUT, "parameters": {"binary_data_size": 64}}]}, 400, "does not fit"),
     ("/v2/models/mlp/infer", {"inputs": [INPUT], "id": 7}, 400, "'id' must be a string, got 7"),
     ("/v2/models/nope", None, 404, "nope"),
+    ("/v2/models/pair", None, 400, 'signature name: "serving_default" not found'),  # pair serves `pair` only
     ("/v2/models/mlp/versions/7", None, 404, "Specific(mlp, 7)"),
     ("/v2/models/mlp/statistics", None, 404, "no Open Inference Protocol endpoint GET /v2/models/mlp/statistics"),
 ])

@@ -1,5 +1,6 @@
-"""tftrt-serve: TF Serving's REST and gRPC APIs (predict, status, metadata), dynamic batching, health and
-Prometheus metrics for converted SavedModels. Needs the `serve` extra; see README "Serving: tftrt-serve".
+"""tftrt-serve: TF Serving's REST and gRPC APIs (predict, status, metadata) and KServe v2's (the Open Inference
+Protocol), dynamic batching, health and Prometheus metrics for converted SavedModels. Needs the `serve` extra; see
+docs/serving.md.
 
     from tftrt_py.serving import Server, ModelSpec
     with Server([ModelSpec("cnn", "/models/cnn")], grpc_port=0, rest_port=0) as server:

@@ -1,4 +1,5 @@
-"""tftrt-serve: serve converted SavedModels with TF Serving's REST and gRPC APIs and its command-line flags.
+"""tftrt-serve: serve converted SavedModels with TF Serving's REST and gRPC APIs and its command-line flags (and
+KServe v2's APIs on the same ports).
 
     tftrt-serve --port=8500 --rest_api_port=8501 --model_name=cnn --model_base_path=/models/cnn
     tftrt-serve --model_config_file=models.config --enable_batching --batching_parameters_file=batching.config

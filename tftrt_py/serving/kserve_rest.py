@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import gzip
 import zlib
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import anyio
 import numpy as np
@@ -81,6 +81,50 @@ def _decoded(body: bytes, encoding: Optional[str]) -> bytes:
         raise _invalid(f"the body is not valid {encoding} data: {exc}") from None
 
 
+def _inputs(entries: Any, raw: memoryview) -> Dict[str, np.ndarray]:
+    """The request's input tensors: those with parameters binary_data_size take their bytes from `raw` (the body
+    after its JSON header), in order; the others carry JSON `data`."""
+    if not _typed(entries, list, "'inputs'"):
+        raise _invalid("'inputs' must list the model's input tensors")
+    inputs: Dict[str, np.ndarray] = {}
+    offset = 0
+    for entry in entries:
+        entry = _object(entry, "each of 'inputs'")
+        name = _typed(entry.get("name"), str, "an input's 'name'")
+        if name in inputs:
+            raise _invalid(f"input {name!r} is given twice: send each input once")
+        size = _parameters(entry, f"input {name!r}").get("binary_data_size")
+        if size is not None:
+            if _typed(size, int, f"input {name!r}: binary_data_size") < 0 or offset + size > len(raw):
+                raise _invalid(f"input {name!r}: binary_data_size {size} does not fit the body's binary data "
+                               f"({len(raw) - offset} bytes left): send {HEADER_LENGTH} and every input's bytes")
+            inputs[name] = from_raw(name, entry.get("datatype"), entry.get("shape"), raw[offset:offset + size])
+            offset += size
+        elif "data" in entry:
+            inputs[name] = from_json(name, entry.get("datatype"), entry.get("shape"), entry["data"])
+        else:
+            raise _invalid(f"input {name!r} has no values: give them in 'data', or as binary data with "
+                           f"parameters binary_data_size")
+    if offset != len(raw):
+        raise _invalid(f"the body holds {len(raw) - offset} bytes after its JSON header that no input's "
+                       f"binary_data_size accounts for")
+    return inputs
+
+
+def _outputs(entries: Any) -> Tuple[List[str], Dict[str, bool]]:
+    """(the outputs asked for, {output: binary_data} where an output's parameters say)."""
+    outputs, binary = [], {}
+    for entry in _typed(entries, list, "'outputs'"):
+        entry = _object(entry, "each of 'outputs'")
+        name = _typed(entry.get("name"), str, "an output's 'name'")
+        parameters = _parameters(entry, f"output {name!r}")
+        check_output_parameters(name, parameters)
+        outputs.append(name)
+        if "binary_data" in parameters:
+            binary[name] = _typed(parameters["binary_data"], bool, f"output {name!r}: binary_data")
+    return outputs, binary
+
+
 def parse_infer(body: bytes, header_length: Optional[str], encoding: Optional[str] = None) -> InferRequest:
     """An inference request body (`header_length`: its Inference-Header-Content-Length header, `encoding`: its
     Content-Encoding, if any); raw input data is read in place."""
@@ -93,46 +137,12 @@ def parse_infer(body: bytes, header_length: Optional[str], encoding: Optional[st
         header = int(header_length)
     request = _object(loads(body[:header]), "the request body")
     parameters = _parameters(request, "the request")
-    raw, offset = memoryview(body)[header:], 0
-    entries = _typed(request.get("inputs"), list, "'inputs'")
-    if not entries:
-        raise _invalid("'inputs' must list the model's input tensors")
-    inputs: Dict[str, np.ndarray] = {}
-    for entry in entries:
-        entry = _object(entry, "each of 'inputs'")
-        name = _typed(entry.get("name"), str, "an input's 'name'")
-        if name in inputs:
-            raise _invalid(f"input {name!r} is given twice: send each input once")
-        size = _parameters(entry, f"input {name!r}").get("binary_data_size")
-        if size is not None:
-            size = _typed(size, int, f"input {name!r}: binary_data_size")
-            if offset + size > len(raw):
-                raise _invalid(f"input {name!r}: binary_data_size {size} runs past the body's binary data "
-                               f"({len(raw) - offset} bytes left): send {HEADER_LENGTH} and every input's bytes")
-            inputs[name] = from_raw(name, entry.get("datatype"), entry.get("shape"), raw[offset:offset + size])
-            offset += size
-        elif "data" in entry:
-            inputs[name] = from_json(name, entry.get("datatype"), entry.get("shape"), entry["data"])
-        else:
-            raise _invalid(f"input {name!r} has no values: give them in 'data', or as binary data with "
-                           f"parameters binary_data_size")
-    if offset != len(raw):
-        raise _invalid(f"the body holds {len(raw) - offset} bytes after its JSON header that no input's "
-                       f"binary_data_size accounts for")
-    outputs, binary = [], {}
-    for entry in _typed(request.get("outputs", []), list, "'outputs'"):
-        entry = _object(entry, "each of 'outputs'")
-        name = _typed(entry.get("name"), str, "an output's 'name'")
-        outputs.append(name)
-        check_output_parameters(name, _parameters(entry, f"output {name!r}"))
-        choice = _parameters(entry, f"output {name!r}").get("binary_data")
-        if choice is not None:
-            binary[name] = _typed(choice, bool, f"output {name!r}: binary_data")
+    outputs, binary = _outputs(request.get("outputs", []))
     request_id = request.get("id")
     return InferRequest(
         id=None if request_id is None else _typed(request_id, str, "'id'"),
         signature_name=_typed(parameters.get(SIGNATURE_PARAMETER, ""), str, SIGNATURE_PARAMETER),
-        inputs=inputs, outputs=outputs, binary=binary,
+        inputs=_inputs(request.get("inputs"), memoryview(body)[header:]), outputs=outputs, binary=binary,
         binary_default=_typed(parameters.get("binary_data_output", False), bool, "binary_data_output"))
 
 
