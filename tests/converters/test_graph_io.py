@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
 from support import frozen_graph_def, random_array
@@ -255,6 +256,47 @@ def test_a_while_loop_stays_native_between_engines_and_survives_save_and_load(tm
     want = module.serve(tf.constant(x))["out"].numpy()
     np.testing.assert_allclose(func(x=tf.constant(x))["out"].numpy(), want, rtol=1e-5, atol=1e-5)
     assert_saved_and_loaded_matches(converter, str(tmp_path / "model"), tmp_path, x)
+
+
+def lowering_marks(graph_def):
+    """{(function name or "", node name): the node's runtime lowering mark} of its control flow ops."""
+    return {(fn, node.name): node.attr[graph_io.LOWERING_ATTR].b
+            for fn, node in graph_io._control_flow_nodes(graph_def)}
+
+
+def test_a_frozen_loop_stays_one_node_that_tensorflow_still_lowers_when_it_runs(tmp_path):
+    """Freezing without lowering marks loops not to be lowered at run time either, and a While run as a function
+    call per iteration is several times slower: the converted graph and the saved model keep TF's lowering."""
+    module = Looping()
+    tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": module.serve})
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=str(tmp_path / "model"))
+    converter.convert()
+    marks = lowering_marks(converter._converted_graph_def)
+    assert marks and all(marks.values())
+    converter.save(str(tmp_path / "converted"))
+    saved = saved_model_pb2.SavedModel.FromString((tmp_path / "converted" / "saved_model.pb").read_bytes())
+    marks = lowering_marks(saved.meta_graphs[0].graph_def)
+    assert marks and all(marks.values())
+
+
+def test_control_flow_the_original_kept_functional_stays_functional_by_name():
+    """An op the original marked not to lower (an XLA cluster's) keeps that mark; ops marked to lower get theirs
+    back; where the original marked none functional, every frozen control flow op is lowered."""
+    def graph(marks):
+        g = graph_pb2.GraphDef()
+        for name, mark in marks.items():
+            node = g.node.add(name=name, op="While")
+            if mark is not None:
+                node.attr[graph_io.LOWERING_ATTR].b = mark
+        return g
+
+    original = graph({"xla/while": False, "loop": True})
+    frozen = graph({"xla/while": False, "loop": False, "renamed/loop": False})
+    assert graph_io.keep_runtime_lowering(frozen, original) == 1
+    assert lowering_marks(frozen) == {("", "xla/while"): False, ("", "loop"): True, ("", "renamed/loop"): False}
+    frozen = graph({"a": False, "b": False})
+    assert graph_io.keep_runtime_lowering(frozen, graph({"c": True})) == 2
+    assert all(lowering_marks(frozen).values())
 
 
 def test_a_keras_lstm_converts_and_matches_after_save_and_load(tmp_path):
