@@ -137,11 +137,22 @@ class NodeView:
         self.control_inputs: List[str] = [r[1:] for r in refs if r.startswith("^")]
 
     @functools.cached_property
+    def _decoded(self) -> Dict[str, object]:
+        return {}
+
+    @property
     def attrs(self) -> Dict[str, object]:
-        return {k: decode_attr(v) for k, v in self.def_.attr.items()}
+        return {k: self.attr(k) for k in self.def_.attr}
 
     def attr(self, key: str, default=None):
-        return self.attrs.get(key, default)
+        """The attribute `key` decoded (decode_attr), once: a Const's value becomes an array only when it is asked
+        for, not when another of its attributes is."""
+        decoded = self._decoded
+        if key not in decoded:
+            if key not in self.def_.attr:
+                return default
+            decoded[key] = decode_attr(self.def_.attr[key])
+        return decoded[key]
 
     def __repr__(self):
         return f"<{self.op} {self.name!r}>"
