@@ -1,6 +1,7 @@
 """Load on tftrt-serve, batching off and on: throughput and latency at N concurrent clients, loopback only.
 
-    python benchmarks/serve_load.py [--model small_cnn|thin_224|resnet50] [--api rest|grpc] [--clients 32]
+    python benchmarks/serve_load.py [--model small_cnn|thin_224|resnet50] [--api rest|grpc|kserve-rest|kserve-grpc]
+                                    [--clients 32]
                                     [--requests 3000] [--time-limit 60] [--repeat 3] [--json out.json]
 
 The model (random weights, nothing downloaded) is exported and converted into a temporary folder: the demo CNN in
@@ -9,7 +10,8 @@ thin_224` (ResNet-50's 600 KB requests through a cheap net: the server's per-byt
 for batch 1 and every allowed batch size. A server (tftrt-serve in this process, or `--server subprocess`) serves
 it on ephemeral loopback ports, once without batching and once with TF Serving's batching parameters
 (--max-batch-size, --batch-timeout-micros, --num-batch-threads, --allowed-batch-sizes). Clients run in
---client-procs processes (threads there, one connection each), each sending `--rows`-row predicts until the
+--client-procs processes (threads there, one connection each), each sending `--rows`-row predicts (TF Serving's
+Predict over `--api` rest or grpc, or KServe v2's infer: kserve-rest with binary tensors, kserve-grpc) until the
 request count or the time limit is reached, after a warm-up. Printed per mode and run: requests answered,
 throughput (req/s, rows/s), p50/p99 latency, mean batch size (the server's metrics), CPU time per request of the
 server and of the clients, the load average (the machine may be shared); native-segment runs are flagged. Then
@@ -210,7 +212,39 @@ def _grpc_caller(port: int, input_name: str, x: np.ndarray):
     return lambda: stub.Predict(request, timeout=120)
 
 
-CALLERS = {"rest": _rest_caller, "grpc": _grpc_caller}
+def _kserve_rest_caller(port: int, input_name: str, x: np.ndarray):
+    """KServe v2 REST with the binary tensor extension, both ways (tritonclient's default)."""
+    import http.client
+
+    header = json.dumps({"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    body = header + x.tobytes()
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def call():
+        connection.request("POST", f"/v2/models/{MODEL_NAME}/infer", body, headers)
+        response = connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
+    return call
+
+
+def _kserve_grpc_caller(port: int, input_name: str, x: np.ndarray):
+    """KServe v2 gRPC ModelInfer, the input in raw_input_contents."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=MODEL_NAME, raw_input_contents=[x.tobytes()])
+    request.inputs.add(name=input_name, datatype="FP32", shape=list(x.shape))
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    return lambda: stub.ModelInfer(request, timeout=120)
+
+
+CALLERS = {"rest": _rest_caller, "grpc": _grpc_caller, "kserve-rest": _kserve_rest_caller,
+           "kserve-grpc": _kserve_grpc_caller}
 
 
 def client_process(api: str, port: int, input_name: str, threads: int, requests: int, shape, deadline_s: float,
@@ -252,7 +286,7 @@ def drive(args, server, input_name: str, requests: int) -> dict:
     """Run the clients for `requests` predicts; throughput and latency of what was answered."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = server.rest_port if args.api == "rest" else server.grpc_port
+    port = server.rest_port if args.api.endswith("rest") else server.grpc_port
     shape = (args.rows, SIZES[args.model], SIZES[args.model], 3)
     procs = min(args.client_procs, args.clients)
     threads = [args.clients // procs + (i < args.clients % procs) for i in range(procs)]
