@@ -3,7 +3,9 @@ model metadata, readiness by version, inference with binary and JSON tensors (co
 native TF and the TF Serving API answer, named signatures and requested outputs, errors as {"error": ...} with their
 HTTP status (the server serving on after each), metrics, and batching."""
 import contextlib
+import gzip
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from conftest import metric, reference
 from support import random_array
+from tftrt_py.serving import kserve_rest
+from tftrt_py.serving.errors import ServingError
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -234,3 +238,25 @@ def test_concurrent_infers_merge_into_batches(batching_server, models):
     batches, rows = (metric(after, f"tftrt_serving_batch_size_{k}", model="cnn") -
                      metric(before, f"tftrt_serving_batch_size_{k}", model="cnn") for k in ("count", "sum"))
     assert rows == sum(len(x) for x in feeds) and batches < len(feeds)
+
+
+def _infer_body(x):
+    header = json.dumps({"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    return header + x.tobytes(), str(len(header))
+
+
+@pytest.mark.parametrize("encoding, compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def test_a_compressed_body_decompresses_within_a_bound_and_whole(monkeypatch, encoding, compress):
+    """A small compressed body can expand to gigabytes: past MAX_DECODED_BYTES it is refused, as is a truncated
+    stream; within it, the request reads as the uncompressed one."""
+    x = random_array((2, 16))
+    body, header_length = _infer_body(x)
+    parsed = kserve_rest.parse_infer(compress(body), header_length, encoding)
+    np.testing.assert_array_equal(parsed.inputs["features"], x)
+    monkeypatch.setattr(kserve_rest, "MAX_DECODED_BYTES", len(body) - 1)
+    with pytest.raises(ServingError, match="decompresses to more than"):
+        kserve_rest.parse_infer(compress(body), header_length, encoding)
+    monkeypatch.setattr(kserve_rest, "MAX_DECODED_BYTES", 1 << 30)
+    with pytest.raises(ServingError, match=f"not valid {encoding} data"):
+        kserve_rest.parse_infer(compress(body)[:-8], header_length, encoding)

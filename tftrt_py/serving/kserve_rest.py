@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gzip
 import zlib
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -28,8 +27,11 @@ from tftrt_py.serving.service import Service
 __all__ = ["routes", "InferRequest", "parse_infer", "HEADER_LENGTH"]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-#: request body encodings accepted (Content-Encoding), as tritonclient's request_compression_algorithm sends them
-DECODERS = {"gzip": gzip.decompress, "deflate": zlib.decompress}
+#: request body encodings accepted (Content-Encoding), as tritonclient's request_compression_algorithm sends them:
+#: zlib's window bits for each (gzip's header and trailer; deflate as zlib.compress writes it)
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+#: A compressed body that decompresses to more than this is refused (a few KB of zeros can expand to gigabytes).
+MAX_DECODED_BYTES = 1 << 30
 KINDS = {str: "a string", int: "a whole number", bool: "true or false", list: "a list"}  # JSON value kinds
 
 
@@ -69,16 +71,24 @@ class InferRequest:
 
 
 def _decoded(body: bytes, encoding: Optional[str]) -> bytes:
+    """`body` decompressed as its Content-Encoding says, to at most MAX_DECODED_BYTES."""
     if encoding is None:
         return body
-    decode = DECODERS.get(encoding.strip().lower())
-    if decode is None:
-        raise _invalid(f"Content-Encoding {encoding!r} is not accepted: send the body as {', '.join(DECODERS)} "
+    wbits = ENCODINGS.get(encoding.strip().lower())
+    if wbits is None:
+        raise _invalid(f"Content-Encoding {encoding!r} is not accepted: send the body as {', '.join(ENCODINGS)} "
                        f"or uncompressed")
+    decoder = zlib.decompressobj(wbits)
     try:
-        return decode(body)
-    except (OSError, EOFError, zlib.error) as exc:
+        data = decoder.decompress(body, MAX_DECODED_BYTES)
+    except zlib.error as exc:
         raise _invalid(f"the body is not valid {encoding} data: {exc}") from None
+    if decoder.unconsumed_tail:
+        raise _invalid(f"the {encoding} body decompresses to more than {MAX_DECODED_BYTES} bytes: send less per "
+                       f"request")
+    if not decoder.eof:
+        raise _invalid(f"the body is not valid {encoding} data: it ends before its compressed stream does")
+    return data
 
 
 def _inputs(entries: Any, raw: memoryview) -> Dict[str, np.ndarray]:
