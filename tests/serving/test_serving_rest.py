@@ -7,6 +7,7 @@ import pytest
 
 from conftest import reference
 from support import random_array
+from tftrt_py.serving import json_http
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -129,3 +130,17 @@ def test_health_readiness_and_metrics(server):
     assert "tftrt_serving_batch_size" in text
     runs = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("tftrt_engine_op_engine_runs")]
     assert sum(runs) >= 1  # the engines served
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("path", ["/v1/models/mlp:predict", "/v2/models/mlp/infer"])
+def test_a_body_larger_than_served_is_refused_and_the_server_goes_on(server, monkeypatch, path, chunked):
+    """TF Serving's and KServe's REST bodies are held to gRPC's message limit (json_http.MAX_BODY_BYTES): past it,
+    RESOURCE_EXHAUSTED (429) with what to do, before the body is read whole (by its Content-Length, or as its
+    chunks arrive)."""
+    body = json.dumps({"instances": [[0.5] * 16]}).encode()
+    monkeypatch.setattr(json_http, "MAX_BODY_BYTES", len(body) - 1)
+    status, answer = server.rest.json(path, raw=iter([body[:10], body[10:]]) if chunked else body)
+    assert status == 429 and "send less per request" in answer["error"]
+    monkeypatch.undo()
+    assert server.rest.call("/v1/models/mlp:predict", raw=body)[0] == 200

@@ -15,7 +15,30 @@ from tftrt_py.serving.errors import Code, ServingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["loads", "dumps", "json_response", "error_response", "answering_errors"]
+__all__ = ["MAX_BODY_BYTES", "read_body", "loads", "dumps", "json_response", "error_response", "answering_errors"]
+
+#: The largest request body read, as gRPC's message limit (grpc_service.MAX_MESSAGE): a larger one is refused
+#: before it is held whole.
+MAX_BODY_BYTES = 2 ** 31 - 1
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body, at most MAX_BODY_BYTES (RESOURCE_EXHAUSTED past it: by its Content-Length before
+    reading, else once that many bytes have arrived)."""
+    def too_large(size: str) -> ServingError:
+        return ServingError(Code.RESOURCE_EXHAUSTED, f"the request body holds {size} bytes, more than the "
+                                                     f"{MAX_BODY_BYTES} served: send less per request")
+
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large(declared)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large(f"over {size}")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def loads(body: bytes):

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tftrt_py.serving.errors import Code, ServingError
-from tftrt_py.serving.json_http import answering_errors, dumps, json_response, loads
+from tftrt_py.serving.json_http import answering_errors, dumps, json_response, loads, read_body
 from tftrt_py.serving.kserve import (SIGNATURE_PARAMETER, check_output_parameters, model_metadata, model_ready,
                                      model_version, server_metadata)
 from tftrt_py.serving.kserve_tensors import datatype, from_json, from_raw, to_json, to_raw
@@ -220,7 +220,7 @@ def routes(service: Service, limiter: anyio.CapacityLimiter) -> List[Route]:
     async def infer(request: Request) -> Response:
         name = request.path_params["model"]
         with service.request(name, "kserve_rest_infer"):
-            body = await request.body()
+            body = await read_body(request)
             servable, parsed, future = await anyio.to_thread.run_sync(submit, name, request, body, limiter=limiter)
             outputs = await asyncio.wrap_future(future)
             return await anyio.to_thread.run_sync(infer_response, servable, parsed, outputs, limiter=limiter)

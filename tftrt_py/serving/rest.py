@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from tftrt_py.serving import kserve_rest
 from tftrt_py.serving.errors import Code, ServingError
-from tftrt_py.serving.json_http import answering_errors, json_response, loads
+from tftrt_py.serving.json_http import answering_errors, json_response, loads, read_body
 from tftrt_py.serving.metrics import CONTENT_TYPE
 from tftrt_py.serving.service import Service
 from tftrt_py.serving.tensors import rest_inputs, rest_outputs
@@ -82,7 +82,7 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
             model, version, label, verb = match.groups()
             if verb.lower() != "predict":
                 raise ServingError(Code.UNIMPLEMENTED, f"{verb} is not served: only predict")
-            return await predict(model, _version(version), label, await request.body())
+            return await predict(model, _version(version), label, await read_body(request))
         match = STATUS_URL.fullmatch(path)
         if match is None:
             raise ServingError(Code.NOT_FOUND, f"Malformed request: GET {path}")
