@@ -9,7 +9,7 @@ Not `from __future__ import annotations`: Ray reads build_app's annotation to va
 """
 import dataclasses
 import logging
-from typing import List, Literal, Optional, Union
+from typing import List, Literal, Optional
 
 import pydantic
 from ray import serve
