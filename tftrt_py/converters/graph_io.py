@@ -140,8 +140,9 @@ def keep_runtime_lowering(frozen, original) -> int:
     """Mark the control flow ops of `frozen` to be lowered to Switch/Merge frames when TensorFlow runs the graph
     (its LowerFunctionalOpsPass), as the original graph's were: freezing without lowering turned that off, and a
     While run as a function call per iteration costs about 90 us an iteration (a Keras LSTM over 128 steps at batch
-    1: 15.3 ms frozen that way against 3.5 ms). Ops the original kept functional (XLA clusters) stay so, by name:
-    nodes inside functions keep theirs, and any unnamed in the original keeps its mark. How many were marked."""
+    1: 15.3 ms frozen that way against 3.5 ms). Ops the original kept functional (XLA clusters) stay so, found by
+    (function, node) name; where the original kept some functional, an op it does not name keeps the mark freezing
+    gave it. How many were marked."""
     functional = {(fn, n.name) for fn, n in _control_flow_nodes(original)
                   if LOWERING_ATTR in n.attr and not n.attr[LOWERING_ATTR].b}
     lowered = {(fn, n.name) for fn, n in _control_flow_nodes(original) if n.attr[LOWERING_ATTR].b}

@@ -2,8 +2,8 @@
 parallel worker processes and writes one JSON line per kernel as each finishes: {"index": i, "artifacts":
 [base64 cubin, entry name, warps, shared memory bytes, parameter count], "seconds": its compile time} or
 {"index": i, "error": why}. Run as
-``python -m tftrt_py.engine.backends.cupy.triton.compile_worker`` (this module is the ``__main__`` its spawned
-workers import)."""
+``python -m tftrt_py.engine.backends.cupy.triton.compile_worker`` (this module is the ``__main__`` its workers
+import)."""
 import base64
 import concurrent.futures
 import json
@@ -21,7 +21,8 @@ def _timed_artifacts(request):
 
 
 #: Modules the workers compile from, imported once by the fork server they are forked from rather than by each
-#: worker (a worker spawned fresh spent about as long importing Triton and this package as compiling one kernel).
+#: worker (ResNet-50's 110 kernels on an H200 machine's 16 cores: the first answered 3.1 s after the process
+#: started, against 4.1 s with each worker spawned fresh and importing them itself; a kernel takes ~1.1 s).
 PRELOAD = ["triton", "tftrt_py.engine.backends.cupy.triton.quantized_conv",
            "tftrt_py.engine.backends.cupy.triton.quantized_attention"]
 
