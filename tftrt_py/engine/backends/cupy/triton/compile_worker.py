@@ -22,7 +22,8 @@ def _timed_artifacts(request):
 
 #: Modules the workers compile from, imported once by the fork server they are forked from rather than by each
 #: worker (ResNet-50's 110 kernels on an H200 machine's 16 cores: the first answered 3.1 s after the process
-#: started, against 4.1 s with each worker spawned fresh and importing them itself; a kernel takes ~1.1 s).
+#: started, against 4.1 s when two such processes' workers were spawned fresh and imported them themselves; a
+#: kernel takes ~1.1 s).
 PRELOAD = ["triton", "tftrt_py.engine.backends.cupy.triton.quantized_conv",
            "tftrt_py.engine.backends.cupy.triton.quantized_attention"]
 
