@@ -183,19 +183,24 @@ def scrape(rest_port: int) -> dict:
 
 
 # -- the clients (in other processes) -----------------------------------------------------------------------------
-def _rest_caller(port: int, input_name: str, x: np.ndarray):
+def _http_caller(port: int, path: str, body: bytes, headers: dict):
+    """POSTs of `body` to `path` on one connection; an answer other than 200 raises."""
     import http.client
 
-    body = json.dumps({"instances": [{input_name: row} for row in x.tolist()]}).encode()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
     def call():
-        connection.request("POST", f"/v1/models/{MODEL_NAME}:predict", body, {"Content-Type": "application/json"})
+        connection.request("POST", path, body, headers)
         response = connection.getresponse()
         data = response.read()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
     return call
+
+
+def _rest_caller(port: int, input_name: str, x: np.ndarray):
+    body = json.dumps({"instances": [{input_name: row} for row in x.tolist()]}).encode()
+    return _http_caller(port, f"/v1/models/{MODEL_NAME}:predict", body, {"Content-Type": "application/json"})
 
 
 def _grpc_caller(port: int, input_name: str, x: np.ndarray):
@@ -214,22 +219,11 @@ def _grpc_caller(port: int, input_name: str, x: np.ndarray):
 
 def _kserve_rest_caller(port: int, input_name: str, x: np.ndarray):
     """KServe v2 REST with the binary tensor extension, both ways (tritonclient's default)."""
-    import http.client
-
     header = json.dumps({"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
                                      "parameters": {"binary_data_size": x.nbytes}}],
                          "parameters": {"binary_data_output": True}}).encode()
-    body = header + x.tobytes()
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-
-    def call():
-        connection.request("POST", f"/v2/models/{MODEL_NAME}/infer", body, headers)
-        response = connection.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
-    return call
+    return _http_caller(port, f"/v2/models/{MODEL_NAME}/infer", header + x.tobytes(), headers)
 
 
 def _kserve_grpc_caller(port: int, input_name: str, x: np.ndarray):
