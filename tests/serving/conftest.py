@@ -99,6 +99,25 @@ def metric(text, name, **labels):
     return float(found.group(1)) if found else 0.0
 
 
+def assert_counted_by_outcome(server, api):
+    """The metrics count `api`'s (kserve_rest, kserve_grpc) answered infer, refused infer and metadata calls on mlp."""
+    text = server.rest.call("/monitoring/prometheus/metrics")[1].decode()
+    for call, status in (("infer", "OK"), ("infer", "INVALID_ARGUMENT"), ("metadata", "OK")):
+        assert metric(text, "tftrt_serving_requests_total", model="mlp", api=f"{api}_{call}", status=status) >= 1
+
+
+def assert_batched(models, batching_server, feeds, answers, before):
+    """`answers` (tritonclient results) are the cnn's for `feeds`, and their rows ran in fewer batches than
+    requests since the metrics text `before`."""
+    for x, answer in zip(feeds, answers):
+        (name, want), = reference(models, "cnn", 1, image=x).items()
+        np.testing.assert_allclose(answer.as_numpy(name), want, rtol=1e-5, atol=1e-5)
+    after = batching_server.rest.call("/monitoring/prometheus/metrics")[1].decode()
+    batches, rows = (metric(after, f"tftrt_serving_batch_size_{k}", model="cnn") -
+                     metric(before, f"tftrt_serving_batch_size_{k}", model="cnn") for k in ("count", "sum"))
+    assert rows == sum(len(x) for x in feeds) and batches < len(feeds)
+
+
 class Rest:
     """A plain HTTP+JSON client, as TF Serving REST clients are: (status, parsed body)."""
 

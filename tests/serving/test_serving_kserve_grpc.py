@@ -14,7 +14,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conftest import metric, reference
+from conftest import assert_batched, assert_counted_by_outcome, reference
 from support import random_array
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -168,10 +168,7 @@ def test_requests_are_counted_by_outcome(client, server):
     with pytest.raises(InferenceServerException):
         client.infer("mlp", [infer_input("features", random_array((1, 16), "float64"))])
     client.get_model_metadata("mlp")
-    text = server.rest.call("/monitoring/prometheus/metrics")[1].decode()
-    for api, status in (("kserve_grpc_infer", "OK"), ("kserve_grpc_infer", "INVALID_ARGUMENT"),
-                        ("kserve_grpc_metadata", "OK")):
-        assert metric(text, "tftrt_serving_requests_total", model="mlp", api=api, status=status) >= 1
+    assert_counted_by_outcome(server, "kserve_grpc")
 
 
 def test_concurrent_infers_merge_into_batches(batching_server, models):
@@ -184,10 +181,4 @@ def test_concurrent_infers_merge_into_batches(batching_server, models):
                                callback=lambda result, error, f=future: f.set_exception(error) if error else
                                f.set_result(result))
         answers = [future.result(60) for future in futures]
-    for x, answer in zip(feeds, answers):
-        (name, want), = reference(models, "cnn", 1, image=x).items()
-        np.testing.assert_allclose(answer.as_numpy(name), want, **TOL)
-    after = batching_server.rest.call("/monitoring/prometheus/metrics")[1].decode()
-    batches, rows = (metric(after, f"tftrt_serving_batch_size_{k}", model="cnn") -
-                     metric(before, f"tftrt_serving_batch_size_{k}", model="cnn") for k in ("count", "sum"))
-    assert rows == sum(len(x) for x in feeds) and batches < len(feeds)
+    assert_batched(models, batching_server, feeds, answers, before)

@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conftest import metric, reference
+from conftest import assert_batched, assert_counted_by_outcome, reference
 from support import random_array
 from tftrt_py.serving import kserve_rest
 from tftrt_py.serving.errors import ServingError
@@ -219,10 +219,7 @@ def test_requests_are_counted_by_outcome(client, server):
     with pytest.raises(InferenceServerException):
         client.infer("mlp", [infer_input("features", random_array((1, 16), "float64"))])
     client.get_model_metadata("mlp")
-    text = server.rest.call("/monitoring/prometheus/metrics")[1].decode()
-    for api, status in (("kserve_rest_infer", "OK"), ("kserve_rest_infer", "INVALID_ARGUMENT"),
-                        ("kserve_rest_metadata", "OK")):
-        assert metric(text, "tftrt_serving_requests_total", model="mlp", api=api, status=status) >= 1
+    assert_counted_by_outcome(server, "kserve_rest")
 
 
 def test_concurrent_infers_merge_into_batches(batching_server, models):
@@ -231,13 +228,7 @@ def test_concurrent_infers_merge_into_batches(batching_server, models):
     with _client(batching_server, concurrency=len(feeds)) as client:
         calls = [client.async_infer("cnn", [infer_input("image", x)]) for x in feeds]
         answers = [call.get_result() for call in calls]
-    for x, answer in zip(feeds, answers):
-        (name, want), = reference(models, "cnn", 1, image=x).items()
-        np.testing.assert_allclose(answer.as_numpy(name), want, **TOL)
-    after = batching_server.rest.call("/monitoring/prometheus/metrics")[1].decode()
-    batches, rows = (metric(after, f"tftrt_serving_batch_size_{k}", model="cnn") -
-                     metric(before, f"tftrt_serving_batch_size_{k}", model="cnn") for k in ("count", "sum"))
-    assert rows == sum(len(x) for x in feeds) and batches < len(feeds)
+    assert_batched(models, batching_server, feeds, answers, before)
 
 
 def _infer_body(x):
