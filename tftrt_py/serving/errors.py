@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Code", "ServingError"]
+__all__ = ["Code", "ServingError", "invalid"]
 
 
 class Code(enum.Enum):
@@ -35,3 +35,8 @@ class ServingError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def invalid(message: str) -> ServingError:
+    """The error of a request that is malformed or does not fit the model: INVALID_ARGUMENT."""
+    return ServingError(Code.INVALID_ARGUMENT, message)

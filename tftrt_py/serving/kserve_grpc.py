@@ -15,7 +15,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.errors import invalid
 from tftrt_py.serving.grpc_calls import aborting
 from tftrt_py.serving.kserve import (SIGNATURE_PARAMETER, check_output_parameters, model_metadata, model_ready,
                                      model_version, server_metadata)
@@ -28,16 +28,13 @@ __all__ = ["InferenceService", "add_service"]
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 
-def _invalid(message: str) -> ServingError:
-    return ServingError(Code.INVALID_ARGUMENT, message)
-
 
 def _signature_name(parameters) -> str:
     if SIGNATURE_PARAMETER not in parameters:
         return ""
     parameter = parameters[SIGNATURE_PARAMETER]
     if parameter.WhichOneof("parameter_choice") != "string_param":
-        raise _invalid(f"parameter {SIGNATURE_PARAMETER} must be a string_param")
+        raise invalid(f"parameter {SIGNATURE_PARAMETER} must be a string_param")
     return parameter.string_param
 
 
@@ -46,12 +43,12 @@ def _inputs(request) -> Dict[str, np.ndarray]:
     typed contents."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
-        raise _invalid(f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs: give one "
+        raise invalid(f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs: give one "
                        f"per input, in the order of inputs (or every input's values in its contents)")
     arrays: Dict[str, np.ndarray] = {}
     for i, tensor in enumerate(request.inputs):
         if tensor.name in arrays:
-            raise _invalid(f"input {tensor.name!r} is given twice: send each input once")
+            raise invalid(f"input {tensor.name!r} is given twice: send each input once")
         shape = list(tensor.shape)
         arrays[tensor.name] = from_raw(tensor.name, tensor.datatype, shape, raw[i]) if raw else \
             from_contents(tensor.name, tensor.datatype, shape, tensor.contents)

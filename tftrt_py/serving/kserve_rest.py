@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.errors import invalid
 from tftrt_py.serving.json_http import answering_errors, dumps, json_response, loads, read_body
 from tftrt_py.serving.kserve import (SIGNATURE_PARAMETER, check_output_parameters, model_metadata, model_ready,
                                      model_version, server_metadata)
@@ -35,19 +35,16 @@ MAX_DECODED_BYTES = 1 << 30
 KINDS = {str: "a string", int: "a whole number", bool: "true or false", list: "a list"}  # JSON value kinds
 
 
-def _invalid(message: str) -> ServingError:
-    return ServingError(Code.INVALID_ARGUMENT, message)
-
 
 def _object(value: Any, where: str) -> Dict[str, Any]:
     if not isinstance(value, dict):
-        raise _invalid(f"{where} must be a JSON object")
+        raise invalid(f"{where} must be a JSON object")
     return value
 
 
 def _typed(value: Any, kind: type, where: str):
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _invalid(f"{where} must be {KINDS[kind]}, got {value!r}")
+        raise invalid(f"{where} must be {KINDS[kind]}, got {value!r}")
     return value
 
 
@@ -76,18 +73,18 @@ def _decoded(body: bytes, encoding: Optional[str]) -> bytes:
         return body
     wbits = ENCODINGS.get(encoding.strip().lower())
     if wbits is None:
-        raise _invalid(f"Content-Encoding {encoding!r} is not accepted: send the body as {', '.join(ENCODINGS)} "
+        raise invalid(f"Content-Encoding {encoding!r} is not accepted: send the body as {', '.join(ENCODINGS)} "
                        f"or uncompressed")
     decoder = zlib.decompressobj(wbits)
     try:
         data = decoder.decompress(body, MAX_DECODED_BYTES)
     except zlib.error as exc:
-        raise _invalid(f"the body is not valid {encoding} data: {exc}") from None
+        raise invalid(f"the body is not valid {encoding} data: {exc}") from None
     if decoder.unconsumed_tail:
-        raise _invalid(f"the {encoding} body decompresses to more than {MAX_DECODED_BYTES} bytes: send less per "
+        raise invalid(f"the {encoding} body decompresses to more than {MAX_DECODED_BYTES} bytes: send less per "
                        f"request")
     if not decoder.eof:
-        raise _invalid(f"the body is not valid {encoding} data: it ends before its compressed stream does")
+        raise invalid(f"the body is not valid {encoding} data: it ends before its compressed stream does")
     return data
 
 
@@ -95,28 +92,28 @@ def _inputs(entries: Any, raw: memoryview) -> Dict[str, np.ndarray]:
     """The request's input tensors: those with parameters binary_data_size take their bytes from `raw` (the body
     after its JSON header), in order; the others carry JSON `data`."""
     if not _typed(entries, list, "'inputs'"):
-        raise _invalid("'inputs' must list the model's input tensors")
+        raise invalid("'inputs' must list the model's input tensors")
     inputs: Dict[str, np.ndarray] = {}
     offset = 0
     for entry in entries:
         entry = _object(entry, "each of 'inputs'")
         name = _typed(entry.get("name"), str, "an input's 'name'")
         if name in inputs:
-            raise _invalid(f"input {name!r} is given twice: send each input once")
+            raise invalid(f"input {name!r} is given twice: send each input once")
         size = _parameters(entry, f"input {name!r}").get("binary_data_size")
         if size is not None:
             if _typed(size, int, f"input {name!r}: binary_data_size") < 0 or offset + size > len(raw):
-                raise _invalid(f"input {name!r}: binary_data_size {size} does not fit the body's binary data "
+                raise invalid(f"input {name!r}: binary_data_size {size} does not fit the body's binary data "
                                f"({len(raw) - offset} bytes left): send {HEADER_LENGTH} and every input's bytes")
             inputs[name] = from_raw(name, entry.get("datatype"), entry.get("shape"), raw[offset:offset + size])
             offset += size
         elif "data" in entry:
             inputs[name] = from_json(name, entry.get("datatype"), entry.get("shape"), entry["data"])
         else:
-            raise _invalid(f"input {name!r} has no values: give them in 'data', or as binary data with "
+            raise invalid(f"input {name!r} has no values: give them in 'data', or as binary data with "
                            f"parameters binary_data_size")
     if offset != len(raw):
-        raise _invalid(f"the body holds {len(raw) - offset} bytes after its JSON header that no input's "
+        raise invalid(f"the body holds {len(raw) - offset} bytes after its JSON header that no input's "
                        f"binary_data_size accounts for")
     return inputs
 
@@ -142,7 +139,7 @@ def parse_infer(body: bytes, header_length: Optional[str], encoding: Optional[st
     header = len(body)
     if header_length is not None:
         if not header_length.isdigit() or int(header_length) > len(body):
-            raise _invalid(f"{HEADER_LENGTH} must be the byte length of the JSON header (at most the body's "
+            raise invalid(f"{HEADER_LENGTH} must be the byte length of the JSON header (at most the body's "
                            f"{len(body)} bytes), got {header_length!r}")
         header = int(header_length)
     request = _object(loads(body[:header]), "the request body")

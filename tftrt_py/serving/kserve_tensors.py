@@ -11,7 +11,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 import ml_dtypes
 import numpy as np
 
-from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.errors import Code, ServingError, invalid
 from tftrt_py.serving.models import TensorSpec
 from tftrt_py.serving.tensors import json_array
 
@@ -45,9 +45,6 @@ NAMES = {d.dtype: name for name, d in DATATYPES.items()}
 LENGTH = struct.Struct("<I")
 
 
-def _invalid(message: str) -> ServingError:
-    return ServingError(Code.INVALID_ARGUMENT, message)
-
 
 def datatype(dtype: np.dtype) -> str:
     """The protocol's name for numpy `dtype` (object: BYTES); UNIMPLEMENTED for dtypes it has none for."""
@@ -61,20 +58,20 @@ def datatype(dtype: np.dtype) -> str:
 def _datatype(name: str, text: Any) -> Datatype:
     found = DATATYPES.get(text) if isinstance(text, str) else None
     if found is None:
-        raise _invalid(f"input {name!r}: unknown datatype {text!r}: use one of {', '.join(DATATYPES)}")
+        raise invalid(f"input {name!r}: unknown datatype {text!r}: use one of {', '.join(DATATYPES)}")
     return found
 
 
 def _shape(name: str, shape: Any) -> Tuple[int, ...]:
     if not isinstance(shape, Sequence) or isinstance(shape, (str, bytes)) or any(
             isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-        raise _invalid(f"input {name!r}: shape must be a list of whole numbers >= 0, got {shape!r}")
+        raise invalid(f"input {name!r}: shape must be a list of whole numbers >= 0, got {shape!r}")
     return tuple(shape)
 
 
 def _reshaped(name: str, array: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
     if array.size != math.prod(shape):
-        raise _invalid(f"input {name!r}: shape {list(shape)} holds {math.prod(shape)} values, its data "
+        raise invalid(f"input {name!r}: shape {list(shape)} holds {math.prod(shape)} values, its data "
                        f"{array.size}: send the shape of the data")
     return array.reshape(shape)
 
@@ -84,16 +81,16 @@ def _split_bytes(name: str, buffer, count: int) -> np.ndarray:
     view, values, offset = memoryview(buffer), [], 0
     for _ in range(count):
         if offset + LENGTH.size > len(view):
-            raise _invalid(f"input {name!r}: raw BYTES data ends before its element {len(values)}: each element "
+            raise invalid(f"input {name!r}: raw BYTES data ends before its element {len(values)}: each element "
                            f"is a 4-byte little-endian length, then that many bytes")
         (length,), offset = LENGTH.unpack_from(view, offset), offset + LENGTH.size
         if offset + length > len(view):
-            raise _invalid(f"input {name!r}: raw BYTES element {len(values)} is {length} bytes long, but only "
+            raise invalid(f"input {name!r}: raw BYTES element {len(values)} is {length} bytes long, but only "
                            f"{len(view) - offset} bytes follow its length")
         values.append(bytes(view[offset:offset + length]))
         offset += length
     if offset != len(view):
-        raise _invalid(f"input {name!r}: raw BYTES data holds {len(view) - offset} bytes after its {count} "
+        raise invalid(f"input {name!r}: raw BYTES data holds {len(view) - offset} bytes after its {count} "
                        f"elements: send as many elements as the shape holds")
     array = np.empty(count, dtype=object)
     array[:] = values
@@ -109,7 +106,7 @@ def from_raw(name: str, datatype_name: Any, shape: Any, buffer) -> np.ndarray:
         return _split_bytes(name, buffer, count).reshape(shape)
     size = memoryview(buffer).nbytes
     if size != count * found.dtype.itemsize:
-        raise _invalid(f"input {name!r}: {size} bytes of raw data, but shape {list(shape)} of {datatype_name} "
+        raise invalid(f"input {name!r}: {size} bytes of raw data, but shape {list(shape)} of {datatype_name} "
                        f"takes {count * found.dtype.itemsize}")
     return np.frombuffer(buffer, found.dtype).reshape(shape)
 
@@ -118,7 +115,7 @@ def from_json(name: str, datatype_name: Any, shape: Any, data: Any) -> np.ndarra
     """An input's JSON `data` (flattened or nested; strings for BYTES) as an array of its datatype."""
     found, shape = _datatype(name, datatype_name), _shape(name, shape)
     if not found.json:
-        raise _invalid(f"input {name!r}: {datatype_name} values travel as binary data only: send them so "
+        raise invalid(f"input {name!r}: {datatype_name} values travel as binary data only: send them so "
                        f"(parameters binary_data_size)")
     return _reshaped(name, json_array(name, data, TensorSpec(found.dtype, shape)), shape)
 
@@ -127,7 +124,7 @@ def from_contents(name: str, datatype_name: Any, shape: Any, contents) -> np.nda
     """An input's typed gRPC InferTensorContents as an array of its datatype."""
     found, shape = _datatype(name, datatype_name), _shape(name, shape)
     if found.contents is None:
-        raise _invalid(f"input {name!r}: {datatype_name} values travel in raw_input_contents only: send them so")
+        raise invalid(f"input {name!r}: {datatype_name} values travel in raw_input_contents only: send them so")
     values = getattr(contents, found.contents)
     if found.dtype == object:
         array = np.empty(len(values), dtype=object)
@@ -151,7 +148,7 @@ def _bytes(value) -> bytes:
 def to_json(name: str, array: np.ndarray) -> List[Any]:
     """`array`'s values as JSON `data`, flattened in row-major order; BYTES as strings, which must be UTF-8."""
     if not DATATYPES[datatype(array.dtype)].json:
-        raise _invalid(f"output {name!r}: {NAMES[array.dtype]} values travel as binary data only: ask for them so "
+        raise invalid(f"output {name!r}: {NAMES[array.dtype]} values travel as binary data only: ask for them so "
                        f"(parameters binary_data: true)")
     values = array.reshape(-1).tolist()
     if array.dtype != object:
@@ -159,5 +156,5 @@ def to_json(name: str, array: np.ndarray) -> List[Any]:
     try:
         return [_bytes(v).decode() for v in values]
     except UnicodeDecodeError:
-        raise _invalid(f"output {name!r} holds bytes that are not UTF-8 text: ask for it as binary data "
+        raise invalid(f"output {name!r} holds bytes that are not UTF-8 text: ask for it as binary data "
                        f"(parameters binary_data: true)") from None

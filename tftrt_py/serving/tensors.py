@@ -9,7 +9,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from tftrt_py.serving.errors import Code, ServingError
+from tftrt_py.serving.errors import invalid
 from tftrt_py.serving.models import Signature, TensorSpec
 
 __all__ = ["rest_inputs", "rest_outputs", "json_array", "from_tensor_proto", "fill_tensor_proto"]
@@ -20,9 +20,6 @@ CONTENT_DTYPES = frozenset(map(np.dtype, ("float16", "float32", "float64", "int8
 #: JSON value kinds (numpy dtype kinds of np.asarray(value)) each input dtype kind accepts
 ACCEPTS = {"f": "biuf", "c": "biufc", "i": "biu", "u": "biu", "b": "b"}
 
-
-def _invalid(message: str) -> ServingError:
-    return ServingError(Code.INVALID_ARGUMENT, message)
 
 
 def _is_b64(value) -> bool:
@@ -36,10 +33,10 @@ def _string_leaves(value):
         try:
             return base64.b64decode(value["b64"], validate=True)
         except (ValueError, TypeError):
-            raise _invalid("a 'b64' value is not valid base64") from None
+            raise invalid("a 'b64' value is not valid base64") from None
     if isinstance(value, str):
         return value.encode()
-    raise _invalid(f"expected a string or {{'b64': ...}}, got {type(value).__name__}")
+    raise invalid(f"expected a string or {{'b64': ...}}, got {type(value).__name__}")
 
 
 def json_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
@@ -53,9 +50,9 @@ def json_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
             return array
         array = np.asarray(value)
     except ValueError:
-        raise _invalid(f"input {name!r}: the value is not a rectangular array (lists of unequal lengths)") from None
+        raise invalid(f"input {name!r}: the value is not a rectangular array (lists of unequal lengths)") from None
     if array.dtype.kind not in ACCEPTS.get(spec.dtype.kind, "") and array.size:
-        raise _invalid(f"input {name!r}: expects {spec.describe()} values, got JSON values of type "
+        raise invalid(f"input {name!r}: expects {spec.describe()} values, got JSON values of type "
                        f"{'string/object' if array.dtype.kind in 'OUS' else array.dtype.name}")
     return array.astype(spec.dtype)
 
@@ -65,27 +62,27 @@ def _named(value, names, where: str) -> Dict[str, Any]:
     if isinstance(value, dict) and not _is_b64(value):
         return value
     if len(names) != 1:
-        raise _invalid(f"{where}: the signature has inputs {{{', '.join(names)}}}: give an object keyed by them")
+        raise invalid(f"{where}: the signature has inputs {{{', '.join(names)}}}: give an object keyed by them")
     return {names[0]: value}
 
 
 def rest_inputs(body: Any, signature: Signature) -> Tuple[Dict[str, np.ndarray], bool]:
     """(input arrays, row format?) of a parsed predict request body."""
     if not isinstance(body, dict):
-        raise _invalid("the request body must be a JSON object")
+        raise invalid("the request body must be a JSON object")
     if ("instances" in body) == ("inputs" in body):
-        raise _invalid("the request must have exactly one of 'instances' (row format) and 'inputs' (columnar)")
+        raise invalid("the request must have exactly one of 'instances' (row format) and 'inputs' (columnar)")
     names = list(signature.inputs)
     if "inputs" in body:
         values = _named(body["inputs"], names, "'inputs'")
     else:
         instances = body["instances"]
         if not isinstance(instances, list) or not instances:
-            raise _invalid("'instances' must be a non-empty list")
+            raise invalid("'instances' must be a non-empty list")
         rows = [_named(row, names, "'instances'") for row in instances]
         keys = set(rows[0])
         if any(set(row) != keys for row in rows):
-            raise _invalid("every element of 'instances' must name the same inputs")
+            raise invalid("every element of 'instances' must name the same inputs")
         values = {k: [row[k] for row in rows] for k in keys}
     signature.check_names(values)
     return {k: json_array(k, v, signature.inputs[k]) for k, v in values.items()}, "instances" in body
@@ -119,7 +116,7 @@ def rest_outputs(outputs: Mapping[str, np.ndarray], row_format: bool) -> Dict[st
         return {"outputs": {k: _json_value(k, v) for k, v in outputs.items()}}
     sizes = {v.shape[0] if v.ndim else None for v in outputs.values()}
     if len(sizes) != 1 or None in sizes:
-        raise _invalid("the outputs have different (or no) batch sizes: ask for the columnar format ('inputs')")
+        raise invalid("the outputs have different (or no) batch sizes: ask for the columnar format ('inputs')")
     columns = {k: _json_value(k, v) for k, v in outputs.items()}
     if len(columns) == 1:
         return {"predictions": next(iter(columns.values()))}
@@ -156,7 +153,7 @@ def from_tensor_proto(name: str, proto) -> np.ndarray:
     shape = [d.size for d in proto.tensor_shape.dim]
     if proto.tensor_shape.unknown_rank or any(d < 0 for d in shape) or \
             len(content) != math.prod(shape) * dtype.itemsize:
-        raise _invalid(f"input {name!r}: not a valid TensorProto: tensor_content holds {len(content)} bytes, "
+        raise invalid(f"input {name!r}: not a valid TensorProto: tensor_content holds {len(content)} bytes, "
                        f"not the {dtype.name} values of shape {shape}")
     return np.frombuffer(content, dtype).reshape(shape)
 
@@ -167,7 +164,7 @@ def _make_ndarray(name: str, proto) -> np.ndarray:
     try:
         return tensor_util.MakeNdarray(proto)
     except Exception as exc:  # a malformed TensorProto (content size, dtype) is the client's error
-        raise _invalid(f"input {name!r}: not a valid TensorProto: {exc}") from None
+        raise invalid(f"input {name!r}: not a valid TensorProto: {exc}") from None
 
 
 def fill_tensor_proto(proto, array: np.ndarray) -> None:
