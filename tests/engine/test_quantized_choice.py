@@ -256,9 +256,13 @@ class KnownTactics:
 
     def __init__(self, known):
         self.known = set(known)
+        self.warmed = []
 
     def knows(self, spec):
         return spec.layer.name in self.known
+
+    def warm(self, jobs):
+        self.warmed += [spec for spec, _ in jobs]
 
 
 def test_triton_kernels_are_prefetched_only_for_layers_whose_tactic_is_not_known(monkeypatch):
@@ -303,3 +307,23 @@ def test_anticipating_a_build_prefetches_the_kernels_of_every_quantized_layer_wh
     asked.clear()
     program.anticipate(built, "FP16", KnownTactics(set()), BuildOptions())
     assert asked == []
+
+
+def test_anticipating_a_build_warms_the_fp16_specs_the_build_will_time_each_quantized_layer_with(monkeypatch):
+    """The fp16 candidates of a quantized layer depend on no range, so they are built while calibration runs,
+    with the very signatures keep_faster_quantized later times (Tuner.warm leaves out the tactics it knows)."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import quant_planning as program
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+    attention_kernel_available(monkeypatch)
+    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: None)
+    monkeypatch.setattr(program.triton, "prefetch", lambda requests: None)
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    tuner = KnownTactics({"qkv"})
+    program.anticipate(built, "INT8", tuner, BuildOptions())
+    timing = FlatTuner(0.7, 0.5)
+    program.keep_faster_quantized(built, program.quantized_layers(built, "INT8"), "INT8", timing, BuildOptions(), {})
+    fp16_timed = [s.signature() for s in timing.timed if s.quant is None]
+    assert [s.signature() for s in tuner.warmed] == fp16_timed and len(fp16_timed) == 3
+    assert all(s.quant is None and s.out_dtypes == ["float16"] for s in tuner.warmed)

@@ -70,3 +70,39 @@ def test_every_timed_layer_takes_the_candidates_built_ahead_side_by_side(precisi
     got, ref = engine.create_execution_context().execute_v2([x])[0], want.execute_v2([x])[0]
     tol = {"FP32": 1e-4, "FP16": 1e-2, "INT8": 5e-2}[precision] * max(1.0, float(np.max(np.abs(ref))))
     np.testing.assert_allclose(got, ref, atol=tol, rtol=0, err_msg="an engine of candidates built ahead")
+
+
+def test_an_int8_build_anticipated_during_calibration_finds_the_cudnn_plans_of_its_fp16_candidates_built(
+        monkeypatch):
+    """Builder.anticipate (run while calibration runs) builds the fp16 candidates of the quantized layers: the
+    build that follows makes no cuDNN graph (nor compiles its plans) that the anticipation made."""
+    import collections
+
+    from tftrt_py.engine.backends.cupy.ops import conv
+
+    made = []
+    cached = conv.cudnn_graph_cache
+
+    def watched(key, make):
+        def making():
+            made.append(key)
+            return make()
+        return cached(key, making)
+
+    monkeypatch.setattr(conv, "_GRAPHS", collections.OrderedDict())
+    monkeypatch.setattr(conv, "cudnn_graph_cache", watched)
+
+    def network():
+        net = conv_relu_pool_net()
+        for t in [*net.inputs, *(t for layer in net.layers for t in layer.outputs)]:
+            t.dynamic_range = 4.0
+        return net
+
+    builder = Builder(BuilderConfig("INT8", backend="cupy"))
+    builder.anticipate(network())
+    anticipated = set(made)
+    made.clear()
+    engine = builder.build_engine(network())
+    assert anticipated and not anticipated & set(made), (anticipated, made)
+    assert engine.create_execution_context().execute_v2(
+        [np.random.default_rng(0).standard_normal((4, 8, 8, 3)).astype(np.float32)])[0].shape == (4, 5)

@@ -487,12 +487,18 @@ class QuantPlan:
 
 
 def anticipate(net, precision: str, tuner: Tuner, options: BuildOptions) -> None:
-    """Start compiling the Triton kernels a later build of `net` at `precision` times its candidates with (the
-    prefetch of plan_quantization, its ranges stand-ins while calibration runs: a kernel depends on a range only
-    through whether it clamps in fp16, so nearly all of them are the build's own; the build compiles any other
-    it needs)."""
-    if precision in FORMATS:
-        _prefetch_triton_kernels(net, quantized_layers(net, precision), precision, {}, tuner, options)
+    """Start what a later build of `net` at `precision` spends its time on, while calibration gives `net` its
+    ranges (here stand-ins): the Triton kernels its quantized layers are timed with start compiling (the prefetch
+    of plan_quantization: a kernel depends on a range only through whether it clamps in fp16, so nearly all of
+    them are the build's own; the build compiles any other it needs), then the fp16 candidates of those layers,
+    which depend on no range, are built for what their builders keep (Tuner.warm: cuDNN plans)."""
+    if precision not in FORMATS:
+        return
+    layers = quantized_layers(net, precision)
+    _prefetch_triton_kernels(net, layers, precision, {}, tuner, options)
+    direct, _ = _quantized_if_all_kept(net, layers, precision)
+    tuner.warm([(_specs(layer, _quant_format(layer, precision), layer.outputs[0].name in direct, options)[1],
+                 FACTORIES[layer.kind]) for layer in net.layers if layer.name in layers])
 
 
 def plan_quantization(net, precision: str, tuner: Tuner, options: BuildOptions,

@@ -155,13 +155,32 @@ class Tuner:
         too) and kernels compile in parallel, one after another they take most of a fresh build. Nothing is timed
         meanwhile (a CUDA graph capture would see the other threads' allocations), and the specs whose tactic is
         recorded or cached are left to choose(), which builds only that one."""
+        todo = self._unknown(jobs)
+        if len(todo) >= 2:
+            self._prebuilt.update(self._side_by_side(todo, "built the candidates"))
+
+    def warm(self, jobs) -> None:
+        """Build the candidates of `jobs` for what their builders keep by shape, not weights (the cuDNN graphs
+        and their built plans, ops/conv.py), while the GPU has nothing else to do: the build that follows, which
+        cannot start before INT8 calibration ends, takes them from there instead of compiling them. As in
+        prebuild, specs whose tactic is known are left to choose(); the ops built are dropped."""
+        todo = self._unknown(jobs)
+        if todo:
+            self._side_by_side(todo, "warmed the candidates")
+
+    def _unknown(self, jobs) -> Dict[str, tuple]:
+        """Signature -> (spec without a preferred tactic, factory) of each spec of `jobs` ((spec, factory) pairs)
+        whose tactic is not known and whose candidates are not built already."""
         todo = {}
         for spec, factory in jobs:
             sig = spec.signature()
             if sig not in self._prebuilt and sig not in todo and not self.knows(spec):
-                todo[sig] = (spec, factory)
-        if len(todo) < 2:
-            return
+                todo[sig] = (dataclasses.replace(spec, prefer=None), factory)
+        return todo
+
+    def _side_by_side(self, todo: Dict[str, tuple], what: str) -> Dict[str, List[Op]]:
+        """Signature -> the candidates factory(spec) built, for each (spec, factory) of `todo`, in PREBUILD_THREADS
+        threads; a failed build is left out (choose() builds it again and reports the failure)."""
         # Quantized candidates last: theirs wait on kernels the Triton compile process may still be compiling, and
         # a thread waiting on them would hold back the float candidates queued behind it.
         todo = dict(sorted(todo.items(), key=lambda item: item[1][0].quant is not None))
@@ -171,19 +190,16 @@ class Tuner:
         def build(spec, factory):
             began = time.perf_counter()
             try:
-                return factory(dataclasses.replace(spec, prefer=None))
+                return factory(spec)
             finally:
                 seconds[spec.layer.name] = time.perf_counter() - began
 
         with concurrent.futures.ThreadPoolExecutor(min(PREBUILD_THREADS, len(todo)), "tftrt-prebuild",
                                                    _device.require().cuda.runtime.setDevice, (device,)) as pool:
             futures = {sig: pool.submit(build, spec, factory) for sig, (spec, factory) in todo.items()}
-        for sig, future in futures.items():
-            if future.exception() is None:  # else choose() builds it again and reports the failure
-                self._prebuilt[sig] = future.result()
-        logger.debug("built the candidates of %d layer(s) in %.2f s; slowest: %s", len(todo),
-                     time.perf_counter() - start, sorted(((round(s, 2), n) for n, s in seconds.items()),
-                                                         reverse=True)[:5])
+        logger.debug("%s of %d layer(s) in %.2f s; slowest: %s", what, len(todo), time.perf_counter() - start,
+                     sorted(((round(s, 2), n) for n, s in seconds.items()), reverse=True)[:5])
+        return {sig: future.result() for sig, future in futures.items() if future.exception() is None}
 
     def knows(self, spec: Spec) -> bool:
         """A tactic of `spec` is known without timing: recorded in the plan, chosen earlier in this build, or held
