@@ -1,7 +1,7 @@
 """Load on tftrt-serve, batching off and on: throughput and latency at N concurrent clients, loopback only.
 
     python benchmarks/serve_load.py [--model small_cnn|thin_224|resnet50] [--api rest|grpc|kserve-rest|kserve-grpc]
-                                    [--clients 32]
+                                    [--clients 32] [--generator python|c]
                                     [--requests 3000] [--time-limit 60] [--repeat 3] [--json out.json]
 
 The model (random weights, nothing downloaded) is exported and converted into a temporary folder: the demo CNN in
@@ -9,21 +9,26 @@ FP32, `--model resnet50` (Keras ResNet50, 224x224) in FP16 where a GPU serves en
 thin_224` (ResNet-50's 600 KB requests through a cheap net: the server's per-byte cost), engines built
 for batch 1 and every allowed batch size. A server (tftrt-serve in this process, or `--server subprocess`) serves
 it on ephemeral loopback ports, once without batching and once with TF Serving's batching parameters
-(--max-batch-size, --batch-timeout-micros, --num-batch-threads, --allowed-batch-sizes). Clients run in
---client-procs processes (threads there, one connection each), each sending `--rows`-row predicts (TF Serving's
-Predict over `--api` rest or grpc, or KServe v2's infer: kserve-rest with binary tensors, kserve-grpc) until the
-request count or the time limit is reached, after a warm-up. Printed per mode and run: requests answered,
-throughput (req/s, rows/s), p50/p99 latency, mean batch size (the server's metrics), CPU time per request of the
-server and of the clients, the load average (the machine may be shared); native-segment runs are flagged. Then
+(--max-batch-size, --batch-timeout-micros, --num-batch-threads, --allowed-batch-sizes). --clients closed-loop
+clients, one connection each, send `--rows`-row predicts (TF Serving's Predict over `--api` rest or grpc, or KServe
+v2's infer: kserve-rest with binary tensors, kserve-grpc) until the request count or the time limit is reached,
+after a warm-up: Python clients (threads in --client-procs processes), or with `--generator c` one C process
+(benchmarks/loadgen/loadgen.c, compiled on first use) that spends a few microseconds of CPU per request. Printed
+per mode and run: requests answered, throughput (req/s, rows/s), p50/p99 latency, mean batch size (the server's
+metrics), CPU time per request of the server and of the clients, the load average (the machine may be shared);
+native-segment runs are flagged. Then
 the medians of the repeats, the on/off throughput ratio, and the p99 bound 2 x batch_timeout + one full batch's
 compute.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +36,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from typing import NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -182,71 +188,98 @@ def scrape(rest_port: int) -> dict:
             "fallbacks": fallbacks}
 
 
-# -- the clients (in other processes) -----------------------------------------------------------------------------
-def _http_caller(port: int, path: str, body: bytes, headers: dict):
-    """POSTs of `body` to `path` on one connection; an answer other than 200 raises."""
+# -- the requests --------------------------------------------------------------------------------------------------
+class Request(NamedTuple):
+    """What a client sends again and again: a gRPC method and its serialized message, or an HTTP POST."""
+    grpc: bool
+    path: str
+    body: bytes
+    headers: dict
+
+
+def _rest_request(model: str, input_name: str, x: np.ndarray) -> Request:
+    body = json.dumps({"instances": [{input_name: row} for row in x.tolist()]}).encode()
+    return Request(False, f"/v1/models/{model}:predict", body, {"Content-Type": "application/json"})
+
+
+def _predict_request(model: str, input_name: str, x: np.ndarray) -> Request:
+    """TF Serving's PredictionService/Predict, the input in tensor_content."""
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.inputs[input_name].CopyFrom(tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT, tensor_content=x.tobytes(),
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[{"size": d} for d in x.shape])))
+    return Request(True, "/tensorflow.serving.PredictionService/Predict", request.SerializeToString(), {})
+
+
+def _kserve_rest_request(model: str, input_name: str, x: np.ndarray) -> Request:
+    """KServe v2 REST with the binary tensor extension, both ways (tritonclient's default)."""
+    header = json.dumps({"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    return Request(False, f"/v2/models/{model}/infer", header + x.tobytes(),
+                   {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))})
+
+
+def _kserve_grpc_request(model: str, input_name: str, x: np.ndarray) -> Request:
+    """KServe v2 gRPC ModelInfer, the input in raw_input_contents."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model, raw_input_contents=[x.tobytes()])
+    request.inputs.add(name=input_name, datatype="FP32", shape=list(x.shape))
+    return Request(True, "/inference.GRPCInferenceService/ModelInfer", request.SerializeToString(), {})
+
+
+#: --api: the request of `model`'s input `input_name` holding `x`
+REQUESTS = {"rest": _rest_request, "grpc": _predict_request, "kserve-rest": _kserve_rest_request,
+            "kserve-grpc": _kserve_grpc_request}
+
+
+class Refused(RuntimeError):
+    """An answer other than success; `kind` names it as the C generator does (http_404, grpc_NOT_FOUND...)."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+# -- Python clients (in other processes) --------------------------------------------------------------------------
+def _caller(port: int, request: Request):
+    """A call sending `request` on a connection of its own; refusals raise Refused."""
+    if request.grpc:
+        import grpc
+
+        method = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary(request.path)  # bytes in, bytes out
+
+        def call():
+            try:
+                method(request.body, timeout=120)
+            except grpc.RpcError as exc:
+                raise Refused(f"grpc_{exc.code().name}", exc.details()) from None
+        return call
     import http.client
 
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 
     def call():
-        connection.request("POST", path, body, headers)
+        connection.request("POST", request.path, request.body, request.headers)
         response = connection.getresponse()
         data = response.read()
         if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
+            raise Refused(f"http_{response.status}", repr(data[:200]))
     return call
-
-
-def _rest_caller(port: int, input_name: str, x: np.ndarray):
-    body = json.dumps({"instances": [{input_name: row} for row in x.tolist()]}).encode()
-    return _http_caller(port, f"/v1/models/{MODEL_NAME}:predict", body, {"Content-Type": "application/json"})
-
-
-def _grpc_caller(port: int, input_name: str, x: np.ndarray):
-    import grpc
-    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL_NAME
-    request.inputs[input_name].CopyFrom(tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_FLOAT, tensor_content=x.tobytes(),
-        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[{"size": d} for d in x.shape])))
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-    return lambda: stub.Predict(request, timeout=120)
-
-
-def _kserve_rest_caller(port: int, input_name: str, x: np.ndarray):
-    """KServe v2 REST with the binary tensor extension, both ways (tritonclient's default)."""
-    header = json.dumps({"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "parameters": {"binary_data_output": True}}).encode()
-    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
-    return _http_caller(port, f"/v2/models/{MODEL_NAME}/infer", header + x.tobytes(), headers)
-
-
-def _kserve_grpc_caller(port: int, input_name: str, x: np.ndarray):
-    """KServe v2 gRPC ModelInfer, the input in raw_input_contents."""
-    import grpc
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-    request = service_pb2.ModelInferRequest(model_name=MODEL_NAME, raw_input_contents=[x.tobytes()])
-    request.inputs.add(name=input_name, datatype="FP32", shape=list(x.shape))
-    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-    return lambda: stub.ModelInfer(request, timeout=120)
-
-
-CALLERS = {"rest": _rest_caller, "grpc": _grpc_caller, "kserve-rest": _kserve_rest_caller,
-           "kserve-grpc": _kserve_grpc_caller}
 
 
 def client_process(api: str, port: int, input_name: str, threads: int, requests: int, shape, deadline_s: float,
                    start_at: float, results) -> None:
     """`threads` clients sending `requests` predicts in all (until `deadline_s` after `start_at`); puts
-    (latencies, first send, last answer, errors, CPU seconds of the sending) on `results`."""
+    (latencies, first send, last answer, errors as (kind, text), CPU seconds of the sending) on `results`."""
     rng = np.random.default_rng(os.getpid())
-    callers = [CALLERS[api](port, input_name, rng.standard_normal(shape, np.float32)) for _ in range(threads)]
+    callers = [_caller(port, REQUESTS[api](MODEL_NAME, input_name, rng.standard_normal(shape, np.float32)))
+               for _ in range(threads)]
     latencies, errors, lock = [], [], threading.Lock()
     remaining = [requests]
 
@@ -261,7 +294,7 @@ def client_process(api: str, port: int, input_name: str, threads: int, requests:
                 call()
             except Exception as exc:  # counted and reported; the client goes on
                 with lock:
-                    errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                    errors.append((getattr(exc, "kind", type(exc).__name__), f"{type(exc).__name__}: {str(exc)[:200]}"))
                 continue
             with lock:
                 latencies.append(time.perf_counter() - begin)
@@ -276,11 +309,11 @@ def client_process(api: str, port: int, input_name: str, threads: int, requests:
     results.put((latencies, first, time.time(), errors, time.process_time() - cpu))
 
 
-def drive(args, server, input_name: str, requests: int) -> dict:
-    """Run the clients for `requests` predicts; throughput and latency of what was answered."""
+def python_clients(args, port: int, input_name: str, requests: int, on_start=lambda: None) -> dict:
+    """--clients threads in --client-procs processes, one connection each; the clients' summary (see c_clients).
+    `on_start` runs once every process is ready, as the clients start."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = server.rest_port if args.api.endswith("rest") else server.grpc_port
     shape = (args.rows, SIZES[args.model], SIZES[args.model], 3)
     procs = min(args.client_procs, args.clients)
     threads = [args.clients // procs + (i < args.clients % procs) for i in range(procs)]
@@ -291,24 +324,92 @@ def drive(args, server, input_name: str, requests: int) -> dict:
     for p in processes:
         p.start()
     time.sleep(max(0.0, start_at - time.time()))
-    before, cpu = scrape(server.rest_port), server.cpu_seconds()
+    on_start()
     parts = [results.get(timeout=args.time_limit + 120) for _ in processes]
-    cpu = server.cpu_seconds() - cpu
-    after = scrape(server.rest_port)
     for p in processes:
         p.join()
-    latencies = np.array([t for part in parts for t in part[0]])
-    seconds = max(p[2] for p in parts) - min(p[1] for p in parts)
+    latencies = np.array([t for part in parts for t in part[0]]) * 1e3
     errors = [e for part in parts for e in part[3]]
+    return {"requests": int(latencies.size), "errors": len(errors),
+            "error_kinds": dict(collections.Counter(kind for kind, _ in errors)),
+            "first_error": errors[0][1] if errors else None,
+            "seconds": max(p[2] for p in parts) - min(p[1] for p in parts),
+            "p50_ms": float(np.percentile(latencies, 50)) if latencies.size else None,
+            "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else None,
+            "client_cpu_s": sum(p[4] for p in parts)}
+
+
+# -- the C generator (benchmarks/loadgen/loadgen.c) ---------------------------------------------------------------
+LOADGEN_SOURCE = os.path.join(HERE, "loadgen", "loadgen.c")
+
+
+def loadgen_binary() -> str:
+    """The C generator, compiled with `cc -O2` once per version of its source into ~/.cache/tftrt_py/loadgen."""
+    with open(LOADGEN_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    path = os.path.join(os.path.expanduser("~"), ".cache", "tftrt_py", "loadgen", digest, "loadgen")
+    if not os.path.exists(path):
+        compiler = shutil.which("cc")
+        if compiler is None:
+            raise RuntimeError("the C load generator needs a C compiler: no `cc` on PATH")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}"
+        built = subprocess.run([compiler, "-O2", "-o", partial, LOADGEN_SOURCE], capture_output=True, text=True)
+        if built.returncode:
+            raise RuntimeError(f"cc -O2 {LOADGEN_SOURCE} failed: {built.stderr.strip()[-2000:]}")
+        os.replace(partial, path)
+    return path
+
+
+def c_clients(port: int, request: Request, connections: int, requests: int, time_limit: float,
+              on_start=lambda: None) -> dict:
+    """`connections` closed-loop clients in one C process sending `request` `requests` times in all (until
+    `time_limit` seconds): requests answered, errors, error_kinds (kind: count), first_error, seconds (first send
+    to last answer), p50_ms, p99_ms (of the answered), client_cpu_s."""
+    binary = loadgen_binary()
+    with tempfile.NamedTemporaryFile(prefix="loadgen_", suffix=".body") as body:
+        body.write(request.body)
+        body.flush()
+        command = [binary, "--proto", "grpc" if request.grpc else "http", "--port", str(port), "--path",
+                   request.path, "--body", body.name, "--connections", str(connections), "--requests",
+                   str(requests), "--time-limit", str(time_limit)]
+        for name, value in request.headers.items():
+            command += ["--header", f"{name}: {value}"]
+        on_start()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=time_limit + 180)
+    if done.returncode:
+        raise RuntimeError(f"loadgen failed ({done.returncode}): {done.stderr.strip()}")
+    summary = json.loads(done.stdout)
+    summary["client_cpu_s"] = summary.pop("cpu_s")
+    return summary
+
+
+# -- a run ----------------------------------------------------------------------------------------------------------
+def drive(args, server, input_name: str, requests: int) -> dict:
+    """Run the clients for `requests` predicts; throughput and latency of what was answered."""
+    port = server.rest_port if args.api.endswith("rest") else server.grpc_port
+    before = {}
+
+    def on_start():
+        before.update(scrape(server.rest_port), cpu=server.cpu_seconds())
+
+    if args.generator == "c":
+        x = np.random.default_rng(0).standard_normal((args.rows, SIZES[args.model], SIZES[args.model], 3),
+                                                     np.float32)
+        clients = c_clients(port, REQUESTS[args.api](MODEL_NAME, input_name, x), args.clients, requests,
+                            args.time_limit, on_start)
+    else:
+        clients = python_clients(args, port, input_name, requests, on_start)
+    cpu = server.cpu_seconds() - before["cpu"]
+    after = scrape(server.rest_port)
+    answered, seconds = clients["requests"], clients["seconds"]
     batches = after["batches"] - before["batches"]
-    return {"requests": int(latencies.size), "errors": len(errors), "first_error": errors[0] if errors else None,
-            "seconds": seconds, "req_s": latencies.size / seconds, "rows_s": latencies.size * args.rows / seconds,
-            "p50_ms": float(np.percentile(latencies, 50)) * 1e3 if latencies.size else None,
-            "p99_ms": float(np.percentile(latencies, 99)) * 1e3 if latencies.size else None,
+    return {**{k: clients[k] for k in ("requests", "errors", "error_kinds", "first_error", "p50_ms", "p99_ms")},
+            "seconds": seconds, "req_s": answered / seconds, "rows_s": answered * args.rows / seconds,
             "mean_batch": (after["rows"] - before["rows"]) / batches if batches else None,
             "fallbacks": after["fallbacks"] - before["fallbacks"],
-            "server_cpu_ms": cpu / max(1, latencies.size) * 1e3,
-            "client_cpu_ms": sum(p[4] for p in parts) / max(1, latencies.size) * 1e3}
+            "server_cpu_ms": cpu / max(1, answered) * 1e3,
+            "client_cpu_ms": clients["client_cpu_s"] / max(1, answered) * 1e3}
 
 
 def _fmt(value, spec):
@@ -326,7 +427,10 @@ def print_row(row: dict) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(SIZES), default="small_cnn")
-    p.add_argument("--api", choices=sorted(CALLERS), default="rest")
+    p.add_argument("--api", choices=sorted(REQUESTS), default="rest")
+    p.add_argument("--generator", choices=("python", "c"), default="python",
+                   help="python: --clients threads in --client-procs processes (default); c: one C process "
+                        "(benchmarks/loadgen/loadgen.c, compiled with cc)")
     p.add_argument("--server", choices=sorted(SERVERS), default="inprocess")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--client-procs", type=int, default=2, help="processes the clients run in (default: 2)")
@@ -352,6 +456,11 @@ def main(argv=None) -> int:
                                max_enqueued_batches=max(10, 4 * args.clients // args.max_batch_size + 1),
                                allowed_batch_sizes=allowed,
                                **({"num_batch_threads": args.num_batch_threads} if args.num_batch_threads else {}))
+    if args.generator == "c":
+        try:
+            loadgen_binary()
+        except RuntimeError as exc:
+            raise SystemExit(f"serve_load.py: {exc}") from None
     modes = args.modes.split(",")
     with tempfile.TemporaryDirectory(prefix="serve_load_") as root:
         started = time.time()
@@ -359,7 +468,8 @@ def main(argv=None) -> int:
         base_path = os.path.join(root, MODEL_NAME)
         compute_ms = batch_compute_ms(os.path.join(base_path, "1"), args.max_batch_size, SIZES[args.model])
         setup = {"model": args.model, "precision": precision, "api": args.api, "server": args.server,
-                 "client_procs": args.client_procs, "rows": args.rows, "cpus": len(os.sched_getaffinity(0)),
+                 "generator": args.generator, "client_procs": args.client_procs, "rows": args.rows,
+                 "cpus": len(os.sched_getaffinity(0)),
                  "load_average": os.getloadavg(), "batching": {**vars(batching), "allowed_batch_sizes": allowed},
                  "full_batch_compute_ms": compute_ms, "convert_s": time.time() - started}
         print(json.dumps(setup), flush=True)
