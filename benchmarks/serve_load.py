@@ -433,7 +433,7 @@ def main(argv=None) -> int:
                         "(benchmarks/loadgen/loadgen.c, compiled with cc)")
     p.add_argument("--server", choices=sorted(SERVERS), default="inprocess")
     p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--client-procs", type=int, default=2, help="processes the clients run in (default: 2)")
+    p.add_argument("--client-procs", type=int, default=2, help="processes the Python clients run in (default: 2)")
     p.add_argument("--rows", type=int, default=1, help="rows per request (default: 1)")
     p.add_argument("--requests", type=int, default=3000, help="predicts per mode and run (default: 3000)")
     p.add_argument("--warmup", type=int, default=300, help="predicts before each timed run (default: 300)")
