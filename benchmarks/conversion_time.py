@@ -1,7 +1,7 @@
 """Conversion time end to end, as a user converts: keras-hub BERT-base (FP16) and Keras ResNet50 (INT8, calibrated),
 exported with random weights, then ``convert()`` (with INT8 calibration), ``build()`` and ``save()`` timed in a
 fresh process with empty caches and again in a new process with those caches warm (timing cache, cupy and Triton
-kernel caches).
+kernel caches, the CUDA driver's JIT cache).
 
     python benchmarks/conversion_time.py [--models bert resnet50] [--batch 8] [--profile N]
 
@@ -133,6 +133,7 @@ def main() -> None:
     try:
         env = dict(os.environ, TFTRT_PY_TIMING_CACHE=os.path.join(work, "timing_cache.json"),
                    CUPY_CACHE_DIR=os.path.join(work, "cupy"), TRITON_CACHE_DIR=os.path.join(work, "triton"),
+                   CUDA_CACHE_PATH=os.path.join(work, "nv"),  # the driver's JIT cache (cuDNN's runtime plans)
                    TF_CPP_MIN_LOG_LEVEL="2")
         rows = []
         for name in args.models:

@@ -428,25 +428,16 @@ def test_candidates_built_ahead_side_by_side_are_the_ones_timed_and_recorded_tac
     assert gpu.timed == [["slow", "fast", "middle"]] * 2
 
 
-def test_warming_builds_the_candidates_of_specs_whose_tactic_is_not_known_and_keeps_no_op(gpu, monkeypatch):
-    """What warm() builds stays only in the builders' own caches (cuDNN plans, by shape): the tuner keeps no op, and
-    choose() builds and times as it would have. A known tactic is left to choose(), which builds it alone."""
-    runtime = SimpleNamespace(getDevice=lambda: 0, setDevice=lambda device: None)
-    monkeypatch.setattr(tactics._device, "require", lambda: SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+def test_warming_hands_the_specs_whose_tactic_is_not_known_to_the_cudnn_warmup_processes(gpu, monkeypatch):
+    """A known tactic is left to choose(), which builds that one alone; the tuner keeps nothing of the warm-up."""
     options = BuildOptions(timing_cache=TimingCache())
     tactics.Tuner(None, options).choose(spec_of(options, width=8), gpu.factory)  # the cache holds width 8
-    asked = []
-
-    def factory(spec):
-        asked.append((spec.layer.name, spec.prefer))
-        return gpu.factory(spec)
-
+    warmed = []
+    monkeypatch.setattr(tactics.cudnn_warmup, "warm", lambda specs: warmed.extend(specs))
     tuner = tactics.Tuner(None, options)
     specs = [spec_of(options, name=f"conv_{width}", width=width) for width in (4, 8, 16)]
-    tuner.warm([(spec, factory) for spec in specs + specs[:1]])
-    assert sorted(asked) == [("conv_16", None), ("conv_4", None)] and not tuner._prebuilt
-    gpu.timed[:] = []
-    assert tuner.choose(specs[0], gpu.factory)[0].tactic["op"] == "fast" and gpu.timed == [["slow", "fast", "middle"]]
+    tuner.warm(specs + specs[:1])
+    assert [s.layer.name for s in warmed] == ["conv_4", "conv_16"] and not tuner._prebuilt
 
 
 def test_a_layer_timed_under_one_signature_rebuilds_its_winner_under_another_of_the_same_precision(gpu):

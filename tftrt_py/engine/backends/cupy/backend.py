@@ -60,14 +60,12 @@ class CupyBackend(Backend):
 
     def anticipate(self, network, precision: str, build_config: dict) -> None:
         """INT8 and FP8: compile the Triton kernels and cuDNN plans the build's quantized layers will be timed
-        with (quant_planning.anticipate) while calibration runs."""
+        with (quant_planning.anticipate), in other processes, while calibration runs."""
         from tftrt_py.engine.backends.cupy import quant_planning
-        from tftrt_py.engine.backends.cupy.tactics import CAPTURE_LOCK, Tuner
+        from tftrt_py.engine.backends.cupy.tactics import Tuner
 
         options = self.options_for(build_config)
-        with self._tuning_lock, CAPTURE_LOCK:  # (as prepare_engine: cuDNN plans are built on the tuning context)
-            options.tuner = self._tuning_context()
-            quant_planning.anticipate(network, precision, Tuner(options.tuner, options), options)
+        quant_planning.anticipate(network, precision, Tuner(None, options), options)
 
     def prepare_engine(self, engine) -> None:
         """Compile `engine` for this GPU: choose (or re-use) tactics and upload weights.

@@ -490,15 +490,15 @@ def anticipate(net, precision: str, tuner: Tuner, options: BuildOptions) -> None
     """Start what a later build of `net` at `precision` spends its time on, while calibration gives `net` its
     ranges (here stand-ins): the Triton kernels its quantized layers are timed with start compiling (the prefetch
     of plan_quantization: a kernel depends on a range only through whether it clamps in fp16, so nearly all of
-    them are the build's own; the build compiles any other it needs), then the fp16 candidates of those layers,
-    which depend on no range, are built for what their builders keep (Tuner.warm: cuDNN plans)."""
+    them are the build's own; the build compiles any other it needs), then the cuDNN plans of the specs those
+    layers are timed with, quantized and in fp16 (Tuner.warm: a plan depends on shapes, not on ranges)."""
     if precision not in FORMATS:
         return
     layers = quantized_layers(net, precision)
     _prefetch_triton_kernels(net, layers, precision, {}, tuner, options)
     direct, _ = _quantized_if_all_kept(net, layers, precision)
-    tuner.warm([(_specs(layer, _quant_format(layer, precision), layer.outputs[0].name in direct, options)[1],
-                 FACTORIES[layer.kind]) for layer in net.layers if layer.name in layers])
+    tuner.warm([spec for layer in net.layers if layer.name in layers
+                for spec in _specs(layer, _quant_format(layer, precision), layer.outputs[0].name in direct, options)])
 
 
 def plan_quantization(net, precision: str, tuner: Tuner, options: BuildOptions,

@@ -29,7 +29,7 @@ import numpy as np
 
 import tftrt_py
 from tftrt_py import settings
-from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy import _device, cudnn_warmup
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.timing_cache import TimingCacheError, TimingKey
@@ -159,14 +159,11 @@ class Tuner:
         if len(todo) >= 2:
             self._prebuilt.update(self._side_by_side(todo, "built the candidates"))
 
-    def warm(self, jobs) -> None:
-        """Build the candidates of `jobs` for what their builders keep by shape, not weights (the cuDNN graphs
-        and their built plans, ops/conv.py), while the GPU has nothing else to do: the build that follows, which
-        cannot start before INT8 calibration ends, takes them from there instead of compiling them. As in
-        prebuild, specs whose tactic is known are left to choose(); the ops built are dropped."""
-        todo = self._unknown(jobs)
-        if todo:
-            self._side_by_side(todo, "warmed the candidates")
+    def warm(self, specs) -> None:
+        """Compile the cuDNN plans of the candidates of `specs` whose tactic is not known in other processes
+        (cudnn_warmup), while INT8 calibration runs: the build that follows finds their machine code in the
+        driver's cache."""
+        cudnn_warmup.warm([spec for spec, _ in self._unknown((spec, None) for spec in specs).values()])
 
     def _unknown(self, jobs) -> Dict[str, tuple]:
         """Signature -> (spec without a preferred tactic, factory) of each spec of `jobs` ((spec, factory) pairs)

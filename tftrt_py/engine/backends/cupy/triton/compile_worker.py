@@ -41,6 +41,8 @@ def _context():
 
 def main() -> None:
     requests = json.load(sys.stdin)
+    answers = os.fdopen(os.dup(1), "w")  # the parent's pipe, kept for the answers alone (not inherited)
+    os.dup2(2, 1)  # anything the workers or Triton print goes where stderr goes, never into an answer
     workers = max(1, min(len(requests), os.cpu_count() or 1, 16))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=_context()) as pool:
         jobs = {pool.submit(_timed_artifacts, r): i for i, r in enumerate(requests)}
@@ -51,8 +53,8 @@ def main() -> None:
                           "seconds": round(seconds, 3)}
             except Exception as exc:  # a kernel that does not compile: the build compiles it and reports why
                 answer = {"index": jobs[job], "error": f"{type(exc).__name__}: {exc}"}
-            sys.stdout.write(json.dumps(answer) + "\n")
-            sys.stdout.flush()
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""cuDNN plans compiled ahead in worker processes (engine/backends/cupy/cudnn_warmup.py), without a GPU: a worker
+rebuilds each convolution spec as the build will see it (same signature, shapes, dtypes, quantization), the specs
+are shared out among at most WORKERS processes that are waited for and ended when late, and nothing starts when
+the driver's JIT cache is off or no spec is a convolution."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from networks import conv_relu_pool_net
+from tftrt_py.engine.backends.cupy import cudnn_warmup
+from tftrt_py.engine.backends.cupy.ops.base import BuildOptions, Spec
+
+
+def conv_spec(name="conv", quant=None, batch=4) -> Spec:
+    layer = next(l for l in conv_relu_pool_net(batch).layers if l.kind == "Convolution")
+    layer.name = name
+    layer.outputs[0].dynamic_range = 3.5
+    options = BuildOptions(allow_tf32=True, max_workspace=1 << 20, cudnn_plans=3, cudnn_runtime_plans=0)
+    dtype = "int8" if quant else "float16"
+    return Spec(layer, [(batch, 8, 8, 4 if quant else 3)], [dtype], [(batch, 8, 8, 5)], [dtype], "float16",
+                options, quant=quant)
+
+
+def round_trip(spec: Spec) -> Spec:
+    return cudnn_warmup._spec(json.loads(json.dumps(cudnn_warmup.describe(spec), default=cudnn_warmup._plain)),
+                              tuner="the worker's context")
+
+
+@pytest.mark.parametrize("quant", [None, {"format": "INT8", "in_scale": np.float32(0.02), "dual_scale": None}])
+def test_a_worker_rebuilds_the_spec_the_build_times(quant):
+    spec = conv_spec(quant=quant)
+    rebuilt = round_trip(spec)
+    assert rebuilt.signature() == spec.signature()
+    assert (rebuilt.in_shapes, rebuilt.out_shapes, rebuilt.cdt) == (spec.in_shapes, spec.out_shapes, spec.cdt)
+    assert rebuilt.quant == (None if quant is None else {"format": "INT8", "in_scale": pytest.approx(0.02),
+                                                          "dual_scale": None})
+    assert rebuilt.layer.outputs[0].dynamic_range == 3.5
+    assert {k: (v.shape, v.dtype) for k, v in rebuilt.layer.weights.items()} == \
+        {k: (v.shape, v.dtype) for k, v in spec.layer.weights.items()}
+    o = rebuilt.options
+    assert (o.allow_tf32, o.max_workspace, o.cudnn_plans, o.cudnn_runtime_plans, o.tuner) == \
+        (True, 1 << 20, 3, 0, "the worker's context")
+
+
+class FakePopen:
+    """Records the specs each worker process is given; `exit_code` or a hang (TimeoutExpired) when waited for."""
+
+    started, hang = [], False
+
+    def __init__(self, command, stdin, stdout, stderr, env):
+        self.command, self.killed = command, False
+        self.stdin = io.BytesIO()
+        self.stdin.close = lambda: FakePopen.started.append(json.loads(self.stdin.getvalue()))
+
+    def wait(self, timeout=None):
+        if FakePopen.hang and not self.killed:
+            raise subprocess.TimeoutExpired(self.command, timeout)
+        return 0
+
+    def kill(self):
+        self.killed = True
+
+
+@pytest.fixture
+def popen(monkeypatch):
+    FakePopen.started, FakePopen.hang = [], False
+    monkeypatch.setattr(cudnn_warmup.subprocess, "Popen", FakePopen)
+    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
+    monkeypatch.setattr(cudnn_warmup.os, "cpu_count", lambda: 16)
+    return FakePopen
+
+
+def test_the_convolutions_are_shared_out_among_at_most_workers_processes(popen):
+    specs = [conv_spec(f"conv_{i}") for i in range(11)]
+    cudnn_warmup.warm(specs)
+    assert len(popen.started) == cudnn_warmup.WORKERS
+    assert sorted(d["name"] for part in popen.started for d in part) == sorted(s.layer.name for s in specs)
+
+
+def test_a_late_worker_is_ended(popen, monkeypatch):
+    popen.hang = True
+    monkeypatch.setattr(cudnn_warmup, "WAIT_S", 0.0)
+    cudnn_warmup.warm([conv_spec()])  # returns: the process was killed, then waited for
+    assert len(popen.started) == 1
+
+
+def test_nothing_starts_without_the_driver_cache_or_without_a_convolution(popen, monkeypatch):
+    matmul = Spec(SimpleNamespace(kind="MatrixMultiply", name="mm"), [], [], [], [], "float16", BuildOptions())
+    cudnn_warmup.warm([matmul])
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")
+    cudnn_warmup.warm([conv_spec()])
+    assert popen.started == []
