@@ -1,10 +1,9 @@
 """cuDNN plans compiled ahead in worker processes (engine/backends/cupy/cudnn_warmup.py), without a GPU: a worker
 rebuilds each convolution spec as the build will see it (same signature, shapes, dtypes, quantization), the specs
 are shared out among at most WORKERS processes that are waited for and ended when late, and nothing starts when
-the driver's JIT cache is off or no spec is a convolution."""
+the driver's JIT cache is off, no spec is a convolution or the GPU has too little memory free for a worker."""
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 from types import SimpleNamespace
@@ -53,10 +52,19 @@ class FakePopen:
 
     started, hang = [], False
 
+    class Stdin:
+        def __init__(self):
+            self.written = b""
+
+        def write(self, data):
+            self.written += data
+
+        def close(self):
+            FakePopen.started.append(json.loads(self.written))
+
     def __init__(self, command, stdin, stdout, stderr, env):
         self.command, self.killed = command, False
-        self.stdin = io.BytesIO()
-        self.stdin.close = lambda: FakePopen.started.append(json.loads(self.stdin.getvalue()))
+        self.stdin = FakePopen.Stdin()
 
     def wait(self, timeout=None):
         if FakePopen.hang and not self.killed:
@@ -73,6 +81,7 @@ def popen(monkeypatch):
     monkeypatch.setattr(cudnn_warmup.subprocess, "Popen", FakePopen)
     monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
     monkeypatch.setattr(cudnn_warmup.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: 64 << 30)
     return FakePopen
 
 
@@ -95,4 +104,15 @@ def test_nothing_starts_without_the_driver_cache_or_without_a_convolution(popen,
     cudnn_warmup.warm([matmul])
     monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")
     cudnn_warmup.warm([conv_spec()])
+    assert popen.started == []
+
+
+def test_each_worker_needs_its_share_of_free_device_memory(popen, monkeypatch):
+    specs = [conv_spec(f"conv_{i}") for i in range(11)]
+    monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: 3 * cudnn_warmup.WORKER_BYTES + 1)
+    cudnn_warmup.warm(specs)
+    assert len(popen.started) == 3
+    popen.started.clear()
+    monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: cudnn_warmup.WORKER_BYTES - 1)
+    cudnn_warmup.warm(specs)
     assert popen.started == []

@@ -30,8 +30,10 @@ __all__ = ["describe", "warm", "WORKERS", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
-#: Worker processes at most (each a CUDA context and a cuDNN handle), and at most one per two CPUs.
+#: Worker processes at most (each a CUDA context and a cuDNN handle), and at most one per two CPUs and per
+#: WORKER_BYTES of free device memory.
 WORKERS = 8
+WORKER_BYTES = 1 << 30
 #: Seconds warm() waits for its workers before ending them.
 WAIT_S = 120.0
 #: Layer kinds whose candidates include cuDNN runtime-compiled plans (ops/conv.py, ops/int8.py).
@@ -74,7 +76,10 @@ def warm(specs: Sequence) -> None:
             logger.debug("%s: not warmed (%s)", spec.layer.name, exc)
     if not todo:
         return
-    workers = max(1, min(WORKERS, (os.cpu_count() or 2) // 2, len(todo)))
+    workers = min(WORKERS, max(1, (os.cpu_count() or 2) // 2), len(todo), _free_device_bytes() // WORKER_BYTES)
+    if workers < 1:
+        logger.debug("cuDNN plans not built ahead: under %d bytes of device memory free", WORKER_BYTES)
+        return
     start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's imports
     procs = []
@@ -97,6 +102,16 @@ def warm(specs: Sequence) -> None:
             failed += 1
     logger.debug("cuDNN plans of %d layer spec(s) built ahead in %d process(es) in %.2f s%s", len(todo), len(procs),
                  time.perf_counter() - start, f"; {failed} process(es) failed" if failed else "")
+
+
+def _free_device_bytes() -> int:
+    """Free memory of the current GPU (0 where it cannot be read)."""
+    try:
+        from tftrt_py.engine.backends.cupy import _device
+
+        return int(_device.require().cuda.runtime.memGetInfo()[0])
+    except Exception:
+        return 0
 
 
 def _spec(d: dict, tuner):
