@@ -156,28 +156,8 @@ class Tuner:
         meanwhile (a CUDA graph capture would see the other threads' allocations), and the specs whose tactic is
         recorded or cached are left to choose(), which builds only that one."""
         todo = self._unknown(jobs)
-        if len(todo) >= 2:
-            self._prebuilt.update(self._side_by_side(todo, "built the candidates"))
-
-    def warm(self, specs) -> None:
-        """Compile the cuDNN plans of the candidates of `specs` whose tactic is not known in other processes
-        (cudnn_warmup), while INT8 calibration runs: the build that follows finds their machine code in the
-        driver's cache."""
-        cudnn_warmup.warm([spec for spec, _ in self._unknown((spec, None) for spec in specs).values()])
-
-    def _unknown(self, jobs) -> Dict[str, tuple]:
-        """Signature -> (spec without a preferred tactic, factory) of each spec of `jobs` ((spec, factory) pairs)
-        whose tactic is not known and whose candidates are not built already."""
-        todo = {}
-        for spec, factory in jobs:
-            sig = spec.signature()
-            if sig not in self._prebuilt and sig not in todo and not self.knows(spec):
-                todo[sig] = (dataclasses.replace(spec, prefer=None), factory)
-        return todo
-
-    def _side_by_side(self, todo: Dict[str, tuple], what: str) -> Dict[str, List[Op]]:
-        """Signature -> the candidates factory(spec) built, for each (spec, factory) of `todo`, in PREBUILD_THREADS
-        threads; a failed build is left out (choose() builds it again and reports the failure)."""
+        if len(todo) < 2:
+            return
         # Quantized candidates last: theirs wait on kernels the Triton compile process may still be compiling, and
         # a thread waiting on them would hold back the float candidates queued behind it.
         todo = dict(sorted(todo.items(), key=lambda item: item[1][0].quant is not None))
@@ -194,9 +174,28 @@ class Tuner:
         with concurrent.futures.ThreadPoolExecutor(min(PREBUILD_THREADS, len(todo)), "tftrt-prebuild",
                                                    _device.require().cuda.runtime.setDevice, (device,)) as pool:
             futures = {sig: pool.submit(build, spec, factory) for sig, (spec, factory) in todo.items()}
-        logger.debug("%s of %d layer(s) in %.2f s; slowest: %s", what, len(todo), time.perf_counter() - start,
-                     sorted(((round(s, 2), n) for n, s in seconds.items()), reverse=True)[:5])
-        return {sig: future.result() for sig, future in futures.items() if future.exception() is None}
+        for sig, future in futures.items():
+            if future.exception() is None:  # else choose() builds it again and reports the failure
+                self._prebuilt[sig] = future.result()
+        logger.debug("built the candidates of %d layer(s) in %.2f s; slowest: %s", len(todo),
+                     time.perf_counter() - start, sorted(((round(s, 2), n) for n, s in seconds.items()),
+                                                         reverse=True)[:5])
+
+    def warm(self, specs) -> None:
+        """Compile the cuDNN plans of the candidates of `specs` whose tactic is not known in other processes
+        (cudnn_warmup), while INT8 calibration runs: the build that follows finds their machine code in the
+        driver's cache."""
+        cudnn_warmup.warm([spec for spec, _ in self._unknown((spec, None) for spec in specs).values()])
+
+    def _unknown(self, jobs) -> Dict[str, tuple]:
+        """Signature -> (spec without a preferred tactic, factory) of each spec of `jobs` ((spec, factory) pairs)
+        whose tactic is not known and whose candidates are not built already."""
+        todo = {}
+        for spec, factory in jobs:
+            sig = spec.signature()
+            if sig not in self._prebuilt and sig not in todo and not self.knows(spec):
+                todo[sig] = (dataclasses.replace(spec, prefer=None), factory)
+        return todo
 
     def knows(self, spec: Spec) -> bool:
         """A tactic of `spec` is known without timing: recorded in the plan, chosen earlier in this build, or held
