@@ -1,5 +1,7 @@
 """The batch scheduler: requests merge, pad to allowed sizes, split back row for row; timeouts flush; a full
-queue refuses; incompatible requests never merge; errors reach every request and the threads go on."""
+queue refuses; incompatible requests never merge; errors reach every request and the threads go on; callers
+awaiting on an event loop get a batch's answers in one wake-up of it."""
+import asyncio
 import threading
 import time
 import weakref
@@ -181,3 +183,94 @@ def test_stop_fails_queued_requests_with_unavailable():
     with pytest.raises(ServingError) as info:
         future.result(timeout=10)
     assert info.value.code is Code.UNAVAILABLE
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop counting the callbacks other threads schedule on it (each one wakes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wakeups, self.errors = 0, []
+        self.set_exception_handler(lambda loop, context: self.errors.append(context))
+
+    def call_soon_threadsafe(self, *args, **kwargs):
+        self.wakeups += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def run_on_loop(coroutine_fn):
+    loop = CountingLoop()
+    try:
+        return loop, loop.run_until_complete(coroutine_fn(loop))
+    finally:
+        loop.close()
+
+
+def test_a_batch_answers_the_requests_awaiting_on_one_loop_with_one_wake_up():
+    model, (sched, seen) = Model(), scheduler(max_batch_size=8)
+    inputs = [random_array((n, 5)) for n in (1, 3, 2, 2)]
+
+    async def requests(loop):
+        futures = [sched.submit("q", model, {"x": x}, "m", loop=loop) for x in inputs]
+        return await asyncio.wait_for(asyncio.gather(*futures), 30)
+    try:
+        loop, results = run_on_loop(requests)
+    finally:
+        sched.stop()
+    assert seen == [("m", 8, 8)] and loop.wakeups == 1 and loop.errors == []
+    start = 0
+    for x, out in zip(inputs, results):
+        np.testing.assert_array_equal(out["y"], 3 * x)
+        np.testing.assert_array_equal(out["n"], np.arange(start, start + len(x)))
+        start += len(x)
+
+
+def test_a_cancelled_request_leaves_the_others_of_its_batch_answered():
+    gate = threading.Event()
+    model, (sched, _) = Model(gate), scheduler(max_batch_size=3)
+    inputs = [random_array((1, 5)) for _ in range(3)]
+
+    async def requests(loop):
+        futures = [sched.submit("q", model, {"x": x}, loop=loop) for x in inputs]
+        futures[1].cancel()  # its caller went away while the batch waits to run
+        gate.set()
+        return await asyncio.wait_for(asyncio.gather(futures[0], futures[2]), 30)
+    try:
+        loop, results = run_on_loop(requests)
+    finally:
+        gate.set()
+        sched.stop()
+    assert loop.errors == [] and len(model.batches) == 1 and len(model.batches[0]) == 3
+    np.testing.assert_array_equal(results[0]["y"], 3 * inputs[0])
+    np.testing.assert_array_equal(results[1]["y"], 3 * inputs[2])
+
+
+def test_a_failing_batch_fails_each_request_awaiting_on_a_loop():
+    def failing(arrays):
+        raise RuntimeError("engine exploded")
+
+    sched, _ = scheduler(max_batch_size=2)
+
+    async def requests(loop):
+        futures = [sched.submit("q", failing, {"x": random_array((1, 3))}, loop=loop) for _ in range(2)]
+        return await asyncio.gather(*futures, return_exceptions=True)
+    try:
+        loop, errors = run_on_loop(requests)
+    finally:
+        sched.stop()
+    assert loop.wakeups == 1
+    assert [(type(e), e.code) for e in errors] == [(ServingError, Code.INTERNAL)] * 2
+    assert all("engine exploded" in e.message for e in errors)
+
+
+def test_stop_fails_requests_queued_from_a_loop_with_unavailable():
+    sched, _ = scheduler(batch_timeout_micros=60_000_000)
+
+    async def request(loop):
+        future = sched.submit("q", Model(), {"x": random_array((1, 5))}, loop=loop)
+        await loop.run_in_executor(None, sched.stop)
+        with pytest.raises(ServingError) as info:
+            await future
+        return info.value.code
+    loop, code = run_on_loop(request)
+    assert code is Code.UNAVAILABLE and loop.errors == []

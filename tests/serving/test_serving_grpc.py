@@ -119,8 +119,8 @@ class GatedScheduler(BatchScheduler):
 
     gate, started = threading.Event(), threading.Event()
 
-    def submit(self, queue_id, run, arrays, label=""):
-        return super().submit(queue_id, self._gated(run), arrays, label)
+    def submit(self, queue_id, run, arrays, label="", loop=None):
+        return super().submit(queue_id, self._gated(run), arrays, label, loop)
 
     def _gated(self, run):
         def gated(arrays):

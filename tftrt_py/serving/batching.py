@@ -2,16 +2,18 @@
 batches (only requests with equal dtypes and non-batch dimensions share one), a batch runs when full or when its
 oldest request has waited batch_timeout_micros and a batch thread is free, is padded up to the next allowed batch
 size with copies of its first row, and its outputs are split back to the requests row for row. A queue holding
-max_enqueued_batches batches refuses more (UNAVAILABLE) instead of growing."""
+max_enqueued_batches batches refuses more (UNAVAILABLE) instead of growing. Callers awaiting on an event loop get
+their batch's answers by one callback on that loop (one wake-up per batch, not one per request)."""
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Deque, Dict, Hashable, List, Mapping, Optional, Sequence
+from typing import Callable, Deque, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -29,7 +31,39 @@ RunFn = Callable[[Mapping[str, np.ndarray]], Dict[str, np.ndarray]]
 class _Task:
     arrays: Mapping[str, np.ndarray]
     size: int
-    future: Future
+    future: Union[Future, asyncio.Future]
+    loop: Optional[asyncio.AbstractEventLoop]  # the loop of an asyncio future; None: a concurrent one
+
+
+def _settle(future: Union[Future, asyncio.Future], answer) -> None:
+    """Set `future` to `answer` (an exception: raised by it); an asyncio future its caller cancelled keeps that."""
+    if isinstance(future, asyncio.Future) and future.done():
+        return
+    if isinstance(answer, BaseException):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
+
+
+def _settle_all(answers: List[Tuple[asyncio.Future, object]]) -> None:
+    for future, answer in answers:
+        _settle(future, answer)
+
+
+def _deliver(tasks: Sequence[_Task], answers: Sequence) -> None:
+    """Each task's answer: a concurrent future's set here, the asyncio futures of each loop set by one callback
+    on that loop (one wake-up of a loop per batch, not one per request)."""
+    by_loop: Dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
+    for task, answer in zip(tasks, answers):
+        if task.loop is None:
+            _settle(task.future, answer)
+        else:
+            by_loop[task.loop].append((task.future, answer))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_all, pairs)
+        except RuntimeError:  # the loop is closed: nobody awaits its futures
+            pass
 
 
 @dataclasses.dataclass
@@ -112,11 +146,13 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray], label: str = "") -> Future:
-        """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`."""
+    def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray], label: str = "",
+               loop: Optional[asyncio.AbstractEventLoop] = None) -> Union[Future, asyncio.Future]:
+        """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`:
+        with `loop` (the caller's running loop), an asyncio future of that loop, else a concurrent one."""
         limit = self.options.max_batch_size
         size = batch_rows(arrays, limit)
-        task = _Task(arrays, size, Future())
+        task = _Task(arrays, size, Future() if loop is None else loop.create_future(), loop)
         key = batch_key(arrays)
         with self._cond:
             if self._stopped:
@@ -156,8 +192,7 @@ class BatchScheduler:
             for queue in self._queues.values():
                 queue.batches.clear()
             self._cond.notify_all()
-        for task in pending:
-            task.future.set_exception(ServingError(Code.UNAVAILABLE, "the server is shutting down"))
+        _deliver(pending, [ServingError(Code.UNAVAILABLE, "the server is shutting down")] * len(pending))
         for thread in self._threads:
             thread.join()
 
@@ -193,8 +228,5 @@ class BatchScheduler:
         try:
             results = run_batch(queue.run, [t.arrays for t in batch.tasks], padded)
         except Exception as exc:  # every request of the batch gets the error; the thread goes on
-            for task in batch.tasks:
-                task.future.set_exception(serving_error(exc))
-            return
-        for task, result in zip(batch.tasks, results):
-            task.future.set_result(result)
+            results = [serving_error(exc) for _ in batch.tasks]
+        _deliver(batch.tasks, results)

@@ -42,8 +42,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         async with aborting(context, self.service, spec.name, "grpc_predict"):
             servable, signature = self.service.resolve(spec.name, *_version(spec), spec.signature_name)
             arrays = {k: from_tensor_proto(k, v) for k, v in request.inputs.items()}
-            outputs = await asyncio.wrap_future(self.service.submit(
-                servable, signature, arrays, list(request.output_filter), executor=self.executor))
+            outputs = await self.service.predict(servable, signature, arrays, list(request.output_filter),
+                                                 executor=self.executor)
             response = predict_pb2.PredictResponse()
             response.model_spec.name = servable.name
             response.model_spec.version.value = servable.version

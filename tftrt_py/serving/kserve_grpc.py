@@ -6,7 +6,6 @@ protocol answer UNIMPLEMENTED. ModelInfer reads inputs from raw_input_contents (
 answers raw_output_contents, as Triton does."""
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Mapping
 
@@ -95,8 +94,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                        None, _signature_name(request.parameters))
             for output in request.outputs:
                 check_output_parameters(output.name, output.parameters)
-            outputs = await asyncio.wrap_future(self.service.submit(
-                servable, signature, _inputs(request), [o.name for o in request.outputs], executor=self.executor))
+            outputs = await self.service.predict(servable, signature, _inputs(request),
+                                                 [o.name for o in request.outputs], executor=self.executor)
             return _response(servable, request.id, outputs)
 
 

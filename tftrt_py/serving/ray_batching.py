@@ -52,9 +52,10 @@ class RayBatchScheduler:
                                     max_concurrent_batches=options.num_batch_threads,
                                     batch_size_fn=lambda requests: sum(r.size for r in requests))(self._run_requests)
 
-    def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray],
-               label: str = "") -> concurrent.futures.Future:
-        """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`."""
+    def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray], label: str = "",
+               loop: Optional[asyncio.AbstractEventLoop] = None):
+        """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`:
+        with `loop` (the caller's running loop), an asyncio future of that loop, else a concurrent one."""
         request = _Request(queue_id, run, arrays, batch_rows(arrays, self.options.max_batch_size), label)
         future = concurrent.futures.Future()
         with self._lock:
@@ -67,7 +68,7 @@ class RayBatchScheduler:
             self._waiting[label] += request.size
             self._pending[future] = request
         asyncio.run_coroutine_threadsafe(self._one(request, future), self._loop)
-        return future
+        return future if loop is None else asyncio.wrap_future(future, loop=loop)
 
     def queue_depths(self) -> Dict[str, int]:
         """Rows submitted and not yet answered, by label."""

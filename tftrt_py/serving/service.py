@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from concurrent.futures import Executor, Future, InvalidStateError
-from typing import Callable, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,6 +19,11 @@ from tftrt_py.serving.models import ModelManager, Servable, Signature
 __all__ = ["Service"]
 
 STATUS_CODES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}  # ModelVersionStatus.State
+
+
+def _queue_id(servable: Servable, signature: Signature) -> tuple:
+    """The batching queue of a signature: requests batch with those to the same signature of the same version."""
+    return servable.name, servable.version, signature.name
 
 
 class Service:
@@ -61,6 +66,18 @@ class Service:
         servable = self.manager.servable(model, version, label)
         return servable, servable.signature(signature_name)
 
+    async def predict(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
+                      output_filter: Sequence[str] = (), executor: Optional[Executor] = None) -> Dict[str, np.ndarray]:
+        """submit's outputs, awaited on the running loop: a batched request waits there for its batch, whose
+        answers to this loop all come in one wake-up of the loop."""
+        if self.scheduler is None:
+            return await asyncio.wrap_future(self.submit(servable, signature, arrays, output_filter, executor))
+        arrays = signature.check(arrays)
+        names = signature.output_names(output_filter)
+        outputs = await self.scheduler.submit(_queue_id(servable, signature), signature.run, arrays, servable.name,
+                                              loop=asyncio.get_running_loop())
+        return {k: outputs[k] for k in names}
+
     def submit(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
                output_filter: Sequence[str] = (), executor: Optional[Executor] = None) -> Future:
         """A future of the signature's outputs (those in `output_filter`, else all) for `arrays`: the batch's (a
@@ -69,8 +86,7 @@ class Service:
         arrays = signature.check(arrays)
         names = signature.output_names(output_filter)
         if self.scheduler is not None:
-            source = self.scheduler.submit((servable.name, servable.version, signature.name), signature.run, arrays,
-                                           servable.name)
+            source = self.scheduler.submit(_queue_id(servable, signature), signature.run, arrays, servable.name)
         elif executor is not None:
             source = executor.submit(signature.run, arrays)
         else:
