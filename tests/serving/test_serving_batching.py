@@ -37,6 +37,15 @@ def scheduler(**options):
     return sched, seen
 
 
+
+def assert_rows_answered_in_order(inputs, results):
+    """Each request got 3 x its rows, and its rows' places in the one batch (the model's "n" output)."""
+    start = 0
+    for x, out in zip(inputs, results):
+        np.testing.assert_array_equal(out["y"], 3 * x)
+        np.testing.assert_array_equal(out["n"], np.arange(start, start + len(x)))
+        start += len(x)
+
 def test_requests_merge_and_split_back_exactly():
     model, (sched, seen) = Model(), scheduler(allowed_batch_sizes=(4, 8))
     try:
@@ -46,11 +55,7 @@ def test_requests_merge_and_split_back_exactly():
     finally:
         sched.stop()
     assert seen == [("m", 8, 8)] and len(model.batches) == 1
-    start = 0
-    for x, out in zip(inputs, results):
-        np.testing.assert_array_equal(out["y"], 3 * x)
-        np.testing.assert_array_equal(out["n"], np.arange(start, start + len(x)))
-        start += len(x)
+    assert_rows_answered_in_order(inputs, results)
 
 
 def test_merged_batch_is_padded_to_the_next_allowed_size_with_its_first_row():
@@ -218,11 +223,7 @@ def test_a_batch_answers_the_requests_awaiting_on_one_loop_with_one_wake_up():
     finally:
         sched.stop()
     assert seen == [("m", 8, 8)] and loop.wakeups == 1 and loop.errors == []
-    start = 0
-    for x, out in zip(inputs, results):
-        np.testing.assert_array_equal(out["y"], 3 * x)
-        np.testing.assert_array_equal(out["n"], np.arange(start, start + len(x)))
-        start += len(x)
+    assert_rows_answered_in_order(inputs, results)
 
 
 def test_a_cancelled_request_leaves_the_others_of_its_batch_answered():
