@@ -180,6 +180,9 @@ ONEDNN_SYSTEM_ALLOCATOR = Setting("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", None,
                                   "TensorFlow's: tftrt-convert sets it to 1 unless it is set, so memory TensorFlow frees "
                                   "goes back to the system (its oneDNN allocator pools it); read only at TensorFlow's "
                                   "first allocation")
+CUDA_CACHE_DISABLE = Setting("CUDA_CACHE_DISABLE", False, "the CUDA driver's: 1 turns its JIT cache off, and with it "
+                             "building cuDNN plans ahead in other processes during INT8 calibration",
+                             lambda text: text not in ("", "0"))
 FORCE_GPU_ALLOW_GROWTH = Setting("TF_FORCE_GPU_ALLOW_GROWTH", None, "TensorFlow's: read to decide how engines share a "
                                                                     "GPU with TensorFlow")
 

@@ -26,6 +26,8 @@ from typing import List, Sequence
 
 import numpy as np
 
+from tftrt_py import settings
+
 __all__ = ["describe", "warm", "WORKERS", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def warm(specs: Sequence) -> None:
     """Build the candidates of the convolutions among `specs` in worker processes, and wait for them (WAIT_S at
     most). Nothing happens where the driver's JIT cache is off (``CUDA_CACHE_DISABLE=1``): the workers' work would
     not outlive them. A worker that fails costs nothing but its time: the build compiles what it needs."""
-    if os.environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
+    if settings.CUDA_CACHE_DISABLE.get():
         return
     todo: List[str] = []
     for spec in specs:
