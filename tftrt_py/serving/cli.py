@@ -50,6 +50,17 @@ def _poll_seconds(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected processes >= 0 (0: the front ends run in the model process), "
+                                         f"got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tftrt-serve", description=__doc__.split("\n\n")[0],
                                 epilog="Exit codes: 0 stopped by a signal, 1 the server could not start, "
@@ -70,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads decoding and running REST requests (default: %(default)s)")
     p.add_argument("--grpc_max_threads", type=int, default=64,
                    help="threads running unbatched gRPC predicts (default: %(default)s)")
+    p.add_argument("--frontend_workers", type=_workers, default=0,
+                   help="processes serving REST and gRPC on the same ports, sending tensors to this process's "
+                        "models through shared memory (ours; default: 0, the front ends run in this process)")
     p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF's)")
     p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF's)")
     for flag in IGNORED_FLAGS:
@@ -99,7 +113,8 @@ def server_from_args(args: argparse.Namespace):
     batching = read_batching_parameters_file(args.batching_parameters_file) if args.enable_batching else None
     return Server(models, grpc_port=args.port, rest_port=args.rest_api_port or None, host=args.host,
                   batching=batching, grpc_threads=args.grpc_max_threads, rest_threads=args.rest_api_num_threads,
-                  file_system_poll_wait_seconds=args.file_system_poll_wait_seconds)
+                  file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
+                  frontend_workers=args.frontend_workers)
 
 
 def _set_tf_threads(args: argparse.Namespace) -> None:

@@ -18,7 +18,8 @@ from tftrt_py.serving.errors import Code, ServingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TensorSpec", "Signature", "Servable", "VersionStatus", "ModelManager", "SERVE_TAG"]
+__all__ = ["TensorSpec", "SignatureSpec", "Signature", "ServableSpec", "Servable", "VersionStatus", "VersionTable",
+           "ModelManager", "SERVE_TAG"]
 
 SERVE_TAG = "serve"
 INIT_OP_SIGNATURE = "__saved_model_init_op"
@@ -38,22 +39,18 @@ class TensorSpec:
         return f"{self.dtype.name if self.dtype != object else 'string'}{dims}"
 
 
-class Signature:
-    """One SignatureDef of a servable: checks request tensors against its inputs, runs its function."""
+class SignatureSpec:
+    """A signature's name and tensors, and the checks of request tensors against them: what a front end needs,
+    without the function (picklable: front-end worker processes hold these)."""
 
-    def __init__(self, name: str, signature_def, function):
-        from tensorflow import dtypes
-
-        def spec(info):
-            dtype = dtypes.as_dtype(info.dtype)
-            shape = None if info.tensor_shape.unknown_rank else tuple(
-                None if d.size < 0 else d.size for d in info.tensor_shape.dim)
-            return TensorSpec(np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype), shape)
-
+    def __init__(self, name: str, inputs: Mapping[str, TensorSpec], outputs: Mapping[str, TensorSpec]):
         self.name = name
-        self.inputs: Dict[str, TensorSpec] = {k: spec(v) for k, v in sorted(signature_def.inputs.items())}
-        self.outputs: Dict[str, TensorSpec] = {k: spec(v) for k, v in sorted(signature_def.outputs.items())}
-        self._function = function
+        self.inputs: Dict[str, TensorSpec] = dict(inputs)
+        self.outputs: Dict[str, TensorSpec] = dict(outputs)
+
+    def spec(self) -> "SignatureSpec":
+        """This signature without its function."""
+        return SignatureSpec(self.name, self.inputs, self.outputs)
 
     def check_names(self, names) -> None:
         """INVALID_ARGUMENT unless `names` are exactly this signature's input names."""
@@ -87,6 +84,23 @@ class Signature:
                                                       f"{{{', '.join(self.outputs)}}}.")
         return [n for n in self.outputs if n in output_filter] if output_filter else list(self.outputs)
 
+
+class Signature(SignatureSpec):
+    """One SignatureDef of a servable: checks request tensors against its inputs, runs its function."""
+
+    def __init__(self, name: str, signature_def, function):
+        from tensorflow import dtypes
+
+        def spec(info):
+            dtype = dtypes.as_dtype(info.dtype)
+            shape = None if info.tensor_shape.unknown_rank else tuple(
+                None if d.size < 0 else d.size for d in info.tensor_shape.dim)
+            return TensorSpec(np.dtype(object) if dtype == dtypes.string else np.dtype(dtype.as_numpy_dtype), shape)
+
+        super().__init__(name, {k: spec(v) for k, v in sorted(signature_def.inputs.items())},
+                         {k: spec(v) for k, v in sorted(signature_def.outputs.items())})
+        self._function = function
+
     def run(self, arrays: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """The signature's outputs for checked inputs; a failure of the model is INVALID_ARGUMENT, as TF
         Serving reports a Session::Run error."""
@@ -99,7 +113,29 @@ class Signature:
         return {k: v.numpy() for k, v in outputs.items()}
 
 
-class Servable:
+class ServableSpec:
+    """A loaded version as front ends see it: its SignatureDefs (what metadata answers) and its signatures'
+    specs; picklable, as front-end worker processes hold it."""
+
+    def __init__(self, name: str, version: int, signature_defs: Mapping, signatures: Mapping[str, SignatureSpec]):
+        self.name, self.version = name, version
+        self.signature_defs = signature_defs
+        self.signatures = dict(signatures)
+
+    def signature(self, name: str) -> SignatureSpec:
+        found = self.signatures.get(name or "serving_default")
+        if found is None:
+            raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{name or "serving_default"}" not '
+                                                      f"found in signature def")
+        return found
+
+    def spec(self) -> "ServableSpec":
+        """This version without its model: SignatureDefs and signature specs."""
+        return ServableSpec(self.name, self.version, dict(self.signature_defs),
+                            {k: v.spec() for k, v in self.signatures.items()})
+
+
+class Servable(ServableSpec):
     """One loaded version of a model."""
 
     def __init__(self, name: str, version: int, path: str):
@@ -108,22 +144,15 @@ class Servable:
 
         import tftrt_py.trt_convert  # noqa: F401  registers TRTEngineOp before loading
 
-        self.name, self.version, self.path = name, version, path
+        self.path = path
         saved_model = loader_impl.parse_saved_model(path)
         graph = next((m for m in saved_model.meta_graphs if SERVE_TAG in m.meta_info_def.tags), None)
         if graph is None:
             raise ValueError(f"{path} has no meta graph tagged {SERVE_TAG!r}")
-        self.signature_defs = graph.signature_def  # what metadata answers
         self._loaded = tf.saved_model.load(path, tags=[SERVE_TAG])
-        self.signatures = {k: Signature(k, v, self._loaded.signatures[k])
-                           for k, v in graph.signature_def.items() if k != INIT_OP_SIGNATURE}
-
-    def signature(self, name: str) -> Signature:
-        found = self.signatures.get(name or "serving_default")
-        if found is None:
-            raise ServingError(Code.INVALID_ARGUMENT, f'Serving signature name: "{name or "serving_default"}" not '
-                                                      f"found in signature def")
-        return found
+        super().__init__(name, version, graph.signature_def, {
+            k: Signature(k, v, self._loaded.signatures[k])
+            for k, v in graph.signature_def.items() if k != INIT_OP_SIGNATURE})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +185,82 @@ def _collect_and_freeze() -> None:
     gc.freeze()
 
 
-class ModelManager:
+class VersionTable:
+    """The served versions of each model and every selected version's status: lookup by version or label, as
+    requests resolve them. ModelManager keeps one up to date; a front-end worker process holds a copy
+    (VersionTable.copy of the manager's `snapshot()`), replaced whenever the manager's changes."""
+
+    def __init__(self, specs: Sequence[ModelSpec]):
+        self.specs = {s.name: s for s in specs}
+        self._servables: Dict[str, Dict[int, ServableSpec]] = {s.name: {} for s in specs}
+        self._status: Dict[str, Dict[int, VersionStatus]] = {s.name: {} for s in specs}
+        self._lock = threading.Lock()  # guards _servables and _status
+
+    @classmethod
+    def copy(cls, specs: Sequence[ModelSpec], snapshot) -> "VersionTable":
+        """A table of `snapshot()`'s content."""
+        table = cls(specs)
+        servables, status = snapshot
+        table._servables.update(servables)
+        table._status.update(status)
+        return table
+
+    def snapshot(self):
+        """(servable specs, statuses) by model and version: what a copy holds (picklable)."""
+        with self._lock:
+            return ({name: {v: s.spec() for v, s in versions.items()} for name, versions in self._servables.items()},
+                    {name: dict(versions) for name, versions in self._status.items()})
+
+    def state(self) -> tuple:
+        """What a copy must be refreshed on when it changes: the statuses of every version (hashable)."""
+        with self._lock:
+            return tuple((name, tuple(sorted(versions.items()))) for name, versions in sorted(self._status.items()))
+
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return all(self._servables.values())
+
+    def _version_for(self, name: str, version: Optional[int], label: Optional[str]) -> Optional[int]:
+        if name not in self.specs:
+            raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({name})")
+        if label is not None:
+            labels = dict(self.specs[name].version_labels)
+            if label not in labels:
+                raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
+            return labels[label]
+        return version
+
+    def servable(self, name: str, version: Optional[int] = None,
+                 label: Optional[str] = None) -> ServableSpec:
+        """The servable of `name` at `version` (or the version `label` names; else the latest loaded)."""
+        version = self._version_for(name, version, label)
+        with self._lock:
+            loaded = self._servables.get(name, {})
+            if version is None and loaded:
+                return loaded[max(loaded)]
+            if version in loaded:
+                return loaded[version]
+        request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {request}")
+
+    def status(self, name: str, version: Optional[int] = None, label: Optional[str] = None) -> List[VersionStatus]:
+        """Every version's status, or the one asked for (NOT_FOUND when it was never selected); an unloaded
+        version stays END."""
+        version = self._version_for(name, version, label)
+        with self._lock:
+            statuses = dict(self._status[name])
+        if version is None:
+            return [statuses[v] for v in sorted(statuses)]
+        if version not in statuses:
+            raise ServingError(Code.NOT_FOUND, f"Could not find version {version} of model {name}")
+        return [statuses[version]]
+
+    def servables(self) -> List[ServableSpec]:
+        with self._lock:
+            return [s for versions in self._servables.values() for s in versions.values()]
+
+class ModelManager(VersionTable):
     """Serves the versions each ModelSpec's policy selects among the numbered folders of its base path.
 
     `load()` loads them once; `refresh()` looks again, loads the versions newly selected, then unloads those no
@@ -168,16 +272,13 @@ class ModelManager:
     """
 
     def __init__(self, specs: Sequence[ModelSpec]):
-        self.specs = {s.name: s for s in specs}
-        self._servables: Dict[str, Dict[int, Servable]] = {s.name: {} for s in specs}
-        self._status: Dict[str, Dict[int, VersionStatus]] = {s.name: {} for s in specs}
+        super().__init__(specs)
         self._failed: Dict[str, Set[int]] = {s.name: set() for s in specs}
         self._unlisted: Set[str] = set()  # models whose base path could not be listed at the last refresh
         #: unloaded versions not freed yet (a request in flight held them at the last collection) -> weak references
         #: to the servable and its signatures (none once they went: one collection more), and the refreshes that
         #: collected since: each refresh collects again until they go, at most UNLOAD_COLLECTIONS times
         self._dropped: Dict[Tuple[str, int], Tuple[List[weakref.ref], int]] = {}
-        self._lock = threading.Lock()  # guards _servables and _status
         self._refreshing = threading.Lock()
         self._stop = threading.Event()
         self._poller: Optional[threading.Thread] = None
@@ -312,46 +413,3 @@ class ModelManager:
                 self.refresh()
             except Exception:  # a bug here must not end the polling: the next poll tries again
                 logger.exception("refreshing the served model versions failed")
-
-    @property
-    def ready(self) -> bool:
-        with self._lock:
-            return all(self._servables.values())
-
-    def _version_for(self, name: str, version: Optional[int], label: Optional[str]) -> Optional[int]:
-        if name not in self.specs:
-            raise ServingError(Code.NOT_FOUND, f"Servable not found for request: Latest({name})")
-        if label is not None:
-            labels = dict(self.specs[name].version_labels)
-            if label not in labels:
-                raise ServingError(Code.INVALID_ARGUMENT, f"Unrecognized servable version label: {label}")
-            return labels[label]
-        return version
-
-    def servable(self, name: str, version: Optional[int] = None, label: Optional[str] = None) -> Servable:
-        """The servable of `name` at `version` (or the version `label` names; else the latest loaded)."""
-        version = self._version_for(name, version, label)
-        with self._lock:
-            loaded = self._servables.get(name, {})
-            if version is None and loaded:
-                return loaded[max(loaded)]
-            if version in loaded:
-                return loaded[version]
-        request = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-        raise ServingError(Code.NOT_FOUND, f"Servable not found for request: {request}")
-
-    def status(self, name: str, version: Optional[int] = None, label: Optional[str] = None) -> List[VersionStatus]:
-        """Every version's status, or the one asked for (NOT_FOUND when it was never selected); an unloaded
-        version stays END."""
-        version = self._version_for(name, version, label)
-        with self._lock:
-            statuses = dict(self._status[name])
-        if version is None:
-            return [statuses[v] for v in sorted(statuses)]
-        if version not in statuses:
-            raise ServingError(Code.NOT_FOUND, f"Could not find version {version} of model {name}")
-        return [statuses[version]]
-
-    def servables(self) -> List[Servable]:
-        with self._lock:
-            return [s for versions in self._servables.values() for s in versions.values()]

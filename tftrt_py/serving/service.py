@@ -14,9 +14,9 @@ from tftrt_py.serving.batching import BatchScheduler
 from tftrt_py.serving.config import BatchingOptions
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.metrics import Metrics
-from tftrt_py.serving.models import ModelManager, Servable, Signature
+from tftrt_py.serving.models import ModelManager, Servable, Signature, VersionTable
 
-__all__ = ["Service"]
+__all__ = ["ServiceBase", "Service"]
 
 STATUS_CODES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}  # ModelVersionStatus.State
 
@@ -26,21 +26,16 @@ def _queue_id(servable: Servable, signature: Signature) -> tuple:
     return servable.name, servable.version, signature.name
 
 
-class Service:
-    """Requests to the models of `manager`; with `batching`, predict calls of one signature run in batches on a
-    `scheduler` (a class with BatchScheduler's constructor, submit, queue_depths and stop)."""
+class ServiceBase:
+    """What the front ends call, but predicting: request counting, model resolution, status and metadata over
+    `manager`'s versions. Service predicts in this process; a front-end worker process's service sends predicts
+    to the model process."""
 
-    def __init__(self, manager: ModelManager, batching: Optional[BatchingOptions] = None,
-                 scheduler: Callable[..., BatchScheduler] = BatchScheduler):
-        self.manager = manager
-        self.scheduler: Optional[BatchScheduler] = None
-        self.metrics = Metrics(lambda: self.scheduler.queue_depths() if self.scheduler else {})
-        if batching is not None:
-            self.scheduler = scheduler(batching, on_batch=self.metrics.observe_batch)
+    def __init__(self, manager: VersionTable, metrics: Metrics):
+        self.manager, self.metrics = manager, metrics
 
     def close(self) -> None:
-        if self.scheduler is not None:
-            self.scheduler.stop()
+        """Release what the service holds (nothing here)."""
 
     @contextlib.contextmanager
     def request(self, model: str, api: str):
@@ -65,6 +60,54 @@ class Service:
                 signature_name: str) -> Tuple[Servable, Signature]:
         servable = self.manager.servable(model, version, label)
         return servable, servable.signature(signature_name)
+
+    def status(self, model: str, version: Optional[int] = None, label: Optional[str] = None):
+        """A GetModelStatusResponse."""
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for status in self.manager.status(model, version, label):
+            entry = response.model_version_status.add(version=status.version, state=STATUS_CODES[status.state])
+            entry.status.SetInParent()  # TF Serving always writes it: error_code OK, error_message ""
+            if status.error:
+                entry.status.error_code = 13  # tensorflow.error.Code.INTERNAL
+                entry.status.error_message = status.error
+        return response
+
+    def metadata(self, model: str, version: Optional[int] = None, label: Optional[str] = None,
+                 fields: Sequence[str] = ("signature_def",)):
+        """(GetModelMetadataResponse, SignatureDefMap): TF Serving's only metadata field is signature_def."""
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        unsupported = sorted(set(fields) - {"signature_def"})
+        if unsupported or not fields:
+            raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field(s) {unsupported or '(none)'} not supported: "
+                                                      f"ask for signature_def")
+        servable = self.manager.servable(model, version, label)
+        signature_defs = get_model_metadata_pb2.SignatureDefMap()
+        for key, value in servable.signature_defs.items():
+            signature_defs.signature_def[key].CopyFrom(value)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.metadata["signature_def"].Pack(signature_defs)
+        return response, signature_defs
+
+
+class Service(ServiceBase):
+    """Requests to the models of `manager`; with `batching`, predict calls of one signature run in batches on a
+    `scheduler` (a class with BatchScheduler's constructor, submit, queue_depths and stop)."""
+
+    def __init__(self, manager: ModelManager, batching: Optional[BatchingOptions] = None,
+                 scheduler: Callable[..., BatchScheduler] = BatchScheduler):
+        super().__init__(manager, Metrics(lambda: self.scheduler.queue_depths() if self.scheduler else {}))
+        self.scheduler: Optional[BatchScheduler] = None
+        if batching is not None:
+            self.scheduler = scheduler(batching, on_batch=self.metrics.observe_batch)
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
 
     async def predict(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
                       output_filter: Sequence[str] = (), executor: Optional[Executor] = None) -> Dict[str, np.ndarray]:
@@ -105,35 +148,3 @@ class Service:
                 pass
         source.add_done_callback(pick)
         return result
-
-    def status(self, model: str, version: Optional[int] = None, label: Optional[str] = None):
-        """A GetModelStatusResponse."""
-        from tensorflow_serving.apis import get_model_status_pb2
-
-        response = get_model_status_pb2.GetModelStatusResponse()
-        for status in self.manager.status(model, version, label):
-            entry = response.model_version_status.add(version=status.version, state=STATUS_CODES[status.state])
-            entry.status.SetInParent()  # TF Serving always writes it: error_code OK, error_message ""
-            if status.error:
-                entry.status.error_code = 13  # tensorflow.error.Code.INTERNAL
-                entry.status.error_message = status.error
-        return response
-
-    def metadata(self, model: str, version: Optional[int] = None, label: Optional[str] = None,
-                 fields: Sequence[str] = ("signature_def",)):
-        """(GetModelMetadataResponse, SignatureDefMap): TF Serving's only metadata field is signature_def."""
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
-        unsupported = sorted(set(fields) - {"signature_def"})
-        if unsupported or not fields:
-            raise ServingError(Code.INVALID_ARGUMENT, f"Metadata field(s) {unsupported or '(none)'} not supported: "
-                                                      f"ask for signature_def")
-        servable = self.manager.servable(model, version, label)
-        signature_defs = get_model_metadata_pb2.SignatureDefMap()
-        for key, value in servable.signature_defs.items():
-            signature_defs.signature_def[key].CopyFrom(value)
-        response = get_model_metadata_pb2.GetModelMetadataResponse()
-        response.model_spec.name = servable.name
-        response.model_spec.version.value = servable.version
-        response.metadata["signature_def"].Pack(signature_defs)
-        return response, signature_defs

@@ -1,0 +1,89 @@
+"""The control channel between a front-end worker process and the model process: one duplex connection (a unix
+socket pair) carrying small messages; each message is a pickled list of items (tuples whose first element names
+the kind). A sender thread sends whatever is queued in one message, so a busy channel costs one system call per
+batch of items, not one per item; items sent lazily (counters, freed blocks) wait for the next message, at
+most LAZY_SECONDS. Tensors do not travel here: shared_tensors' arenas hold them."""
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import threading
+from multiprocessing.connection import Connection
+from typing import Callable, List, Union
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Link", "LAZY_SECONDS"]
+
+LAZY_SECONDS = 0.02  # how long an item sent lazily may wait for a message to ride with
+_CLOSE = object()
+
+#: an item, or a function computing it on the sender thread (so that encoding an answer is not the caller's work)
+Item = Union[tuple, Callable[[], tuple]]
+
+
+class Link:
+    """Items to and from the other process over `conn`; send() and send_lazily() are thread-safe, receive() is
+    called by one thread."""
+
+    def __init__(self, conn: Connection, name: str):
+        self.conn, self.name = conn, name
+        self._queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+        self._lazy: List[Item] = []
+        self._lazy_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._send_loop, name=f"{name}-send", daemon=True)
+        self._thread.start()
+
+    def send(self, item: Item) -> None:
+        """Send `item` (or what the function `item` returns) soon, after the items sent lazily before it."""
+        self._queue.put(item)
+
+    def send_lazily(self, item: Item) -> None:
+        """Send `item` with the next message, or within LAZY_SECONDS."""
+        with self._lazy_lock:
+            self._lazy.append(item)
+
+    def receive(self) -> List[tuple]:
+        """The items of the next message (EOFError once the other side closed or died)."""
+        return pickle.loads(self.conn.recv_bytes())
+
+    def close(self) -> None:
+        """Send what is queued, stop the sender thread, close the connection."""
+        self._queue.put(_CLOSE)
+        self._thread.join()
+        self.conn.close()
+
+    def _take(self) -> tuple:
+        """(items to send now, closing?): the lazy items first, then everything queued."""
+        try:
+            first = self._queue.get(timeout=LAZY_SECONDS)
+        except queue.Empty:
+            first = None
+        with self._lazy_lock:
+            items, self._lazy = self._lazy, []
+        pending = [] if first is None else [first]
+        while True:
+            try:
+                pending.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        closing = any(p is _CLOSE for p in pending)
+        if closing:
+            pending = pending[:pending.index(_CLOSE)]
+        return items + pending, closing
+
+    def _send_loop(self) -> None:
+        broken = False
+        while True:
+            items, closing = self._take()
+            if items and not broken:
+                try:
+                    message = [item() if callable(item) else item for item in items]
+                    self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+                except (OSError, EOFError, ValueError):  # the other process is gone: what follows is dropped
+                    broken = True
+                except Exception:
+                    logger.exception("%s: a message could not be sent", self.name)
+            if closing:
+                return
