@@ -9,7 +9,7 @@ import numpy as np
 from tftrt_py.engine import layers as layer_kinds
 from tftrt_py.engine import plan
 from tftrt_py.engine.backends import get_backend
-from tftrt_py.engine.backends.base import Allocate
+from tftrt_py.engine.backends.base import Allocate, Call
 from tftrt_py.engine.errors import BackendError, NetworkError, PlanError, RuntimeExecutionError
 from tftrt_py.engine.inspector import layer_rows
 from tftrt_py.engine.network import Network, Tensor
@@ -260,6 +260,12 @@ class ExecutionContext:
         """Positional form of :meth:`execute`: inputs in binding order, outputs in binding order."""
         outs = self.execute({t.name: a for t, a in zip(self.engine.inputs, inputs)}, outputs)
         return [outs[t.name] for t in self.engine.outputs]
+
+    def call(self) -> Optional[Call]:
+        """A :data:`~tftrt_py.engine.backends.base.Call` of this engine: the run of :meth:`execute_v2` for inputs
+        of exactly the engine's binding shapes and dtypes, which it does not check (the caller has), and which
+        several threads may make at once; None where the backend offers none. It reports no layer times."""
+        return self._runner.call(self)
 
     @property
     def replays(self) -> bool:

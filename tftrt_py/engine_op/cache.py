@@ -55,6 +55,11 @@ class EngineCache:
         self._entries.move_to_end(shapes)
         return shapes
 
+    def touch(self, key: Key) -> None:
+        """Mark the engine under `key` used (most recently), if it is still cached."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
     def insert(self, key: Key, engine) -> Optional[Key]:
         """Add an engine; returns the key evicted to make room, if any."""
         evicted = None

@@ -161,7 +161,7 @@ def create(node_def: bytes, function_def: bytes, callees: bytes = b"") -> int:
 
 def run(handle: int, inputs, assets, allocate=None) -> Optional[List[np.ndarray]]:
     op, allow_build = _HANDLES[handle]
-    return op.run(op.arrays(inputs), assets, allow_build, allocate)
+    return op.serve(inputs, assets, allow_build, allocate)
 
 
 def replay(handle: int, inputs):

@@ -144,11 +144,16 @@ class EngineOp:
         self.stats = Stats()
         self._segment_graph = None
         self._binding: Optional[tuple] = None  # (function_def, its digest)
+        #: kernel input shapes -> (cache key, engine inputs, Call), or False where no Call serves them: how calls of
+        #: those shapes run once an engine served them exactly (see serve); emptied whenever calls must take the
+        #: full path (revoke_replays) or the engine serving them may change
+        self._calls: Dict[tuple, object] = {}
         self._callees = b""
         self.set_function(function_def, callees)
         if binding is not None:  # computed by the caller already (a whole pass over the weights)
             self._binding = (self._function_def, binding)
         self._contexts: Dict[tuple, object] = {}
+        self._assets_seen: set = set()  # the asset strings of runs so far, as the kernel passes them
         self.lock = threading.RLock()
         self.loaded_assets: set = set()
         self.asset_paths: Optional[set] = None  # the assets of the first run with assets (see loading.load_assets)
@@ -182,6 +187,7 @@ class EngineOp:
         """Take the native segment FunctionDef (and the FunctionDefLibrary of the functions it reaches); one that
         recurses (see segment_refusal) refuses every run."""
         self._function_def, self._callees = function_def, callees
+        self._calls.clear()
         reached = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
         self.refused = build_lib.segment_refusal(function_pb2.FunctionDef.FromString(function_def), reached) \
             if function_def else None
@@ -190,6 +196,7 @@ class EngineOp:
 
     def insert(self, key, engine) -> None:
         """Cache `engine` (or a profile engine) under `key`, with the contexts that serve it."""
+        self._calls.clear()  # the engine serving some shapes may change
         evicted = self.cache.insert(key, engine)
         self._contexts[key] = engine if isinstance(engine, ProfileEngine) else serving_pool(engine)
         self._contexts[key].profiler = self.profiler
@@ -302,17 +309,57 @@ class EngineOp:
         return [None if i in skip else np.frombuffer(buf, dtype=dtype).reshape(shape)
                 for i, (dtype, shape, buf) in enumerate(inputs)]
 
-    def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True, allocate=None
-            ) -> Optional[List[np.ndarray]]:
+    def serve(self, inputs, assets: Sequence[bytes], allow_build: bool = True, allocate=None
+              ) -> Optional[List[np.ndarray]]:
+        """:meth:`run` on the kernel's `inputs` (as for :meth:`arrays`). Shapes an engine served exactly before
+        run its :meth:`ExecutionContext.call <tftrt_py.engine.runtime.ExecutionContext.call>` directly: the same
+        engine, counters and fallback, without the checks and look-ups that shapes already passed."""
+        found = self._calls.get(tuple([shape for _, shape, _ in inputs]))
+        if not found or (assets and not self._assets_seen.issuperset(assets)):
+            return self.run(self.arrays(inputs), assets, allow_build, allocate, remember=None if found is False
+                            else inputs)
+        key, used, call = found
+        arrays = [np.frombuffer(inputs[i][2], inputs[i][0]).reshape(inputs[i][1]) for i in used]
+        out_dtypes = self.out_dtypes
+        outputs = None if allocate is None else (
+            lambda i, shape: np.frombuffer(allocate(i, shape), out_dtypes[i]).reshape(shape))
+        try:
+            outs = call(arrays, outputs)
+        except Exception as exc:
+            return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
+                                 tuple(tuple(a.shape) for a in arrays))
+        self.cache.touch(key)
+        self.stats.hits += 1
+        self.stats.engine_runs += 1
+        return outs
+
+    def _remember_call(self, inputs, arrays: List[np.ndarray], key, context) -> None:
+        """After `context` (serving cache `key`) ran `arrays` (the engine inputs of the kernel's `inputs`): keep
+        its Call for these shapes (False: none serves them) unless something needs the full path now."""
+        engine = getattr(context, "engine", None)
+        exact = engine is not None and [t.shape for t in engine.inputs] == [a.shape for a in arrays] and \
+            [np.dtype(t.dtype) for t in engine.inputs] == [a.dtype for a in arrays] and \
+            [np.dtype(t.dtype) for t in engine.outputs] == self.out_dtypes
+        call = context.call() if exact and hasattr(context, "call") else None
+        used = list(self._engine_inputs if self._engine_inputs is not None else range(len(inputs)))
+        with self.lock:  # revoke_replays empties the map under this lock: a call kept here is never stale
+            if self.profiler is None and self.collecting is None and not self.calibration.active and \
+                    not self._unbound_weights and not self.refused and key in self.cache.keys():
+                self._calls[tuple([tuple(shape) for _, shape, _ in inputs])] = (key, used, call) if call else False
+
+    def run(self, arrays: List[np.ndarray], assets: Sequence[bytes], allow_build: bool = True, allocate=None,
+            remember=None) -> Optional[List[np.ndarray]]:
         """Outputs of the engine serving `arrays` (building one if allowed), or None to run natively.
 
         `allocate(index, shape)` (the kernel's) gives the buffer of TensorFlow's output tensor: engines write
-        their outputs there, and the arrays returned are views of them.
+        their outputs there, and the arrays returned are views of them. `remember`: the kernel's inputs these
+        arrays came from, whose shapes :meth:`serve` then runs directly when this engine serves them exactly.
         """
         if self.refused:  # neither an engine nor the native segment: both would recurse
             raise RecursiveSegmentError(f"no engine or native segment can serve it: {self.refused}")
         if assets:
             loading.load_assets(self, assets)
+            self._assets_seen.update(assets)
         weights = arrays if self._unbound_weights else None  # bound once an engine is built from the segment
         if self._engine_inputs is not None:  # variables kept as variables: engines take their values as weights
             arrays = [arrays[i] for i in self._engine_inputs]
@@ -326,9 +373,10 @@ class EngineOp:
             if weights is not None:
                 self._bind_weights(weights)
             return self._calibrate(arrays)
-        context = self._context_for(shapes, allow_build, weights)
-        if context is None:
+        found = self._context_for(shapes, allow_build, weights)
+        if found is None:
             return None
+        key, context = found
         out_dtypes = self.out_dtypes
         outputs = None if allocate is None else (
             lambda i, shape: np.frombuffer(allocate(i, shape), out_dtypes[i]).reshape(shape))
@@ -338,6 +386,8 @@ class EngineOp:
             return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
                                  shapes)
         self.stats.engine_runs += 1
+        if remember is not None:
+            self._remember_call(remember, arrays, key, context)
         return [o if o.dtype == dt else np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
 
     def native_replay(self, arrays: List[np.ndarray]):
@@ -373,6 +423,7 @@ class EngineOp:
     def revoke_replays(self) -> None:
         """Send every call back through Python (kernels drop their replays; new ones may be offered later)."""
         with self.lock:
+            self._calls.clear()
             for replay in list(self._replays):
                 replay.revoke()
 
@@ -391,7 +442,8 @@ class EngineOp:
         self._bind_weights(values, copy=False)
 
     def _context_for(self, shapes, allow_build: bool, weights=None):
-        """The context (pool) serving `shapes`, building an engine when allowed; None after a fallback. An engine
+        """(cache key, the context (pool) serving `shapes`), building an engine when allowed; None after a
+        fallback. An engine
         built from the segment takes the weight inputs' values from `weights` (this run's inputs), unless bound:
         engines loaded from plans have theirs."""
         with self.lock:
@@ -412,7 +464,7 @@ class EngineOp:
                     return self.fallback("build_failed", f"the engine build for {list(shapes)} failed: "
                                                          f"{self.cache.failed[shapes]}", shapes)
             try:
-                return self._contexts[key].context_for(shapes)
+                return key, self._contexts[key].context_for(shapes)
             except EngineError as exc:
                 return self.fallback("build_failed", str(exc), shapes)
 

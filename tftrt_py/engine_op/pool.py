@@ -63,6 +63,13 @@ class ContextPool:
         """Copies of the engine for smaller batches (none, for a single pool)."""
         return 0
 
+    def call(self):
+        """The engine's :meth:`ExecutionContext.call` (through the first context: a call needs none of its own), or
+        None where its backend offers none."""
+        with self._cond:
+            first = self._all[0] if self._all else None
+        return None if first is None else first.call()
+
     def _acquire(self):
         while True:
             with self._cond:

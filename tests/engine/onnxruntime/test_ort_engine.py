@@ -195,3 +195,21 @@ def test_a_profiler_gets_the_time_of_every_layer_and_the_same_outputs():
     layers = [layer.name for layer in engine.network.layers]
     assert sorted(profiler.records) == sorted(layers)
     assert all(len(times) == 2 and min(times) > 0 for times in profiler.records.values())
+
+
+@pytest.mark.parametrize("network", [conv_relu_pool_net, _detector])
+def test_a_call_runs_the_engine_as_execute_v2_does(network):
+    """ExecutionContext.call: one session run directly (conv_relu_pool_net) or the whole program (_detector: numpy
+    steps between sessions), into the caller's buffers or arrays of its own."""
+    engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(network())
+    ctx = engine.create_execution_context()
+    call = ctx.call()
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        inputs = [rng.uniform(0, 0.5, t.shape).astype(t.dtype) for t in engine.inputs]
+        want = ctx.execute_v2(inputs)
+        into = call(inputs, lambda i, shape: poisoned(i, shape, engine))
+        mine = call(inputs)
+        for got, again, ref in zip(into, mine, want):
+            np.testing.assert_array_equal(got, ref)
+            np.testing.assert_array_equal(again, ref)

@@ -8,17 +8,20 @@ arguments.
 from __future__ import annotations
 
 import abc
-from typing import AbstractSet, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tftrt_py import settings
 from tftrt_py.engine.types import PRECISIONS
 
-__all__ = ["Backend", "Runner", "Allocate", "deliver", "flag", "strict_types"]
+__all__ = ["Backend", "Runner", "Allocate", "Call", "deliver", "flag", "strict_types"]
 
 #: ``outputs(index, shape) -> writable array``: where an execution writes output `index` (see ExecutionContext.execute)
 Allocate = Callable[[int, Tuple[int, ...]], np.ndarray]
+#: ``call(inputs, outputs) -> outputs``: an engine run on inputs of exactly its binding shapes and dtypes (unchecked),
+#: in binding order, writing through an optional Allocate; outputs in binding order (see ExecutionContext.call)
+Call = Callable[[Sequence[np.ndarray], Optional[Allocate]], List[np.ndarray]]
 
 
 def deliver(out: np.ndarray, index: int, outputs: Optional[Allocate], copy: bool = False) -> np.ndarray:
@@ -54,6 +57,10 @@ class Runner(abc.ABC):
 
     def native_replay(self, ctx, arrays: Sequence[np.ndarray], out_dtypes: Sequence[np.dtype]):
         """A :class:`~tftrt_py.engine.replay.Replay` of this context at the shapes of `arrays`, or None."""
+        return None
+
+    def call(self, ctx) -> Optional[Call]:
+        """A :data:`Call` of this engine, or None where the backend offers none (see ExecutionContext.call)."""
         return None
 
 

@@ -9,7 +9,7 @@ from typing import AbstractSet, Dict, List, Mapping, Optional
 import numpy as np
 
 from tftrt_py.engine.backends import base
-from tftrt_py.engine.backends.base import Backend, deliver, strict_types
+from tftrt_py.engine.backends.base import Backend, Call, deliver, strict_types
 from tftrt_py.engine.backends.numpy_backend import LayerStep, NumpyBackend
 from tftrt_py.engine.backends.onnxruntime.graph import prune
 from tftrt_py.engine.backends.onnxruntime.int8 import EMULATED
@@ -59,6 +59,13 @@ class _Session:
     def __init__(self, session, inputs: List[Tensor], outputs: List[Tensor], layers: List[Layer]):
         self.session, self.inputs, self.outputs, self.layers = session, inputs, outputs, layers
         self.input_names = [i.name for i in session.get_inputs()]
+
+    def runner(self):
+        """(run, output names): the session's own run(output names, feeds, run options), without the checks of
+        InferenceSession.run, which a caller feeding every input needs no more than the error it raises."""
+        sess = getattr(self.session, "_sess", None)
+        names = [o.name for o in self.session.get_outputs()]
+        return (sess.run if sess is not None else self.session.run), names
 
     def run(self, values: Dict[str, np.ndarray]) -> None:
         feeds = {name: values[t.name] for name, t in zip(self.input_names, self.inputs)}
@@ -292,5 +299,26 @@ class Runner(base.Runner):
         partial = batch is not None and eng.rowwise and batch < eng.max_batch_size
         return {t.name: deliver(values[t.name][:batch] if partial else values[t.name], i, outputs)
                 for i, t in enumerate(eng.outputs)}
+
+    def call(self, ctx) -> Call:
+        """The program's run on inputs in binding order (its sessions are shared, so any thread may call it);
+        an engine of one session reading every input and making every output runs it directly."""
+        eng, program = self.engine, self.program
+        in_names, out_names = [t.name for t in eng.inputs], [t.name for t in eng.outputs]
+        step = program.steps[0] if len(program.steps) == 1 else None
+        made = [t.name for t in step.outputs] if isinstance(step, _Session) else []
+        if not (made and set(out_names) <= set(made) and [t.name for t in step.inputs] == in_names):
+
+            def run_program(inputs, outputs=None):
+                values = program.run(dict(zip(in_names, inputs)))
+                return [deliver(values[name], i, outputs) for i, name in enumerate(out_names)]
+            return run_program
+        run, fetch = step.runner()
+        order = [made.index(name) for name in out_names]
+
+        def run_session(inputs, outputs=None):
+            outs = run(fetch, dict(zip(step.input_names, inputs)), None)
+            return [deliver(outs[j], i, outputs) for i, j in enumerate(order)]
+        return run_session
 
 
