@@ -1,7 +1,7 @@
 """Load on tftrt-serve, batching off and on: throughput and latency at N concurrent clients, loopback only.
 
     python benchmarks/serve_load.py [--model small_cnn|thin_224|resnet50] [--api rest|grpc|kserve-rest|kserve-grpc]
-                                    [--clients 32] [--generator python|c]
+                                    [--clients 32] [--generator python|c] [--frontend-workers N]
                                     [--requests 3000] [--time-limit 60] [--repeat 3] [--json out.json]
 
 The model (random weights, nothing downloaded) is exported and converted into a temporary folder: the demo CNN in
@@ -15,7 +15,8 @@ v2's infer: kserve-rest with binary tensors, kserve-grpc) until the request coun
 after a warm-up: Python clients (threads in --client-procs processes), or with `--generator c` one C process
 (benchmarks/loadgen/loadgen.c, compiled on first use) that spends a few microseconds of CPU per request. Printed
 per mode and run: requests answered, throughput (req/s, rows/s), p50/p99 latency, mean batch size (the server's
-metrics), CPU time per request of the server and of the clients, the load average (the machine may be shared);
+metrics), CPU time per request of the server (with `--frontend-workers N`, of its N front-end worker processes
+too) and of the clients, the load average (the machine may be shared);
 native-segment runs are flagged. Then
 the medians of the repeats, the on/off throughput ratio, and the p99 bound 2 x batch_timeout + one full batch's
 compute.
@@ -120,17 +121,32 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class InProcess:
-    """tftrt-serve's Server in this process."""
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
-    def __init__(self, base_path: str, batching):
+
+def _children(pid: int):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+class InProcess:
+    """tftrt-serve's Server in this process (and its front-end worker processes)."""
+
+    def __init__(self, base_path: str, batching, frontend_workers: int = 0):
         from tftrt_py.serving import ModelSpec, Server
 
-        self.server = Server([ModelSpec(MODEL_NAME, base_path)], batching=batching).start()
+        self.server = Server([ModelSpec(MODEL_NAME, base_path)], batching=batching,
+                             frontend_workers=frontend_workers).start()
         self.rest_port, self.grpc_port = self.server.rest_port, self.server.grpc_port
 
     def cpu_seconds(self) -> float:
-        return time.process_time()  # this process's: the server's threads (the clients run elsewhere)
+        """This process's (the server's threads: the clients run elsewhere) and its front-end workers'."""
+        workers = self.server.workers.pids() if self.server.workers is not None else []
+        return time.process_time() + sum(_cpu_seconds(pid) for pid in workers)
 
     def stop(self):
         self.server.stop()
@@ -139,11 +155,11 @@ class InProcess:
 class Subprocess:
     """The tftrt-serve command on free loopback ports (its batching parameters in a text-proto file)."""
 
-    def __init__(self, base_path: str, batching):
+    def __init__(self, base_path: str, batching, frontend_workers: int = 0):
         self.rest_port, self.grpc_port = _free_port(), _free_port()
         command = [sys.executable, "-m", "tftrt_py.serving.cli", f"--port={self.grpc_port}",
                    f"--rest_api_port={self.rest_port}", "--host=127.0.0.1", f"--model_name={MODEL_NAME}",
-                   f"--model_base_path={base_path}"]
+                   f"--model_base_path={base_path}", f"--frontend_workers={frontend_workers}"]
         if batching is not None:
             path = os.path.join(os.path.dirname(base_path), "batching.config")
             with open(path, "w") as f:
@@ -160,9 +176,9 @@ class Subprocess:
             raise RuntimeError(f"tftrt-serve did not start: {line!r}")
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.process.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        """The tftrt-serve process's and its front-end workers'."""
+        pid = self.process.pid
+        return _cpu_seconds(pid) + sum(_cpu_seconds(child) for child in _children(pid))
 
     def stop(self):
         self.process.terminate()
@@ -432,6 +448,8 @@ def main(argv=None) -> int:
                    help="python: --clients threads in --client-procs processes (default); c: one C process "
                         "(benchmarks/loadgen/loadgen.c, compiled with cc)")
     p.add_argument("--server", choices=sorted(SERVERS), default="inprocess")
+    p.add_argument("--frontend-workers", type=int, default=0,
+                   help="front-end worker processes of the server (tftrt-serve's --frontend_workers; default: 0)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--client-procs", type=int, default=2, help="processes the Python clients run in (default: 2)")
     p.add_argument("--rows", type=int, default=1, help="rows per request (default: 1)")
@@ -468,6 +486,7 @@ def main(argv=None) -> int:
         base_path = os.path.join(root, MODEL_NAME)
         compute_ms = batch_compute_ms(os.path.join(base_path, "1"), args.max_batch_size, SIZES[args.model])
         setup = {"model": args.model, "precision": precision, "api": args.api, "server": args.server,
+                 "frontend_workers": args.frontend_workers,
                  "generator": args.generator, "client_procs": args.client_procs, "rows": args.rows,
                  "cpus": len(os.sched_getaffinity(0)),
                  "load_average": os.getloadavg(), "batching": {**vars(batching), "allowed_batch_sizes": allowed},
@@ -479,7 +498,7 @@ def main(argv=None) -> int:
         rows = []
         for run in range(args.repeat):
             for mode in modes:
-                server = SERVERS[args.server](base_path, batching if mode == "on" else None)
+                server = SERVERS[args.server](base_path, batching if mode == "on" else None, args.frontend_workers)
                 try:
                     input_name = next(iter(json.loads(urllib.request.urlopen(
                         f"http://127.0.0.1:{server.rest_port}/v1/models/{MODEL_NAME}/metadata", timeout=30).read())

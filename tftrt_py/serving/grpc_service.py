@@ -6,6 +6,7 @@ code."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Tuple
@@ -87,6 +88,8 @@ class GrpcServer:
     def start(self) -> "GrpcServer":
         self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="tftrt-serve-grpc")
         self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(self._exception)
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop.run_forever, name="tftrt-serve-grpc-loop", daemon=True)
         self._thread.start()
         self._server, self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result()
@@ -103,8 +106,17 @@ class GrpcServer:
         await server.start()
         return server, port
 
+    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        """The loop's errors, but one grpc.aio raises while it shuts down: its poller's read event, still queued
+        on the loop, finds the poller's socket closed (EBADF)."""
+        exc = context.get("exception")
+        if self._stopping and isinstance(exc, OSError) and exc.errno == errno.EBADF:
+            return
+        loop.default_exception_handler(context)
+
     def stop(self, grace: float = 1.0) -> None:
         """Stop listening; calls still running after `grace` seconds are cancelled."""
+        self._stopping = True
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result()
             self._server = None

@@ -244,6 +244,8 @@ class WorkerPool:
                 self._changed.notify_all()
         elif kind == "started":
             worker.started.set()
+            logger.info("front-end worker %d (pid %d) listening %.1f s after its start", worker.index,
+                        worker.process.pid, time.monotonic() - worker.started_at)
         elif kind == "failed":
             worker.failure = item[1]
         else:
