@@ -261,7 +261,7 @@ def test_a_killed_worker_is_replaced_and_the_server_answers_meanwhile(polled, ca
     _wait_for(lambda: victim not in pool.pids())
     x = {"instances": random_array((1, 16)).tolist()}
     statuses = [polled.rest.call("/v1/models/mlp:predict", x)[0] for _ in range(10)]  # the survivor answers
-    _wait_for(lambda: len(pool.pids()) == 2 and all(w.started.is_set() for w in pool._live()))
+    _wait_for(pool.listening)
     statuses += [polled.rest.call("/v1/models/mlp:predict", x)[0] for _ in range(10)]
     assert statuses == [200] * 20 and pool.restarts == 1 and survivor in pool.pids()
     assert f"(pid {victim}) exited with code -9" in caplog.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -232,6 +233,8 @@ def start(config: WorkerConfig, link: Link, arena_bytes: int, snapshot) -> None:
         if fronts is not None:
             fronts.stop(grace=0)
         raise SystemExit(1)
+    gc.collect()
+    gc.freeze()  # TensorFlow's and the front ends' objects: the cyclic collector skips them (see models.py)
     link.send(("started", os.getpid()))
     stop = threading.Event()
     threading.Thread(target=service.serve, args=(stop,), name="tftrt-serve-worker-receive", daemon=True).start()

@@ -121,7 +121,13 @@ class WorkerPool:
                                                for w in self._live()), max(0.0, deadline - time.monotonic()))
 
     def pids(self) -> List[int]:
+        """The process ids of the workers running now."""
         return [w.process.pid for w in self._live()]
+
+    def listening(self) -> bool:
+        """Whether all `count` workers run and listen."""
+        live = self._live()
+        return len(live) == self.count and all(w.alive and w.started.is_set() for w in live)
 
     def stop(self) -> None:
         """Stop the workers (each stops listening; calls in flight get its grace to finish), then this side."""
