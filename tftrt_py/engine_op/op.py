@@ -313,18 +313,18 @@ class EngineOp:
               ) -> Optional[List[np.ndarray]]:
         """:meth:`run` on the kernel's `inputs` (as for :meth:`arrays`). Shapes an engine served exactly before
         run its :meth:`ExecutionContext.call <tftrt_py.engine.runtime.ExecutionContext.call>` directly: the same
-        engine, counters and fallback, without the checks and look-ups that shapes already passed."""
+        engine, counters and fallback, without the checks and look-ups that shapes already passed. Such a call
+        returns the engine's own output arrays, which the kernel copies into TensorFlow's outputs (ONNX Runtime's
+        outputs are arrays of its own: writing them through `allocate` would copy them as often, with more calls
+        through Python)."""
         found = self._calls.get(tuple([shape for _, shape, _ in inputs]))
         if not found or (assets and not self._assets_seen.issuperset(assets)):
             return self.run(self.arrays(inputs), assets, allow_build, allocate, remember=None if found is False
                             else inputs)
         key, used, call = found
         arrays = [np.frombuffer(inputs[i][2], inputs[i][0]).reshape(inputs[i][1]) for i in used]
-        out_dtypes = self.out_dtypes
-        outputs = None if allocate is None else (
-            lambda i, shape: np.frombuffer(allocate(i, shape), out_dtypes[i]).reshape(shape))
         try:
-            outs = call(arrays, outputs)
+            outs = call(arrays, None)
         except Exception as exc:
             return self.fallback("runtime_failure", f"the engine failed at run time: {type(exc).__name__}: {exc}",
                                  tuple(tuple(a.shape) for a in arrays))
