@@ -13,6 +13,7 @@ import time
 import types
 
 import grpc
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -319,4 +320,8 @@ def test_an_arena_shares_tensors_in_place_and_carries_what_does_not_fit():
     second, _ = writer.write({"y": random_array((8,))})
     writer.free(block)
     writer.free(second)
+    bfloat16 = np.arange(6, dtype=ml_dtypes.bfloat16).reshape(2, 3)  # its dtype travels as itself, not a string
+    block, descriptors = writer.write({"bf": bfloat16})
+    assert reader.read(descriptors)["bf"].dtype == bfloat16.dtype and (reader.read(descriptors)["bf"] == bfloat16).all()
+    writer.free(block)
     assert writer.used_bytes == 0 and writer.allocate(4096) == 0  # the blocks merged back into one

@@ -207,7 +207,7 @@ def run() -> None:
     """The worker process's entry (`python -c "from tftrt_py.serving.frontend_worker import run; run()" FD`): FD
     is its end of the control link, whose first message is `start()`'s arguments."""
     fd = int(sys.argv[1])
-    link = Link(Connection(fd), f"tftrt-serve-worker-{os.getpid()}")
+    link = Link(Connection(fd), f"tftrt-serve-worker-{os.getpid()}", direct=True)
     (config, arena_bytes, snapshot), = link.receive()
     start(config, link, arena_bytes, snapshot)
 

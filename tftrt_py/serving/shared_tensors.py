@@ -18,12 +18,19 @@ import numpy as np
 __all__ = ["Arena", "SharedFd", "Descriptor", "ALIGN"]
 
 ALIGN = 64  # bytes: every tensor starts on a cache line
-#: (name, dtype, shape, offset) of a tensor in the arena, or (name, array) of one carried in the message
+#: (name, dtype or its type string, shape, offset) of a tensor in the arena, or (name, array) of one carried in the
+#: message
 Descriptor = Tuple[Any, ...]
 
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+def _portable(dtype: np.dtype):
+    """`dtype` as its type string where that names it (cheaper to pickle and to read back than the dtype),
+    else the dtype itself (ml_dtypes' bfloat16 and float8 types, whose string is a void type's)."""
+    return dtype.str if dtype.kind != "V" else dtype
 
 
 class Arena:
@@ -100,7 +107,7 @@ class Arena:
                 descriptors.append((name, array))
                 continue
             np.copyto(np.ndarray(array.shape, array.dtype, buffer=self._map, offset=offset), array, casting="no")
-            descriptors.append((name, array.dtype, array.shape, offset))
+            descriptors.append((name, _portable(array.dtype), array.shape, offset))
             offset += _aligned(array.nbytes)
         return block, descriptors
 

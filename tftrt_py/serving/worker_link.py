@@ -25,10 +25,14 @@ Item = Union[tuple, Callable[[], tuple]]
 
 class Link:
     """Items to and from the other process over `conn`; send() and send_lazily() are thread-safe, receive() is
-    called by one thread."""
+    called by one thread. With `direct`, send() sends from the calling thread (one message per item, no hand-off
+    to the sender thread, which then only sends the lazy items): for callers that send one item at a time from a
+    busy event loop, where waking another thread for the GIL costs more than the system call."""
 
-    def __init__(self, conn: Connection, name: str):
-        self.conn, self.name = conn, name
+    def __init__(self, conn: Connection, name: str, direct: bool = False):
+        self.conn, self.name, self.direct = conn, name, direct
+        self._sending = threading.Lock()  # one message on the connection at a time
+        self._broken = False
         self._queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._lazy: List[Item] = []
         self._lazy_lock = threading.Lock()
@@ -37,7 +41,13 @@ class Link:
 
     def send(self, item: Item) -> None:
         """Send `item` (or what the function `item` returns) soon, after the items sent lazily before it."""
-        self._queue.put(item)
+        if self.direct:
+            with self._lazy_lock:
+                items, self._lazy = self._lazy, []
+            items.append(item)
+            self._write(items)
+        else:
+            self._queue.put(item)
 
     def send_lazily(self, item: Item) -> None:
         """Send `item` with the next message, or within LAZY_SECONDS."""
@@ -73,17 +83,22 @@ class Link:
             pending = pending[:pending.index(_CLOSE)]
         return items + pending, closing
 
+    def _write(self, items: List[Item]) -> None:
+        with self._sending:
+            if self._broken:
+                return
+            try:
+                message = [item() if callable(item) else item for item in items]
+                self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            except (OSError, EOFError, ValueError):  # the other process is gone: what follows is dropped
+                self._broken = True
+            except Exception:
+                logger.exception("%s: a message could not be sent", self.name)
+
     def _send_loop(self) -> None:
-        broken = False
         while True:
             items, closing = self._take()
-            if items and not broken:
-                try:
-                    message = [item() if callable(item) else item for item in items]
-                    self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-                except (OSError, EOFError, ValueError):  # the other process is gone: what follows is dropped
-                    broken = True
-                except Exception:
-                    logger.exception("%s: a message could not be sent", self.name)
+            if items:
+                self._write(items)
             if closing:
                 return
