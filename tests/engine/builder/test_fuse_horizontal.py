@@ -1,5 +1,9 @@
 """Horizontal fusion: sibling Convolutions / MatrixMultiplies as one layer followed by Slices."""
+import pytest
+
 from fusion_nets import add, build_and_compare, conv, layer, layer_names, matmul, network, rand
+from tftrt_py.engine import Builder, BuilderConfig
+from tftrt_py.engine.backends.onnxruntime import available
 
 X = (2, 6, 6, 3)
 
@@ -60,3 +64,18 @@ def test_the_fused_output_takes_the_largest_range_where_every_sibling_has_one():
     assert layer(engine, "q + k + v").outputs[0].dynamic_range == 3.0
     assert [t.dynamic_range for t in engine.outputs] == [1.0, 3.0, 2.0]
     assert layer(build_and_compare(make(None), [rand(4, 5)]), "q + k + v").outputs[0].dynamic_range is None
+
+
+@pytest.mark.skipif(not available()[0], reason=available()[1])
+def test_a_backend_keeps_apart_the_kinds_it_runs_faster_apart():
+    """ONNX Runtime (horizontal_kinds: MatrixMultiply only) keeps sibling convolutions apart, merges projections."""
+    def make():
+        net, (x, y) = network(X, (4, 5))
+        net.mark_output(conv(net, x, 4, "conv_a"))
+        net.mark_output(conv(net, x, 2, "conv_b"))
+        for name, n in (("q", 3), ("k", 3)):
+            net.mark_output(matmul(net, y, n, name, transpose_b=True))
+        return net
+
+    engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(make())
+    assert layer_names(engine) == ["conv_a", "conv_b", "q + k", "q (split)", "k (split)"]

@@ -79,6 +79,10 @@ class Backend(abc.ABC):
     def prepare_engine(self, engine) -> None:
         """Compile `engine` once (tactics, sessions, device check); nothing by default."""
 
+    #: The layer kinds whose siblings reading one tensor it runs faster as one layer with their output channels
+    #: concatenated (the builder's horizontal fusion merges those only).
+    horizontal_kinds: Tuple[str, ...] = ("Convolution", "MatrixMultiply")
+
     #: Whether anticipate() does anything.
     anticipates = False
 

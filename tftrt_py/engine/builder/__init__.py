@@ -6,6 +6,7 @@ The pipeline is a flat, named list of passes run to a fixed point, then again wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Callable, List, Optional, Tuple, Union
@@ -102,10 +103,19 @@ class Builder:
     def optimize(self, network) -> None:
         """Run the pass pipeline in place until it reaches a fixed point, then with the late passes to another."""
         for stage in (PIPELINE, PIPELINE + LATE_PASSES):
-            self._settle(network, stage)
+            self._settle(network, self._for_backend(stage))
         counts = match.fusion_counts(network)
         if counts:
             logger.info("fusions in %s: %s", network.name, ", ".join(f"{n} x {r}" for r, n in sorted(counts.items())))
+
+    def _for_backend(self, stage: List[Tuple[str, Callable]]) -> List[Tuple[str, Callable]]:
+        """`stage` with the target backend's policy bound: horizontal fusion merges its horizontal_kinds only."""
+        try:
+            kinds = get_backend(self.config.backend).horizontal_kinds
+        except BackendError:  # not usable here: the default policy
+            kinds = horizontal.KINDS
+        return [(name, functools.partial(horizontal.fuse_horizontal, kinds=kinds)
+                 if pass_ is horizontal.fuse_horizontal else pass_) for name, pass_ in stage]
 
     def _settle(self, network, stage: List[Tuple[str, Callable]]) -> None:
         for _ in range(MAX_ROUNDS):

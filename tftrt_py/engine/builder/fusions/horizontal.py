@@ -17,7 +17,10 @@ import numpy as np
 
 from tftrt_py.engine.builder.fusions.match import FLOATS, constant_value, record
 
-__all__ = ["fuse_horizontal"]
+__all__ = ["fuse_horizontal", "KINDS"]
+
+#: The layer kinds horizontal fusion merges.
+KINDS = ("Convolution", "MatrixMultiply")
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +82,14 @@ def _merge(network, group: List) -> None:
     record(network, f"horizontal {first.kind}")
 
 
-def fuse_horizontal(network) -> bool:
-    """Merge each group of compatible sibling Convolutions (or MatrixMultiplies with constant B)."""
+def fuse_horizontal(network, kinds: Tuple[str, ...] = KINDS) -> bool:
+    """Merge each group of compatible sibling Convolutions (or MatrixMultiplies with constant B), of `kinds` only
+    (a backend's Backend.horizontal_kinds)."""
     users = network.consumers()
     groups: Dict[Tuple, List] = {}
     for x in network.inputs + [t for l in network.layers for t in l.outputs]:
         for layer in users.get(x.name, ()):
-            key = _key(layer, x) if layer.kind in ("Convolution", "MatrixMultiply") else None
+            key = _key(layer, x) if layer.kind in kinds else None
             if key is not None and all(layer is not l for l in groups.get((x.name, key), ())):
                 groups.setdefault((x.name, key), []).append(layer)
     merged = [g for g in groups.values() if len(g) > 1]
