@@ -298,6 +298,14 @@ def test_stop_leaves_no_processes_and_no_shared_memory(models):
             os.kill(pid, 0)
 
 
+def test_a_port_in_use_is_refused_not_shared(workers_server, models):
+    """SO_REUSEPORT would let a second server's workers join the first's port: the second does not start."""
+    with pytest.raises(OSError):
+        Server([ModelSpec("mlp", os.path.join(models.root, "mlp"))], grpc_port=None,
+               rest_port=workers_server.server.rest_port, frontend_workers=1).start()
+    assert workers_server.rest.call("/readyz") == (200, b"ready")
+
+
 def test_the_flag_sets_the_workers():
     args = build_parser().parse_args(["--model_base_path=/m", "--frontend_workers=3"])
     assert server_from_args(args).frontend_workers == 3

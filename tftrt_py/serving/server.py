@@ -55,7 +55,8 @@ class Server:
         try:
             if self.frontend_workers:
                 self.workers = WorkerPool(self.service, self.frontend_workers, self.host, self.grpc_port,
-                                          self.rest_port, self._grpc_threads, self._rest_threads).start()
+                                          self.rest_port, self._grpc_threads, self._rest_threads)
+                self.workers.start()
                 self.grpc_port, self.rest_port = self.workers.grpc_port, self.workers.rest_port
                 self.service.manager.load()
                 self.workers.wait_started()

@@ -92,15 +92,23 @@ class WorkerPool:
         """Reserve the ports and spawn the workers (without waiting for them: see wait_started)."""
         for attr in ("grpc_port", "rest_port"):
             if getattr(self, attr) is not None:
-                sock = listening_socket(self.host, getattr(self, attr), reuse_port=True)
-                self._reserved.append(sock)
-                setattr(self, attr, sock.getsockname()[1])
+                setattr(self, attr, self._reserve(getattr(self, attr)))
         self._state = self.service.manager.state()
         for index in range(self.count):
             self._workers[index] = self._spawn(index)
         self._watcher = threading.Thread(target=self._watch, name="tftrt-serve-workers", daemon=True)
         self._watcher.start()
         return self
+
+    def _reserve(self, port: int) -> int:
+        """Hold `port` (0: a free one) for the workers; OSError when another socket has it. A first bind without
+        SO_REUSEPORT fails on any socket bound there (another server's workers too, which a SO_REUSEPORT bind
+        would join); then a bound, non-listening SO_REUSEPORT socket keeps the port while the workers listen."""
+        with listening_socket(self.host, port) as probe:
+            port = probe.getsockname()[1]
+        sock = listening_socket(self.host, port, reuse_port=True)
+        self._reserved.append(sock)
+        return port
 
     def wait_started(self, timeout: float = START_TIMEOUT) -> None:
         """Wait until every worker listens; RuntimeError when one cannot start."""
