@@ -21,7 +21,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      predict_pb2, prediction_service_pb2_grpc)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from conftest import Rest, metric, reference, specs
+from conftest import Rest, Typed, metric, reference, specs
 from support import random_array
 from tftrt_py.serving import BatchingOptions, ModelSpec, Server, VersionPolicy
 from tftrt_py.serving.cli import build_parser, server_from_args
@@ -225,6 +225,23 @@ def test_requests_parsed_by_different_workers_merge_into_batches(workers_batchin
     batches, rows = (metric(after, f"tftrt_serving_batch_size_{k}", model="cnn") -
                      metric(before, f"tftrt_serving_batch_size_{k}", model="cnn") for k in ("count", "sum"))
     assert rows == sum(len(x) for x in feeds) and batches < len(feeds)
+
+
+def test_strings_int64_and_bool_tensors_answer_as_in_one_process(typed_server, tmp_path_factory):
+    """String tensors (numpy object arrays) travel in the control messages, the others in shared memory."""
+    root = tmp_path_factory.mktemp("typed_workers")
+    module = Typed()
+    tf.saved_model.save(module, str(root / "typed" / "1"), signatures={"serving_default": module.serve})
+    body = {"instances": [{"text": "ab", "count": [1, -2], "flag": True},
+                          {"text": {"b64": "/wA="}, "count": [3, 2 ** 40], "flag": False}]}
+    kserve = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["ab", "é"]},
+                         {"name": "count", "shape": [2, 2], "datatype": "INT64", "data": [1, -2, 3, 2 ** 40]},
+                         {"name": "flag", "shape": [2], "datatype": "BOOL", "data": [True, False]}]}
+    with Server([ModelSpec("typed", str(root / "typed"))], frontend_workers=1) as running:
+        workers = Rest(running.rest_port)
+        for path, request in (("/v1/models/typed:predict", body), ("/v2/models/typed/infer", kserve)):
+            answer = workers.json(path, request)
+            assert answer == typed_server.rest.json(path, request) and answer[0] == 200
 
 
 @pytest.fixture(scope="module")
