@@ -149,7 +149,9 @@ class BatchScheduler:
     def submit(self, queue_id: Hashable, run: RunFn, arrays: Mapping[str, np.ndarray], label: str = "",
                loop: Optional[asyncio.AbstractEventLoop] = None) -> Union[Future, asyncio.Future]:
         """A future of `run`'s outputs for `arrays` alone, computed in a batch with other requests to `queue_id`:
-        with `loop` (the caller's running loop), an asyncio future of that loop, else a concurrent one."""
+        with `loop` (the caller's running loop), an asyncio future of that loop, else a concurrent one. `loop` may
+        be any object with create_future() and call_soon_threadsafe(callback, *args): each batch sets its answers
+        to one loop's futures by one call_soon_threadsafe(callback, [(future, answer), ...])."""
         limit = self.options.max_batch_size
         size = batch_rows(arrays, limit)
         task = _Task(arrays, size, Future() if loop is None else loop.create_future(), loop)

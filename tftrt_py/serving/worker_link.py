@@ -19,8 +19,9 @@ __all__ = ["Link", "LAZY_SECONDS"]
 LAZY_SECONDS = 0.02  # how long an item sent lazily may wait for a message to ride with
 _CLOSE = object()
 
-#: an item, or a function computing it on the sender thread (so that encoding an answer is not the caller's work)
-Item = Union[tuple, Callable[[], tuple]]
+#: an item, or a function computing it (or a list of items) on the sender thread, so that encoding answers is not
+#: the caller's work
+Item = Union[tuple, Callable[[], Union[tuple, List[tuple]]]]
 
 
 class Link:
@@ -88,7 +89,10 @@ class Link:
             if self._broken:
                 return
             try:
-                message = [item() if callable(item) else item for item in items]
+                message = []
+                for item in items:
+                    value = item() if callable(item) else item
+                    message.extend(value) if isinstance(value, list) else message.append(value)
                 self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
             except (OSError, EOFError, ValueError):  # the other process is gone: what follows is dropped
                 self._broken = True

@@ -58,6 +58,7 @@ class _Worker:
         self.failure: Optional[str] = None
         self.started_at = time.monotonic()
         self.reader: Optional[threading.Thread] = None
+        self.batches = _Batches(link, responses)
 
     @property
     def alive(self) -> bool:
@@ -272,7 +273,12 @@ class WorkerPool:
         try:
             servable = self.service.manager.servable(model, version)
             signature = servable.signature(signature_name)
-            future = self.service.submit(servable, signature, worker.requests.read(descriptors), names, self._run)
+            arrays = worker.requests.read(descriptors)
+            if self.service.scheduler is not None:
+                worker.batches.next = (request_id, names)
+                self.service.enqueue(servable, signature, arrays, worker.batches)
+                return
+            future = self.service.submit(servable, signature, arrays, names, self._run)
         except Exception as exc:
             worker.link.send(_error(request_id, exc))
             return
@@ -298,6 +304,41 @@ class WorkerPool:
                                    FLUSH_SECONDS)
 
 
+class _Slot:
+    """A batched request's answer: the batch sets it (BatchScheduler's futures need only set_result and
+    set_exception)."""
+
+    __slots__ = ("request_id", "names", "answer")
+
+    def __init__(self, request_id: int, names):
+        self.request_id, self.names, self.answer = request_id, names, None
+
+    def set_result(self, outputs) -> None:
+        self.answer = {k: outputs[k] for k in self.names}
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.answer = exc
+
+
+class _Batches:
+    """A worker's batched requests, as BatchScheduler.submit takes an event loop: the answers of one batch to
+    them are set by one call (on the batch thread), then go to the worker in one message, their outputs written
+    by the link's sender thread. `next` is the (request id, output names) of the request being queued (one
+    thread, the worker's reader, queues them)."""
+
+    def __init__(self, link: Link, responses: Arena):
+        self.link, self.responses = link, responses  # not the worker: no reference cycle keeps its arenas
+        self.next = None
+
+    def create_future(self) -> _Slot:
+        return _Slot(*self.next)
+
+    def call_soon_threadsafe(self, settle_all, pairs) -> None:
+        settle_all(pairs)
+        responses, slots = self.responses, [slot for slot, _ in pairs]
+        self.link.send(lambda: [_item(responses, s.request_id, s.answer) for s in slots])
+
+
 def _error(request_id: int, exc: BaseException) -> tuple:
     if not isinstance(exc, ServingError):
         logger.error("a front-end worker's request failed", exc_info=exc)
@@ -305,11 +346,16 @@ def _error(request_id: int, exc: BaseException) -> tuple:
     return "error", request_id, error.code.name, error.message
 
 
-def _answer(worker: _Worker, request_id: int, done: Future) -> tuple:
-    """The answer item of a finished predict, its outputs written into the worker's response arena (on the
-    link's sender thread)."""
-    exc = done.exception()
-    if exc is not None:
-        return _error(request_id, exc)
-    block, descriptors = worker.responses.write(done.result())
+def _item(responses: Arena, request_id: int, answer) -> tuple:
+    """The answer item of a finished predict (outputs, or the exception), its outputs written into the worker's
+    response arena (on the link's sender thread)."""
+    if isinstance(answer, BaseException):
+        return _error(request_id, answer)
+    block, descriptors = responses.write(answer)
     return "answer", request_id, block, descriptors
+
+
+def _answer(worker: _Worker, request_id: int, done: Future) -> tuple:
+    """The answer item of an unbatched predict's future."""
+    exc = done.exception()
+    return _item(worker.responses, request_id, exc if exc is not None else done.result())
