@@ -119,9 +119,9 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     #: FP8 layers compute in fp32 here (lowering.py).
     precisions = ("FP32", "FP16", "INT8")
-    #: Not Convolution: its NCHWc convolutions run sibling convolutions about as fast as one of their channels
-    #: together, and the Slices after that one change layouts (NCHWc to NCHW and back) each: the zoo's RetinaNet
-    #: engine at batch 8 (its two heads' first convolutions on three levels) took 9.7 ms fused, 9.3 unfused.
+    #: Not Convolution: its NCHWc kernels run two sibling convolutions about as fast as one merged convolution,
+    #: and each Slice after a merged one changes layout (NCHWc to NCHW and back): the zoo's RetinaNet engine at
+    #: batch 8 (its two heads' first convolutions on three levels) took 9.7 ms merged, 9.3 apart.
     horizontal_kinds = ("MatrixMultiply",)
 
     def __init__(self):
@@ -268,7 +268,7 @@ class OnnxRuntimeBackend(Backend):
     def create_runner(self, engine) -> "Runner":
         if getattr(engine, "ort_program", None) is None:
             engine.prepare()
-        return Runner(engine, engine.ort_program, lambda: self.profiling_program(engine))
+        return Runner(engine, engine.ort_program, lambda: self.profiling_program(engine), self._ort)
 
 
 def _demote_emulated(net) -> None:
@@ -286,8 +286,8 @@ class Runner(base.Runner):
     """Runs one engine's program for one ExecutionContext (sessions are shared: ONNX Runtime runs them from
     several threads at once)."""
 
-    def __init__(self, engine, program: Program, profiling_program):
-        self.engine, self.program, self.profiling_program = engine, program, profiling_program
+    def __init__(self, engine, program: Program, profiling_program, ort):
+        self.engine, self.program, self.profiling_program, self._ort = engine, program, profiling_program, ort
 
     def execute(self, ctx, bindings: Mapping[str, np.ndarray], outputs=None) -> Dict[str, np.ndarray]:
         eng = self.engine
@@ -319,9 +319,12 @@ class Runner(base.Runner):
             return run_program
         run, fetch = step.runner()
         order = [made.index(name) for name in out_names]
+        names, options = step.input_names, self._ort.RunOptions()  # options: read-only during runs, shareable
 
         def run_session(inputs, outputs=None):
-            outs = run(fetch, dict(zip(step.input_names, inputs)), None)
+            outs = run(fetch, dict(zip(names, inputs)), options)
+            if outputs is None:  # ONNX Runtime's outputs are C-contiguous arrays of their own
+                return [outs[j] for j in order]
             return [deliver(outs[j], i, outputs) for i, j in enumerate(order)]
         return run_session
 
