@@ -180,6 +180,9 @@ ONEDNN_SYSTEM_ALLOCATOR = Setting("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", None,
                                   "TensorFlow's: tftrt-convert sets it to 1 unless it is set, so memory TensorFlow frees "
                                   "goes back to the system (its oneDNN allocator pools it); read only at TensorFlow's "
                                   "first allocation")
+COMPILE_NICENESS = Setting("TFTRT_PY_COMPILE_NICENESS", 10, "niceness the processes compiling kernels ahead (Triton's, "
+                           "cuDNN plans') add to their own, so INT8 calibration and the build come first on a busy CPU "
+                           "(0: the build's priority)", whole(0), expect="a whole number")
 CUDA_CACHE_DISABLE = Setting("CUDA_CACHE_DISABLE", False, "the CUDA driver's: 1 turns its JIT cache off, and with it "
                              "building cuDNN plans ahead in other processes during INT8 calibration",
                              lambda text: text not in ("", "0"))

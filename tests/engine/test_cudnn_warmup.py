@@ -1,9 +1,12 @@
 """cuDNN plans compiled ahead in worker processes (engine/backends/cupy/cudnn_warmup.py), without a GPU: a worker
 rebuilds each convolution spec as the build will see it (same signature, shapes, dtypes, quantization), the specs
 are shared out among at most WORKERS processes that are waited for and ended when late, and nothing starts when
-the driver's JIT cache is off, no spec is a convolution or the GPU has too little memory free for a worker."""
+the driver's JIT cache is off, no spec is a convolution or the GPU has too little memory free for a worker. The
+runtime-compiled plans the workers answer with (serialized) are offered to this process's graphs, each answer's
+fields checked first."""
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from types import SimpleNamespace
@@ -13,6 +16,7 @@ import pytest
 
 from networks import conv_relu_pool_net
 from tftrt_py.engine.backends.cupy import cudnn_warmup
+from tftrt_py.engine.backends.cupy.ops import conv
 from tftrt_py.engine.backends.cupy.ops.base import BuildOptions, Spec
 
 
@@ -48,9 +52,10 @@ def test_a_worker_rebuilds_the_spec_the_build_times(quant):
 
 
 class FakePopen:
-    """Records the specs each worker process is given; `exit_code` or a hang (TimeoutExpired) when waited for."""
+    """Records the specs each worker process is given; answers `answers` (lines) on its stdout; a hang
+    (TimeoutExpired) when waited for."""
 
-    started, hang = [], False
+    started, hang, answers = [], False, []
 
     class Stdin:
         def __init__(self):
@@ -65,6 +70,7 @@ class FakePopen:
     def __init__(self, command, stdin, stdout, stderr, env):
         self.command, self.killed = command, False
         self.stdin = FakePopen.Stdin()
+        self.stdout = io.BytesIO(b"".join(FakePopen.answers))
 
     def wait(self, timeout=None):
         if FakePopen.hang and not self.killed:
@@ -77,7 +83,7 @@ class FakePopen:
 
 @pytest.fixture
 def popen(monkeypatch):
-    FakePopen.started, FakePopen.hang = [], False
+    FakePopen.started, FakePopen.hang, FakePopen.answers = [], False, []
     monkeypatch.setattr(cudnn_warmup.subprocess, "Popen", FakePopen)
     monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
     monkeypatch.setattr(cudnn_warmup.os, "cpu_count", lambda: 16)
@@ -116,3 +122,36 @@ def test_each_worker_needs_its_share_of_free_device_memory(popen, monkeypatch):
     monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: cudnn_warmup.WORKER_BYTES - 1)
     cudnn_warmup.warm(specs)
     assert popen.started == []
+
+
+OFFER = conv.PlanOffer("eng52", 4096, {"X": 1, "W": 2, "Y": 6}, bytes(range(256)) * 300)
+
+
+def test_an_answer_reads_back_as_the_plan_offered():
+    line = cudnn_warmup.answer('["int8", [8, 64]]', 36, OFFER).encode()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert cudnn_warmup.parse_answer(line) == ('["int8", [8, 64]]', 36, OFFER)
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"index": -1}, ValueError), ({"workspace": -8}, ValueError), ({"index": "36"}, TypeError),
+    ({"uids": {"X": "1"}}, TypeError), ({"uids": [1, 2]}, TypeError), ({"key": None}, TypeError),
+    ({"data": "not base64!"}, ValueError), ({"data": "A" * (cudnn_warmup.MAX_PLAN_BYTES * 2)}, ValueError)])
+def test_an_answer_with_a_field_out_of_bounds_is_refused(change, error):
+    d = json.loads(cudnn_warmup.answer("key", 36, OFFER))
+    d.update(change)
+    with pytest.raises(error):
+        cudnn_warmup.parse_answer(json.dumps(d).encode())
+    d = json.loads(cudnn_warmup.answer("key", 36, OFFER))
+    del d["uids"]
+    with pytest.raises(KeyError):
+        cudnn_warmup.parse_answer(json.dumps(d).encode())
+
+
+def test_the_plans_workers_answer_with_are_offered_until_an_unreadable_answer(popen, monkeypatch):
+    offered = []
+    monkeypatch.setattr(conv, "offer_plan", lambda key, index, offer: offered.append((key, index, offer)))
+    popen.answers = [cudnn_warmup.answer("a", 3, OFFER).encode(), b"garbled\n",
+                     cudnn_warmup.answer("b", 4, OFFER).encode()]
+    cudnn_warmup.warm([conv_spec()])
+    assert offered == [("a", 3, OFFER)]

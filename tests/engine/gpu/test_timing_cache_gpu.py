@@ -72,15 +72,19 @@ def test_every_timed_layer_takes_the_candidates_built_ahead_side_by_side(precisi
     np.testing.assert_allclose(got, ref, atol=tol, rtol=0, err_msg="an engine of candidates built ahead")
 
 
-def test_anticipating_an_int8_build_compiles_its_cudnn_plans_into_the_driver_cache_in_other_processes(
-        monkeypatch, tmp_path, caplog):
+def test_anticipating_an_int8_build_compiles_its_cudnn_plans_in_other_processes(monkeypatch, tmp_path, caplog):
     """Builder.anticipate (run while calibration runs) has worker processes build the convolutions' cuDNN plans:
-    their machine code lands in the driver's JIT cache, where the build that follows finds it."""
+    their machine code lands in the driver's JIT cache, and their runtime-compiled plans come back serialized; the
+    build that follows loads those instead of compiling them, and computes what the numpy backend does."""
+    import collections
     import logging
+    import re
 
     from tftrt_py.engine.backends.cupy import cudnn_warmup
+    from tftrt_py.engine.backends.cupy.ops import conv
 
     monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path / "nv"))
+    monkeypatch.setattr(conv, "_GRAPHS", collections.OrderedDict())  # none of this process's plans built yet
     caplog.set_level(logging.DEBUG, logger=cudnn_warmup.__name__)
 
     def network():
@@ -93,8 +97,10 @@ def test_anticipating_an_int8_build_compiles_its_cudnn_plans_into_the_driver_cac
     builder.anticipate(network())
     done = [r.getMessage() for r in caplog.records if r.name == cudnn_warmup.__name__]
     assert len(done) == 1 and "built ahead" in done[0] and "failed" not in done[0], done
+    assert int(re.search(r"(\d+) runtime-compiled plan\(s\) offered", done[0]).group(1)) > 0, done
     assert any(f.is_file() and f.stat().st_size for f in (tmp_path / "nv").rglob("*")), "nothing in the cache"
     engine = builder.build_engine(network())
+    assert any(g.loaded for g in conv._GRAPHS.values()), "no offered plan was loaded"
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 3)).astype(np.float32)
     want = Builder(BuilderConfig("INT8", backend="numpy")).build_engine(network()).create_execution_context()
     got, ref = engine.create_execution_context().execute_v2([x])[0], want.execute_v2([x])[0]

@@ -300,7 +300,7 @@ class CudnnSdpaGraph(CudnnGraph):
         graph.deselect_workspace_greater_than(int(max_workspace))
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
-        self.graph, self.built, self.failed = graph, {}, set()
+        self._adopt(graph, handle)
 
 
 class CudnnSdpaOp(Op):

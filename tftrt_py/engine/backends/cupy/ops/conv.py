@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import threading
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -18,7 +18,8 @@ from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, pad3, quantized_candidates, register
 from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
 
-__all__ = ["ConvGeom", "CudnnGraph", "CudnnConvGraph", "CudnnConvOp", "GemmConvOp", "conv_candidates"]
+__all__ = ["ConvGeom", "CudnnGraph", "CudnnConvGraph", "CudnnConvOp", "GemmConvOp", "PlanOffer", "conv_candidates",
+           "offer_plan", "built_runtime_plans"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +93,18 @@ def nhwc_dims(n: int, c: int, spatial) -> Tuple[List[int], List[int]]:
 class CudnnGraph:
     """A built cuDNN frontend graph (``graph``) whose execution plans are built on demand and run under a lock.
 
-    Subclasses build the graph and set ``graph``, ``lock``, ``built`` (plan index -> (name, workspace bytes)) and
-    ``failed``; one graph is shared by every layer (and engine) of its shapes: plans depend on shapes, not weights.
+    Subclasses set ``lock``, build the graph and hand it to :meth:`_adopt`; one graph is shared by every layer (and
+    engine) of its shapes: plans depend on shapes, not weights. A runtime-compiled plan another process built and
+    offered (:func:`offer_plan`) is deserialized rather than compiled again, and runs as a graph of its own.
     """
+
+    key: Optional[str] = None  # its key in the graph cache (cudnn_graph_cache)
+
+    def _adopt(self, graph, handle) -> None:
+        self.graph, self.handle = graph, handle
+        self.built: Dict[int, Tuple[str, int]] = {}  # plan index -> (name, workspace bytes)
+        self.failed: Set[int] = set()
+        self.loaded: Dict[int, object] = {}  # plan index -> the graph deserialized from an offer
 
     def plans(self, limit: int, prefer: Optional[str] = None, runtime_limit: Optional[int] = None
               ) -> List[Tuple[int, str, int]]:
@@ -136,6 +146,8 @@ class CudnnGraph:
             return True
         if i in self.failed:
             return False
+        if self._load_offered(i):
+            return True
         g = self.graph
         try:
             g.build_plan_at_index(i)
@@ -146,9 +158,86 @@ class CudnnGraph:
             self.failed.add(i)
             return False
 
+    def _load_offered(self, i: int) -> bool:
+        """Plan `i` from an offer (see :func:`offer_plan`): deserialized when one is there and binds this graph's
+        tensors by the same uids."""
+        offer = _take_offer(self.key, i)
+        if offer is None:
+            return False
+        if offer.uids != tensor_uids(self):
+            logger.debug("cuDNN plan %d offered for another tensor numbering (%s, here %s)", i, offer.uids,
+                         tensor_uids(self))
+            return False
+        try:
+            g = _device.cudnn_module().pygraph(handle=self.handle)
+            g.deserialize(self.handle, offer.data)
+            workspace = max(offer.workspace, int(g.get_workspace_size()))
+        except Exception as exc:  # a plan this library or GPU cannot load: built here instead
+            logger.debug("cuDNN plan %d offered but not loaded: %s: %s", i, type(exc).__name__, exc)
+            return False
+        self.loaded[i] = g
+        self.built[i] = (offer.name, workspace)
+        return True
+
+    def serialize(self, i: int) -> PlanOffer:
+        """Built plan `i` as an offer another process can load."""
+        with self.lock:
+            self.graph.build_plan_at_index(i)  # built already: makes it the plan serialize() writes
+            data = bytes(self.graph.serialize(as_bytes=True))
+            name, workspace = self.built[i]
+        return PlanOffer(name, workspace, tensor_uids(self), data)
+
     def execute(self, index: int, pack: dict, workspace, handle) -> None:
         with self.lock:
-            self.graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+            loaded = self.loaded.get(index)
+            if loaded is None:
+                self.graph.execute_plan_at_index(pack, workspace, index=index, handle=handle)
+            else:
+                loaded.execute({t.get_uid(): ptr for t, ptr in pack.items()}, workspace, handle=handle)
+
+
+def tensor_uids(graph: CudnnGraph) -> Dict[str, int]:
+    """The uids of `graph`'s tensors by attribute (X, W, B, ...): what a variant pack binds its pointers by."""
+    return {name: int(value.get_uid()) for name, value in vars(graph).items() if hasattr(value, "get_uid")}
+
+
+# -- plans built in other processes ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PlanOffer:
+    """A runtime-compiled plan another process built (cudnn_warmup): its name, workspace bytes, the uids of the
+    tensors it binds (tensor_uids) and cuDNN's serialization of it (which holds the compiled kernel)."""
+
+    name: str
+    workspace: int
+    uids: Dict[str, int]
+    data: bytes
+
+
+#: Offers by (graph key, plan index), kept in this process's memory only (never on disk: a serialized plan holds
+#: machine code); a graph takes its offer when it first builds that plan. At most _MAX_OFFERS, oldest dropped.
+_OFFERS: "collections.OrderedDict[Tuple[str, int], PlanOffer]" = collections.OrderedDict()
+_MAX_OFFERS = 1024
+
+
+def offer_plan(key: str, index: int, offer: PlanOffer) -> None:
+    """Offer plan `index` of the graph cached under `key` (built by this process's own worker processes)."""
+    with _GRAPHS_LOCK:
+        _OFFERS[(key, index)] = offer
+        while len(_OFFERS) > _MAX_OFFERS:
+            _OFFERS.popitem(last=False)
+
+
+def _take_offer(key: Optional[str], index: int) -> Optional[PlanOffer]:
+    with _GRAPHS_LOCK:
+        return _OFFERS.pop((key, index), None)
+
+
+def built_runtime_plans() -> List[Tuple[str, int, CudnnGraph]]:
+    """(key, plan index, graph) of every cached graph's runtime-compiled plans built here (not loaded)."""
+    with _GRAPHS_LOCK:
+        graphs = list(_GRAPHS.items())
+    return [(key, i, g) for key, g in graphs for i in list(g.built)
+            if i not in g.loaded and g._runtime_compiled(i)]
 
 
 class CudnnConvGraph(CudnnGraph):
@@ -193,9 +282,7 @@ class CudnnConvGraph(CudnnGraph):
         g.deselect_workspace_greater_than(int(max_workspace))
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
-        self.graph = g
-        self.built = {}  # plan index -> (name, workspace bytes)
-        self.failed = set()
+        self._adopt(g, handle)
 
 
 def _cudnn_activation(g, y, act):
@@ -235,6 +322,7 @@ def cudnn_graph_cache(key: str, make) -> CudnnGraph:
             _GRAPHS.move_to_end(key)
             return graph
     graph = make()
+    graph.key = key
     with _GRAPHS_LOCK:
         _GRAPHS[key] = graph
         while len(_GRAPHS) > _MAX_GRAPHS:

@@ -123,9 +123,7 @@ class CudnnInt8ConvGraph(CudnnConvGraph):
         g.deselect_workspace_greater_than(int(max_workspace))
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
-        self.graph = g
-        self.built = {}
-        self.failed = set()
+        self._adopt(g, handle)
 
 
 class CudnnInt8ConvOp(Op):

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from tftrt_py import settings
 from tftrt_py.engine.backends.cupy.triton import artifacts
 
 
@@ -40,6 +41,7 @@ def _context():
 
 
 def main() -> None:
+    os.nice(settings.COMPILE_NICENESS.get())  # the build this compiles ahead for comes first (its workers inherit it)
     requests = json.load(sys.stdin)
     answers = os.fdopen(os.dup(1), "w")  # the parent's pipe, kept for the answers alone (not inherited)
     os.dup2(2, 1)  # anything the workers or Triton print goes where stderr goes, never into an answer
