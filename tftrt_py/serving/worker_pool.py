@@ -40,7 +40,7 @@ ARENA_BYTES = 256 << 20
 START_TIMEOUT = 300.0  # seconds a worker may take to import its front ends and listen
 WATCH_SECONDS = 0.1  # how often the watcher looks for version changes and dead workers
 FLUSH_SECONDS = 1.0  # how long a metrics scrape waits for the workers' request counts
-STOP_SECONDS = 10.0  # how long a stopping worker may take before it is terminated
+STOP_SECONDS = 10.0  # how long a stopping worker may take before it is killed
 QUICK_DEATH_SECONDS = 10.0  # a worker that dies sooner after its start is replaced only after RESTART_DELAY
 RESTART_DELAY = 1.0
 WORKER_COMMAND = "from tftrt_py.serving.frontend_worker import run; run()"
@@ -67,8 +67,9 @@ class _Worker:
 
 class WorkerPool:
     """`count` front-end worker processes serving `service`'s models on `host`'s `grpc_port` and `rest_port`
-    (None: that API off; 0: an ephemeral port, read back after start()). Unbatched predicts run here on
-    `run_threads` threads."""
+    (None: that API off; 0: an ephemeral port, read back after start()); each worker's front ends have
+    `grpc_threads` and `rest_threads` threads. Unbatched predicts run here on max(grpc_threads, rest_threads)
+    threads."""
 
     def __init__(self, service: Service, count: int, host: str, grpc_port: Optional[int], rest_port: Optional[int],
                  grpc_threads: int = 64, rest_threads: int = 64, arena_bytes: int = ARENA_BYTES):
