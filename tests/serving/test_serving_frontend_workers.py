@@ -91,6 +91,33 @@ PREDICT = prediction_service_pb2_grpc.PredictionServiceStub
 KSERVE = service_pb2_grpc.GRPCInferenceServiceStub
 
 
+def _listening_ports(pid):
+    """The TCP ports process `pid` listens on (its sockets' inodes in /proc/net/tcp{,6}, state LISTEN)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_every_worker_listens_on_both_ports_and_the_model_process_on_none(workers_server):
+    server = workers_server.server
+    for pid in server.workers.pids():
+        assert {server.grpc_port, server.rest_port} <= _listening_ports(pid)
+    assert not {server.grpc_port, server.rest_port} & _listening_ports(os.getpid())
+
+
 def test_answers_equal_the_single_process_servers_and_native_tf(pair, models):
     single, workers = pair
     x = random_array((3, 32, 32, 3))
