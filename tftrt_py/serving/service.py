@@ -115,16 +115,17 @@ class Service(ServiceBase):
         answers to this loop all come in one wake-up of the loop."""
         if self.scheduler is None:
             return await asyncio.wrap_future(self.submit(servable, signature, arrays, output_filter, executor))
+        arrays = signature.check(arrays)
         names = signature.output_names(output_filter)
         outputs = await self.enqueue(servable, signature, arrays, asyncio.get_running_loop())
         return {k: outputs[k] for k in names}
 
     def enqueue(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray], loop):
-        """With batching: a future of `loop` for all the signature's outputs for `arrays`, computed in a batch.
-        `loop` is an asyncio loop, or any object with its create_future() and call_soon_threadsafe(callback,
-        *args): the answers of one batch to the requests of one loop are set by one call on it."""
-        return self.scheduler.submit(_queue_id(servable, signature), signature.run, signature.check(arrays),
-                                     servable.name, loop=loop)
+        """With batching: a future of `loop` for all the signature's outputs for `arrays` (checked by
+        signature.check), computed in a batch. `loop` is an asyncio loop, or any object with its create_future()
+        and call_soon_threadsafe(callback, *args): the answers of one batch to the requests of one loop are set
+        by one call on it."""
+        return self.scheduler.submit(_queue_id(servable, signature), signature.run, arrays, servable.name, loop=loop)
 
     def submit(self, servable: Servable, signature: Signature, arrays: Mapping[str, np.ndarray],
                output_filter: Sequence[str] = (), executor: Optional[Executor] = None) -> Future:

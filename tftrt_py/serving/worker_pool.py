@@ -277,7 +277,7 @@ class WorkerPool:
             arrays = worker.requests.read(descriptors)
             if self.service.scheduler is not None:
                 worker.batches.next = (request_id, names)
-                self.service.enqueue(servable, signature, arrays, worker.batches)
+                self.service.enqueue(servable, signature, signature.check(arrays), worker.batches)
                 return
             future = self.service.submit(servable, signature, arrays, names, self._run)
         except Exception as exc:
