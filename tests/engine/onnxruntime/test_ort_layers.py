@@ -194,3 +194,15 @@ def test_bilinear_resize_with_aligned_corners_is_tensorflows_lerps():
     params = {"mode": "linear", "sizes": [24, 20], "align_corners": True, "half_pixel_centers": False}
     engine = compare(single("Resize", [("float32", (2, 7, 5, 3))], params), normal((2, 7, 5, 3)))
     assert not {"If", "Resize"} & {n.op_type for n in prune(lower(engine.network)).graph.node}
+
+
+@pytest.mark.parametrize("shape, window, strides, pre, post", [
+    ((2, 9, 9, 8), [3, 3], [2, 2], [1, 1], [1, 1]), ((2, 8, 7, 4), [3, 2], [2, 1], [0, 1], [2, 0]),
+    ((2, 15, 4), [3], [2], [1], [2]), ((1, 5, 6, 6, 4), [2, 3, 2], [2, 2, 1], [1, 0, 1], [0, 2, 1])])
+def test_max_pooling_over_zeros_padded_in_pads_nothing(shape, window, strides, pre, post):
+    """count_include_pad max pooling: a window reaching into the padding is never below 0 (all inputs here are
+    negative), and the lowering makes no padded copy of its input (tests/engine/gpu/test_nan_inf.py: NaN and Inf)."""
+    params = dict(type="max", window=window, strides=strides, pre_padding=pre, post_padding=post,
+                  count_include_pad=True)
+    engine = compare(single("Pooling", [("float32", shape)], params), normal(shape, low=-2.0, high=-0.5))
+    assert "Pad" not in {n.op_type for n in prune(lower(engine.network)).graph.node}

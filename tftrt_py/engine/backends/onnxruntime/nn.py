@@ -119,12 +119,26 @@ def _mlp(g, layer, ins):
     return [x]
 
 
+def _padded_windows(layer) -> np.ndarray:
+    """Per output position of `layer` (a Pooling), whether its window reaches into the padding: [*out spatial]."""
+    p = layer.params
+    touches = None
+    for d, (n, k, s, lo) in enumerate(zip(layer.inputs[0].shape[1:-1], p["window"], p["strides"],
+                                         p["pre_padding"])):
+        first = np.arange(layer.outputs[0].shape[1 + d]) * s - lo
+        axis = (first < 0) | (first + k > n)
+        axis = axis.reshape([-1 if i == d else 1 for i in range(len(p["window"]))])
+        touches = axis if touches is None else touches | axis
+    return touches
+
+
 @lowers("Pooling")
 def _pooling(g, layer, ins):
     """Max pooling as TF's: NaN skipped (read as -Inf; ONNX Runtime's MaxPool would propagate it) and never
     below the dtype's lowest (what windows of -Inf or NaN give), its padding ignored or, with
-    count_include_pad (a zero Padding folded in), zeros; average pooling divides by the window or by its
-    elements inside the input (count_include_pad)."""
+    count_include_pad (a zero Padding folded in), zeros: windows reaching into the padding are then never below
+    0 (ONNX Runtime's padding, ignored, keeps the padded tensor from being made); average pooling divides by the
+    window or by its elements inside the input (count_include_pad)."""
     p = layer.params
     nsp = len(p["window"])
     x = to_channels_first(g, ins[0], nsp)
@@ -132,11 +146,10 @@ def _pooling(g, layer, ins):
     if p["type"] == "max":
         dtype = compute_dtype(layer.inputs[0].dtype)
         x = g.node("Where", [g.node("IsNaN", [x]), g.scalar(-np.inf, dtype), x])
-        if p.get("count_include_pad", False):  # zeros padded in, then no padding of the pool's own
-            pads = [0, 0, *p["pre_padding"], 0, 0, *p["post_padding"]]
-            x = g.node("Pad", [x, g.ints(pads), g.scalar(0.0, dtype)])
-            attrs["pads"] = [0] * (2 * nsp)
-        out = g.node("Max", [g.node("MaxPool", [x], **attrs), g.scalar(np.finfo(dtype).min, dtype)])
+        floor = g.scalar(np.finfo(dtype).min, dtype)
+        if p.get("count_include_pad", False):  # the zeros padded in count: 0 where a window reaches them
+            floor = g.const(np.where(_padded_windows(layer), 0, np.finfo(dtype).min)[None, None].astype(dtype))
+        out = g.node("Max", [g.node("MaxPool", [x], **attrs), floor])
     else:
         out = g.node("AveragePool", [x], count_include_pad=int(bool(p.get("count_include_pad", False))), **attrs)
     return [to_channels_last(g, out, nsp)]
