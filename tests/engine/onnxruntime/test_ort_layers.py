@@ -206,3 +206,13 @@ def test_max_pooling_over_zeros_padded_in_pads_nothing(shape, window, strides, p
                   count_include_pad=True)
     engine = compare(single("Pooling", [("float32", shape)], params), normal(shape, low=-2.0, high=-0.5))
     assert "Pad" not in {n.op_type for n in prune(lower(engine.network)).graph.node}
+
+
+def test_max_pooling_of_finite_inputs_is_one_max_pool_and_of_others_skips_nan():
+    """Inputs holding NaN or an infinity take the pooling that reads NaN as -Inf (tests/engine/gpu/test_nan_inf.py
+    holds the values); finite inputs take ONNX Runtime's MaxPool alone."""
+    params = dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1])
+    engine = compare(single("Pooling", [("float32", (2, 9, 9, 8))], params), normal((2, 9, 9, 8)))
+    (branching,) = [n for n in prune(lower(engine.network)).graph.node if n.op_type == "If"]
+    branches = {a.name: [n.op_type for n in a.g.node] for a in branching.attribute}
+    assert branches["else_branch"] == ["MaxPool"] and "Where" in branches["then_branch"]

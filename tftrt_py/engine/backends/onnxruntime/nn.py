@@ -137,19 +137,29 @@ def _pooling(g, layer, ins):
     """Max pooling as TF's: NaN skipped (read as -Inf; ONNX Runtime's MaxPool would propagate it) and never
     below the dtype's lowest (what windows of -Inf or NaN give), its padding ignored or, with
     count_include_pad (a zero Padding folded in), zeros: windows reaching into the padding are then never below
-    0 (ONNX Runtime's padding, ignored, keeps the padded tensor from being made); average pooling divides by the
-    window or by its elements inside the input (count_include_pad)."""
+    0 (ONNX Runtime's padding, ignored, keeps the padded tensor from being made). Inputs of finite values only
+    (checked as the sum of x * 0 being a number) skip the NaN handling. Average pooling divides by the window or
+    by its elements inside the input (count_include_pad)."""
     p = layer.params
     nsp = len(p["window"])
     x = to_channels_first(g, ins[0], nsp)
     attrs = dict(kernel_shape=p["window"], strides=p["strides"], pads=p["pre_padding"] + p["post_padding"])
     if p["type"] == "max":
         dtype = compute_dtype(layer.inputs[0].dtype)
-        x = g.node("Where", [g.node("IsNaN", [x]), g.scalar(-np.inf, dtype), x])
         floor = g.scalar(np.finfo(dtype).min, dtype)
         if p.get("count_include_pad", False):  # the zeros padded in count: 0 where a window reaches them
             floor = g.const(np.where(_padded_windows(layer), 0, np.finfo(dtype).min)[None, None].astype(dtype))
-        out = g.node("Max", [g.node("MaxPool", [x], **attrs), floor])
+
+        def skipping_nan(b: Graph) -> str:
+            y = b.node("Where", [b.node("IsNaN", [x]), b.scalar(-np.inf, dtype), x])
+            return b.node("Max", [b.node("MaxPool", [y], **attrs), floor])
+
+        def finite(b: Graph) -> str:  # windows of finite values: never below the lowest
+            pooled = b.node("MaxPool", [x], **attrs)
+            return b.node("Max", [pooled, floor]) if p.get("count_include_pad", False) else pooled
+
+        nonfinite = g.node("IsNaN", [g.node("ReduceSum", [g.node("Mul", [x, g.scalar(0.0, dtype)])], keepdims=0)])
+        out = g.when(nonfinite, skipping_nan, finite, dtype)
     else:
         out = g.node("AveragePool", [x], count_include_pad=int(bool(p.get("count_include_pad", False))), **attrs)
     return [to_channels_last(g, out, nsp)]
