@@ -1,0 +1,102 @@
+"""tftrt-serve on Ray Serve when a replica dies under load: Ray starts another, only requests that were on the dead
+replica fail (each client has one in flight), every request after the new replica runs is answered, and the
+throughput comes back. Local Ray cluster on loopback, two replicas of the converted CNN, four closed-loop clients."""
+import concurrent.futures
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+from ray import serve
+
+from conftest import Rest, reference
+from support import random_array
+from tftrt_py.serving.ray_app import build_app
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+CLIENTS = 4
+APP = "faults"
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(models):
+    # Logical CPUs: two replicas of one CPU each, and room for Ray to start a third while one dies.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TFTRT_PY_BACKEND": os.environ["TFTRT_PY_BACKEND"]}})
+    try:
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app({"model_name": "cnn", "model_base_path": os.path.join(models.root, "cnn"),
+                             "min_replicas": 2, "max_replicas": 2}), name=APP, route_prefix="/")
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _running_replicas() -> int:
+    status = serve.status().applications[APP]
+    return sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
+
+
+def _replica_actors():
+    return [a for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(f"SERVE_REPLICA::{APP}#")]
+
+
+def test_a_killed_replica_is_replaced_and_only_requests_in_flight_on_it_fail(cluster, models):
+    rest = Rest(cluster)
+    x = random_array((1, 32, 32, 3))
+    (want,) = reference(models, "cnn", 1, image=x).values()
+    assert _running_replicas() == 2 and len(_replica_actors()) == 2
+    log, stop = [], threading.Event()  # (time sent, time answered, status, body)
+
+    def client():
+        while not stop.is_set():
+            sent = time.monotonic()
+            status, body = rest.json("/v1/models/cnn:predict", {"instances": x.tolist()})
+            log.append((sent, time.monotonic(), status, body))
+
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        for _ in range(CLIENTS):
+            pool.submit(client)
+        try:
+            time.sleep(3)
+            first = {a["name"] for a in _replica_actors()}
+            victim = _replica_actors()[0]
+            killed = time.monotonic()
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
+            deadline = killed + 180
+            while time.monotonic() < deadline:  # a replica of a new name, and two running
+                names = {a["name"] for a in _replica_actors()}
+                if len(names) == 2 and names - first and _running_replicas() == 2:
+                    break
+                time.sleep(0.2)
+            replaced = time.monotonic()
+            time.sleep(3)
+        finally:
+            stop.set()
+    assert replaced < deadline, "Ray did not replace the killed replica within 180 s"
+
+    failed = [entry for entry in log if entry[2] != 200]
+    before = [entry for entry in log if entry[1] < killed]
+    after = [entry for entry in log if entry[0] > replaced]
+    print(f"\n{len(log)} requests: {len(before)} answered before the kill ({len(before) / 3:.0f}/s), "
+          f"{len(failed)} failed ({sorted({e[2] for e in failed})}), replica replaced {replaced - killed:.1f} s after "
+          f"the kill, {len(after)} sent after that ({len(after) / 3:.0f}/s)")
+    assert len(failed) <= CLIENTS, f"more failures than requests in flight: {len(failed)}"
+    assert all(e[0] < replaced for e in failed)
+    assert all(status == 200 for _, _, status, _ in after)
+    for _, _, status, body in log:
+        if status == 200:
+            np.testing.assert_allclose(np.array(body["predictions"]), want, **TOL)
+    assert len(after) >= 0.5 * len(before), "the throughput did not come back"
