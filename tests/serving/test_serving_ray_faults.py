@@ -1,11 +1,14 @@
-"""tftrt-serve on Ray Serve when a replica dies under load: Ray starts another, only requests that were on the dead
-replica fail (each client has one in flight), every request after the new replica runs is answered, and the
-throughput comes back. Local Ray cluster on loopback, two replicas of the converted CNN, four closed-loop clients."""
+"""tftrt-serve on Ray Serve under load: when a replica dies, Ray starts another, only requests that were on the dead
+replica may fail (each client has one in flight), every request after the new replica runs is answered and the
+throughput comes back; a new model version rolls in each replica without a failed request. Local Ray cluster on
+loopback, two replicas of the converted CNN (and one of the MLP's versions), four closed-loop clients."""
 import concurrent.futures
 import os
+import shutil
 import socket
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from tftrt_py.serving.ray_app import build_app
 TOL = dict(rtol=1e-5, atol=1e-5)
 CLIENTS = 4
 APP = "faults"
+ROLLING = "rolling"
+SETTLE_S = 2  # seconds the new replica gets before the throughput after the kill is counted
 
 
 def _free_port():
@@ -28,7 +33,7 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def cluster(models):
+def cluster(models, tmp_path_factory):
     # Logical CPUs: two replicas of one CPU each, and room for Ray to start a third while one dies.
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TFTRT_PY_BACKEND": os.environ["TFTRT_PY_BACKEND"]}})
@@ -37,7 +42,12 @@ def cluster(models):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app({"model_name": "cnn", "model_base_path": os.path.join(models.root, "cnn"),
                              "min_replicas": 2, "max_replicas": 2}), name=APP, route_prefix="/")
-        yield port
+        base = tmp_path_factory.mktemp("rolling") / "mlp"
+        base.mkdir()
+        shutil.copytree(os.path.join(models.root, "mlp", "1"), base / "1")
+        serve.run(build_app({"model_name": "mlp", "model_base_path": str(base), "file_system_poll_wait_seconds": 0.2}),
+                  name=ROLLING, route_prefix=f"/{ROLLING}")
+        yield types.SimpleNamespace(port=port, base=base)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -54,7 +64,7 @@ def _replica_actors():
 
 
 def test_a_killed_replica_is_replaced_and_only_requests_in_flight_on_it_fail(cluster, models):
-    rest = Rest(cluster)
+    rest = Rest(cluster.port)
     x = random_array((1, 32, 32, 3))
     (want,) = reference(models, "cnn", 1, image=x).values()
     assert _running_replicas() == 2 and len(_replica_actors()) == 2
@@ -82,17 +92,17 @@ def test_a_killed_replica_is_replaced_and_only_requests_in_flight_on_it_fail(clu
                     break
                 time.sleep(0.2)
             replaced = time.monotonic()
-            time.sleep(3)
+            time.sleep(SETTLE_S + 3)
         finally:
             stop.set()
     assert replaced < deadline, "Ray did not replace the killed replica within 180 s"
 
     failed = [entry for entry in log if entry[2] != 200]
     before = [entry for entry in log if entry[1] < killed]
-    after = [entry for entry in log if entry[0] > replaced]
+    after = [entry for entry in log if entry[0] > replaced + SETTLE_S]
     print(f"\n{len(log)} requests: {len(before)} answered before the kill ({len(before) / 3:.0f}/s), "
           f"{len(failed)} failed ({sorted({e[2] for e in failed})}), replica replaced {replaced - killed:.1f} s after "
-          f"the kill, {len(after)} sent after that ({len(after) / 3:.0f}/s)")
+          f"the kill, {len(after)} sent from {SETTLE_S} s after that ({len(after) / 3:.0f}/s)")
     assert len(failed) <= CLIENTS, f"more failures than requests in flight: {len(failed)}"
     assert all(e[0] < replaced for e in failed)
     assert all(status == 200 for _, _, status, _ in after)
@@ -100,3 +110,40 @@ def test_a_killed_replica_is_replaced_and_only_requests_in_flight_on_it_fail(clu
         if status == 200:
             np.testing.assert_allclose(np.array(body["predictions"]), want, **TOL)
     assert len(after) >= 0.5 * len(before), "the throughput did not come back"
+
+
+def test_a_new_version_rolls_in_without_a_failed_request(cluster, models):
+    rest = Rest(cluster.port, f"/{ROLLING}")
+    x = random_array((2, 16))
+    served = {v: reference(models, "mlp", v, features=x)["logits"] for v in (1, 2)}
+    answers, stop = [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            answers.append(rest.json("/v1/models/mlp:predict", {"inputs": x.tolist()}))
+
+    def states():
+        status, body = rest.json("/v1/models/mlp")
+        return {int(s["version"]): s["state"] for s in body["model_version_status"]} if status == 200 else {}
+
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        for _ in range(CLIENTS):
+            pool.submit(client)
+        try:
+            time.sleep(1)
+            staging = cluster.base / ".staging-2"  # copied beside, then renamed: a poll never sees half a version
+            shutil.copytree(os.path.join(models.root, "mlp", "2"), staging)
+            staging.rename(cluster.base / "2")
+            deadline = time.monotonic() + 120
+            while states() != {1: "END", 2: "AVAILABLE"} and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1)
+        finally:
+            stop.set()
+    assert states() == {1: "END", 2: "AVAILABLE"}
+    print(f"\n{len(answers)} requests while version 2 rolled in: "
+          f"{sum(status != 200 for status, _ in answers)} failed")
+    assert answers and all(status == 200 for status, _ in answers)
+    assert all(any(np.allclose(body["outputs"]["logits"], want, **TOL) for want in served.values())
+               for _, body in answers)
+    np.testing.assert_allclose(answers[-1][1]["outputs"]["logits"], served[2], **TOL)

@@ -55,6 +55,9 @@ class RayAppArgs(pydantic.BaseModel):
     #: requests a replica takes at once (>= max_batch_size, or batches cannot fill) and REST threads
     max_ongoing_requests: int = 64
     rest_threads: int = 64
+    #: seconds between a replica's looks for model versions to load and unload (TF Serving's flag and default; 0:
+    #: only at start): a new version loads beside the old one, which unloads once the new one serves
+    file_system_poll_wait_seconds: float = pydantic.Field(1, ge=0)
 
     def models(self) -> List[ModelSpec]:
         if self.model_config_file:
@@ -104,7 +107,7 @@ class TftrtServing:
     """One replica: loads the models, serves them with tftrt-serve's REST app (create_app over a Service)."""
 
     def __init__(self, models: List[ModelSpec], batching: str, options: Optional[BatchingOptions],
-                 rest_threads: int, tf_threads: int):
+                 rest_threads: int, tf_threads: int, poll_seconds: float = 0):
         import tensorflow as tf
 
         from tftrt_py.serving.models import ModelManager
@@ -116,6 +119,8 @@ class TftrtServing:
         self.rest_threads = rest_threads
         try:
             self.service.manager.load()
+            if poll_seconds > 0:
+                self.service.manager.start_polling(poll_seconds)
         except BaseException:
             self.service.close()
             raise
@@ -128,6 +133,7 @@ class TftrtServing:
 
     def __del__(self):
         if hasattr(self, "service"):  # not when __init__ failed before making it
+            self.service.manager.stop_polling()
             self.service.close()
 
 
@@ -142,4 +148,4 @@ def build_app(args: RayAppArgs) -> Application:
     gpus = args.replica_gpus()
     tf_threads = 0 if gpus else max(1, int(args.num_cpus))
     return TftrtServing.options(**args.deployment_options(gpus)).bind(
-        args.models(), args.batching, options, args.rest_threads, tf_threads)
+        args.models(), args.batching, options, args.rest_threads, tf_threads, args.file_system_poll_wait_seconds)
