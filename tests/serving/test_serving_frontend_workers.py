@@ -7,6 +7,7 @@ import concurrent.futures
 import gc
 import json
 import os
+import pickle
 import shutil
 import signal
 import time
@@ -19,6 +20,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
+from tensorflow.core.protobuf import meta_graph_pb2
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from conftest import Rest, Typed, metric, reference, specs
@@ -26,6 +28,7 @@ from support import random_array
 from tftrt_py.serving import BatchingOptions, ModelSpec, Server, VersionPolicy
 from tftrt_py.serving.cli import build_parser, server_from_args
 from tftrt_py.serving.shared_tensors import Arena
+from tftrt_py.serving.worker_link import decode
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 BATCHING = BatchingOptions(max_batch_size=8, batch_timeout_micros=50_000, num_batch_threads=2,
@@ -377,3 +380,20 @@ def test_an_arena_shares_tensors_in_place_and_carries_what_does_not_fit():
     assert reader.read(descriptors)["bf"].dtype == bfloat16.dtype and (reader.read(descriptors)["bf"] == bfloat16).all()
     writer.free(block)
     assert writer.used_bytes == 0 and writer.allocate(4096) == 0  # the blocks merged back into one
+
+
+class _Runs:
+    """Pickles as a call of os.system: what a subverted worker could send to run code in the model process."""
+
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def test_a_link_message_is_read_with_the_classes_messages_hold_and_nothing_else():
+    items = [("predict", 7, "mlp", 1, "serving_default", ("logits",), [("x", np.array(["a", b"b"], dtype=object))]),
+             ("view", 2, ModelSpec("mlp", "/m"), meta_graph_pb2.SignatureDef(method_name="m"), {np.dtype("f4")})]
+    decoded = decode(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL))
+    assert decoded[0][:6] == items[0][:6] and list(decoded[0][6][0][1]) == ["a", b"b"]
+    assert decoded[1][2] == items[1][2] and decoded[1][3] == items[1][3] and decoded[1][4] == items[1][4]
+    with pytest.raises(pickle.UnpicklingError, match="may not name posix.system"):
+        decode(pickle.dumps([("predict", _Runs())]))

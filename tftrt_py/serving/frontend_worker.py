@@ -13,6 +13,7 @@ import gc
 import itertools
 import logging
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -144,7 +145,7 @@ class WorkerService(ServiceBase):
         while True:
             try:
                 items = self.link.receive()
-            except (EOFError, OSError):
+            except (EOFError, OSError, pickle.UnpicklingError):  # gone, or not the model process talking
                 break
             if not self._handle(items):
                 stop.set()

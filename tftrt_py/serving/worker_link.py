@@ -2,9 +2,14 @@
 socket pair) carrying small messages; each message is a pickled list of items (tuples whose first element names
 the kind). A sender thread sends whatever is queued in one message, so a busy channel costs one system call per
 batch of items, not one per item; items sent lazily (counters, freed blocks) wait for the next message, at
-most LAZY_SECONDS. Tensors do not travel here: shared_tensors' arenas hold them."""
+most LAZY_SECONDS. Tensors do not travel here: shared_tensors' arenas hold them.
+
+A message is unpickled with only the classes messages hold (builtins, numpy arrays and dtypes, signature defs, and the
+classes tftrt_py.serving's modules define): a worker parses untrusted requests, and what it sends must not be able to make
+the model process call anything else."""
 from __future__ import annotations
 
+import io
 import logging
 import pickle
 import queue
@@ -22,6 +27,29 @@ _CLOSE = object()
 #: an item, or a function computing it (or a list of items) on the sender thread, so that encoding answers is not
 #: the caller's work
 Item = Union[tuple, Callable[[], Union[tuple, List[tuple]]]]
+
+
+#: (module, name) of the other globals a message may name: numpy's array and dtype reconstruction, the signature
+#: defs of the version table
+_GLOBALS = {(m, n) for m in ("numpy._core.multiarray", "numpy.core.multiarray") for n in ("_reconstruct", "scalar")} \
+    | {("numpy", "ndarray"), ("numpy", "dtype"), ("builtins", "set"), ("builtins", "frozenset"),
+       ("tensorflow.core.protobuf.meta_graph_pb2", "SignatureDef")}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _GLOBALS:
+            return super().find_class(module, name)
+        if module.startswith("tftrt_py.serving.") and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:  # defined there, not imported
+                return found
+        raise pickle.UnpicklingError(f"a link message may not name {module}.{name}")
+
+
+def decode(data: bytes) -> list:
+    """A message's items (pickle.UnpicklingError for one naming anything but what messages hold)."""
+    return _Unpickler(io.BytesIO(data)).load()
 
 
 class Link:
@@ -57,7 +85,7 @@ class Link:
 
     def receive(self) -> List[tuple]:
         """The items of the next message (EOFError once the other side closed or died)."""
-        return pickle.loads(self.conn.recv_bytes())
+        return decode(self.conn.recv_bytes())
 
     def close(self) -> None:
         """Send what is queued, stop the sender thread, close the connection."""

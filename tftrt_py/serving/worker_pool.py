@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 import socket
 import subprocess
 import sys
@@ -236,6 +237,11 @@ class WorkerPool:
             try:
                 items = worker.link.receive()
             except (EOFError, OSError):
+                return
+            except pickle.UnpicklingError as exc:  # not what a worker sends: it is ended, and the watcher replaces it
+                logger.error("front-end worker %d (pid %d) sent a message it may not: %s; ending it", worker.index,
+                             worker.process.pid, exc)
+                worker.process.kill()
                 return
             for item in items:
                 try:
