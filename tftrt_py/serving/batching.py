@@ -12,8 +12,8 @@ import dataclasses
 import logging
 import threading
 import time
-from concurrent.futures import Future
-from typing import Callable, Deque, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+from concurrent.futures import Future, InvalidStateError
+from typing import Callable, Deque, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from tftrt_py.serving.errors import Code, ServingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchScheduler", "RunFn", "batch_rows", "batch_key", "run_batch", "serving_error"]
+__all__ = ["BatchScheduler", "RunFn", "batch_rows", "batch_key", "deliver", "run_batch", "serving_error"]
 
 RunFn = Callable[[Mapping[str, np.ndarray]], Dict[str, np.ndarray]]
 
@@ -36,13 +36,16 @@ class _Task:
 
 
 def _settle(future: Union[Future, asyncio.Future], answer) -> None:
-    """Set `future` to `answer` (an exception: raised by it); an asyncio future its caller cancelled keeps that."""
+    """Set `future` to `answer` (an exception: raised by it), unless its caller gave up on it (cancelled)."""
     if isinstance(future, asyncio.Future) and future.done():
         return
-    if isinstance(answer, BaseException):
-        future.set_exception(answer)
-    else:
-        future.set_result(answer)
+    try:
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+    except InvalidStateError:  # cancelled meanwhile
+        pass
 
 
 def _settle_all(answers: List[Tuple[asyncio.Future, object]]) -> None:
@@ -50,15 +53,16 @@ def _settle_all(answers: List[Tuple[asyncio.Future, object]]) -> None:
         _settle(future, answer)
 
 
-def _deliver(tasks: Sequence[_Task], answers: Sequence) -> None:
-    """Each task's answer: a concurrent future's set here, the asyncio futures of each loop set by one callback
+def deliver(answers: Iterable[Tuple[object, object]]) -> None:
+    """Each (waiter, answer) pair's answer, where a waiter has a `future` and the `loop` of an asyncio future
+    (None: a concurrent future): a concurrent future is set here, the asyncio futures of each loop by one callback
     on that loop (one wake-up of a loop per batch, not one per request)."""
     by_loop: Dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
-    for task, answer in zip(tasks, answers):
-        if task.loop is None:
-            _settle(task.future, answer)
+    for waiter, answer in answers:
+        if waiter.loop is None:
+            _settle(waiter.future, answer)
         else:
-            by_loop[task.loop].append((task.future, answer))
+            by_loop[waiter.loop].append((waiter.future, answer))
     for loop, pairs in by_loop.items():
         try:
             loop.call_soon_threadsafe(_settle_all, pairs)
@@ -194,7 +198,7 @@ class BatchScheduler:
             for queue in self._queues.values():
                 queue.batches.clear()
             self._cond.notify_all()
-        _deliver(pending, [ServingError(Code.UNAVAILABLE, "the server is shutting down")] * len(pending))
+        deliver((task, ServingError(Code.UNAVAILABLE, "the server is shutting down")) for task in pending)
         for thread in self._threads:
             thread.join()
 
@@ -231,4 +235,4 @@ class BatchScheduler:
             results = run_batch(queue.run, [t.arrays for t in batch.tasks], padded)
         except Exception as exc:  # every request of the batch gets the error; the thread goes on
             results = [serving_error(exc) for _ in batch.tasks]
-        _deliver(batch.tasks, results)
+        deliver(zip(batch.tasks, results))

@@ -40,25 +40,17 @@ def _bool(text: str) -> bool:
     return value in ("true", "1")
 
 
-def _poll_seconds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: look for versions only at start), got {value}")
-    return value
-
-
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected processes >= 0 (0: the front ends run in the model process), "
-                                         f"got {value}")
-    return value
+def _whole(unit: str, zero: str):
+    """An argparse type: a whole number of `unit` >= 0, where 0 means `zero`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {unit}, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected {unit} >= 0 (0: {zero}), got {value}")
+        return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_name", default="default", help="name of the model given by --model_base_path")
     p.add_argument("--model_base_path", help="folder holding the model's numbered version folders")
     p.add_argument("--model_config_file", help="text-proto ModelServerConfig (overrides --model_name/base_path)")
-    p.add_argument("--file_system_poll_wait_seconds", type=_poll_seconds, default=1,
+    p.add_argument("--file_system_poll_wait_seconds", default=1,
+                   type=_whole("seconds", "look for versions only at start"),
                    help="seconds between looks at each base path for versions to load and unload "
                         "(default: %(default)s; 0: only at start)")
     p.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
@@ -81,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads decoding and running REST requests (default: %(default)s)")
     p.add_argument("--grpc_max_threads", type=int, default=64,
                    help="threads running unbatched gRPC predicts (default: %(default)s)")
-    p.add_argument("--frontend_workers", type=_workers, default=0,
+    p.add_argument("--frontend_workers", default=0,
+                   type=_whole("processes", "the front ends run in the model process"),
                    help="processes serving REST and gRPC on the same ports, sending tensors to this process's "
                         "models through shared memory (ours; default: 0, the front ends run in this process)")
     p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF's)")

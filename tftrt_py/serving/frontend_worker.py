@@ -7,7 +7,6 @@ one set of metrics. The process ends when the model process says stop or goes aw
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import gc
 import itertools
@@ -17,12 +16,13 @@ import pickle
 import signal
 import sys
 import threading
-from concurrent.futures import Executor, Future, InvalidStateError
+from concurrent.futures import Executor, Future
 from multiprocessing.connection import Connection
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from tftrt_py.serving.batching import deliver
 from tftrt_py.serving.config import ModelSpec
 from tftrt_py.serving.errors import Code, ServingError
 from tftrt_py.serving.frontends import FrontEnds
@@ -74,24 +74,6 @@ class _Pending:
     future: Union[Future, asyncio.Future]
     loop: Optional[asyncio.AbstractEventLoop]  # an asyncio future's loop; None: a concurrent future
     block: int  # the inputs' block of the request arena (-1: none)
-
-
-def _settle(future: Union[Future, asyncio.Future], answer) -> None:
-    """Set `future` to `answer` (an exception: raised), unless its caller gave up on it."""
-    if future.done():
-        return
-    try:
-        if isinstance(answer, BaseException):
-            future.set_exception(answer)
-        else:
-            future.set_result(answer)
-    except InvalidStateError:  # cancelled meanwhile
-        pass
-
-
-def _settle_all(pairs) -> None:
-    for future, answer in pairs:
-        _settle(future, answer)
 
 
 class WorkerService(ServiceBase):
@@ -153,7 +135,7 @@ class WorkerService(ServiceBase):
             logger.warning("front-end worker %d: the model process went away", os.getpid())
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
-        self._deliver([(p, ServingError(Code.UNAVAILABLE, "the server is shutting down")) for p in pending])
+        deliver([(p, ServingError(Code.UNAVAILABLE, "the server is shutting down")) for p in pending])
         stop.set()
 
     def _handle(self, items: List[tuple]) -> bool:
@@ -186,22 +168,8 @@ class WorkerService(ServiceBase):
                 self.link.send(("flushed", item[1]))  # after the lazy items: the counts go first
         if freed:
             self.link.send_lazily(("freed", freed))
-        self._deliver(answers)
+        deliver(answers)
         return not any(item[0] == "stop" for item in items)
-
-    @staticmethod
-    def _deliver(answers: List[Tuple[_Pending, object]]) -> None:
-        by_loop: Dict[asyncio.AbstractEventLoop, list] = collections.defaultdict(list)
-        for pending, answer in answers:
-            if pending.loop is None:
-                _settle(pending.future, answer)
-            else:
-                by_loop[pending.loop].append((pending.future, answer))
-        for loop, pairs in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_settle_all, pairs)
-            except RuntimeError:  # the loop is closed: nobody awaits its futures
-                pass
 
 
 def run() -> None:

@@ -5,8 +5,8 @@ batch of items, not one per item; items sent lazily (counters, freed blocks) wai
 most LAZY_SECONDS. Tensors do not travel here: shared_tensors' arenas hold them.
 
 A message is unpickled with only the classes messages hold (builtins, numpy arrays and dtypes, signature defs, and the
-classes tftrt_py.serving's modules define): a worker parses untrusted requests, and what it sends must not be able to make
-the model process call anything else."""
+classes tftrt_py.serving's modules define): a worker parses untrusted requests, and what it sends must not be able
+to make the model process call anything else."""
 from __future__ import annotations
 
 import io
