@@ -29,6 +29,7 @@ from tftrt_py.serving import BatchingOptions, ModelSpec, Server, VersionPolicy
 from tftrt_py.serving.cli import build_parser, server_from_args
 from tftrt_py.serving.shared_tensors import Arena
 from tftrt_py.serving.worker_link import decode
+from tftrt_py.serving.worker_pool import WorkerPool
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 BATCHING = BatchingOptions(max_batch_size=8, batch_timeout_micros=50_000, num_batch_threads=2,
@@ -397,3 +398,20 @@ def test_a_link_message_is_read_with_the_classes_messages_hold_and_nothing_else(
     assert decoded[1][2] == items[1][2] and decoded[1][3] == items[1][3] and decoded[1][4] == items[1][4]
     with pytest.raises(pickle.UnpicklingError, match="may not name posix.system"):
         decode(pickle.dumps([("predict", _Runs())]))
+
+
+def test_a_worker_that_sends_a_message_it_may_not_is_ended(caplog):
+    class Link:
+        def receive(self):
+            raise pickle.UnpicklingError("a link message may not name posix.system")
+
+    class Process:
+        pid, killed = 4321, False
+
+        def kill(self):
+            self.killed = True
+
+    worker = types.SimpleNamespace(index=1, link=Link(), process=Process())
+    WorkerPool._read(WorkerPool.__new__(WorkerPool), worker)  # returns: the reader stops, the watcher replaces it
+    assert worker.process.killed
+    assert "front-end worker 1 (pid 4321) sent a message it may not" in caplog.text

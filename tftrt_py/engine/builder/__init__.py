@@ -12,6 +12,7 @@ import time
 from typing import Callable, List, Optional, Tuple, Union
 
 from tftrt_py.engine.backends import get_backend
+from tftrt_py.engine.backends.base import Backend
 from tftrt_py.engine.builder import passes
 from tftrt_py.engine.builder.precision import assign_precisions
 from tftrt_py.engine.builder.fusions import (activation, affine, attention, conv, gemm, horizontal, match, mlp,
@@ -113,7 +114,7 @@ class Builder:
         try:
             kinds = get_backend(self.config.backend).horizontal_kinds
         except BackendError:  # not usable here: the default policy
-            kinds = horizontal.KINDS
+            kinds = Backend.horizontal_kinds
         return [(name, functools.partial(horizontal.fuse_horizontal, kinds=kinds)
                  if pass_ is horizontal.fuse_horizontal else pass_) for name, pass_ in stage]
 

@@ -15,12 +15,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from tftrt_py.engine.backends.base import Backend
 from tftrt_py.engine.builder.fusions.match import FLOATS, constant_value, record
 
-__all__ = ["fuse_horizontal", "KINDS"]
-
-#: The layer kinds horizontal fusion merges.
-KINDS = ("Convolution", "MatrixMultiply")
+__all__ = ["fuse_horizontal"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +80,7 @@ def _merge(network, group: List) -> None:
     record(network, f"horizontal {first.kind}")
 
 
-def fuse_horizontal(network, kinds: Tuple[str, ...] = KINDS) -> bool:
+def fuse_horizontal(network, kinds: Tuple[str, ...] = Backend.horizontal_kinds) -> bool:
     """Merge each group of compatible sibling Convolutions (or MatrixMultiplies with constant B), of `kinds` only
     (a backend's Backend.horizontal_kinds)."""
     users = network.consumers()
