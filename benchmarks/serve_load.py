@@ -3,6 +3,7 @@
     python benchmarks/serve_load.py [--model small_cnn|thin_224|resnet50] [--api rest|grpc|kserve-rest|kserve-grpc]
                                     [--clients 32] [--generator python|c] [--frontend-workers N]
                                     [--requests 3000] [--time-limit 60] [--repeat 3] [--json out.json]
+                                    [--workdir DIR]
 
 The model (random weights, nothing downloaded) is exported and converted into a temporary folder: the demo CNN in
 FP32, `--model resnet50` (Keras ResNet50, 224x224) in FP16 where a GPU serves engines (else FP32), `--model
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -78,11 +80,21 @@ def _gpu() -> bool:
 
 
 def convert(model: str, root: str, batches) -> str:
-    """The converted model in TF Serving's layout under `root`; its precision."""
+    """The converted model in TF Serving's layout under `root`; its precision. A conversion of the same model for
+    the same batches already there (its ``converted.json``) is reused."""
     import keras
 
     from tftrt_py import trt_convert as trt
 
+    marker = os.path.join(root, "converted.json")
+    wanted = {"model": model, "batches": list(batches), "gpu": _gpu()}
+    if os.path.exists(marker):
+        with open(marker) as f:
+            found = json.load(f)
+        if {k: found.get(k) for k in wanted} == wanted and os.path.isdir(os.path.join(root, MODEL_NAME, "1")):
+            return str(found["precision"])
+    for stale in (MODEL_NAME, "native"):
+        shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
     size = SIZES[model]
     keras.utils.set_random_seed(0)
     native = _builders()[model]()
@@ -93,7 +105,9 @@ def convert(model: str, root: str, batches) -> str:
     converter.convert()
     rng = np.random.default_rng(0)
     converter.build(input_fn=lambda: iter([(rng.standard_normal((b, size, size, 3), np.float32),) for b in batches]))
-    converter.save(os.path.join(root, MODEL_NAME, "1"))
+    converter.save(os.path.join(root, MODEL_NAME, "1"), overwrite=True)
+    with open(marker, "w") as f:
+        json.dump({**wanted, "precision": precision}, f)
     return precision
 
 
@@ -465,6 +479,8 @@ def main(argv=None) -> int:
                    help="default: 1 (CPU engines use every core themselves); 0: the CPUs, TF Serving's default")
     p.add_argument("--allowed-batch-sizes", default="", help="e.g. 8,16,32 (default: none, no padding)")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--workdir", help="keep the exported and converted model in this folder, and reuse a conversion "
+                                     "of the same model for the same batches found there (default: a temporary one)")
     args = p.parse_args(argv)
 
     from tftrt_py.serving import BatchingOptions
@@ -480,7 +496,8 @@ def main(argv=None) -> int:
         except RuntimeError as exc:
             raise SystemExit(f"serve_load.py: {exc}") from None
     modes = args.modes.split(",")
-    with tempfile.TemporaryDirectory(prefix="serve_load_") as root:
+    with contextlib.ExitStack() as stack:
+        root = args.workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="serve_load_"))
         started = time.time()
         precision = convert(args.model, root, sorted({args.rows, *allowed, args.max_batch_size}))
         base_path = os.path.join(root, MODEL_NAME)

@@ -40,3 +40,19 @@ def test_the_tanh_form_differs_from_erf_by_less_than_fp16_rounding():
     exact, approx = gelu_erf(x), gelu_tanh(x)
     rounding = np.linalg.norm(exact.astype(np.float16) - exact) / np.linalg.norm(exact)
     assert np.linalg.norm(approx - exact) / np.linalg.norm(exact) < 0.9 * rounding
+
+
+def test_a_recorded_cublas_tactic_builds_without_asking_for_cublaslt(monkeypatch):
+    """Whether cuBLASLt is there is asked last (it imports nvmath-python, most of a second): a recorded cuBLAS
+    tactic, or TFTRT_PY_GEMM=cublas, never asks."""
+    from tftrt_py.engine.backends.cupy import cublaslt
+    from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
+
+    asked = []
+    monkeypatch.setattr(cublaslt, "available", lambda: asked.append(1) or True)
+    assert gemm_paths({"op": "cublas_gemm"}, "cublas_gemm", "cublaslt_gemm") == (True, False)
+    monkeypatch.setenv("TFTRT_PY_GEMM", "cublas")
+    assert gemm_paths(None, "cublas_gemm", "cublaslt_gemm") == (True, False)
+    assert not asked
+    monkeypatch.delenv("TFTRT_PY_GEMM")
+    assert gemm_paths(None, "cublas_gemm", "cublaslt_gemm") == (True, True) and asked

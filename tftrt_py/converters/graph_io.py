@@ -26,6 +26,7 @@ from tensorflow.python.util import nest
 
 from tftrt_py.convert.graph import LARGE_CONST_BYTES, function_without_weights, restore_weights, without_weights
 from tftrt_py.convert.rewrite import ENGINE_OP
+from tftrt_py.converters import restore
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
            "function_from_graph_def", "grappler_off", "SavedModelError"]
@@ -61,7 +62,7 @@ def load_signature(saved_model_dir: str, tags: Sequence[str], signature_key: str
     if not any(os.path.exists(os.path.join(saved_model_dir, f)) for f in ("saved_model.pb", "saved_model.pbtxt")):
         raise SavedModelError(f"{saved_model_dir!r} holds no saved_model.pb: it is not a SavedModel directory")
     try:
-        loaded = tf.saved_model.load(saved_model_dir, tags=list(tags))
+        loaded = restore.load_for_signature(saved_model_dir, list(tags), signature_key)
     except Exception as exc:  # the loader meets a malformed saved_model.pb with any error type (KeyError...)
         raise SavedModelError(f"cannot load SavedModel {saved_model_dir!r} with tags {list(tags)}: {_cause(exc)}"
                               f"{_damage(saved_model_dir)}") from exc

@@ -281,6 +281,18 @@ def test_saturating_keeps_weights_inside_the_fp16_range_as_they_are_without_a_co
     assert precision._saturate(np.zeros(0, "float32")).size == 0
 
 
+def test_large_fp16_weights_are_rounded_in_threads_to_the_same_values(monkeypatch):
+    one_thread = build(classifier(), "FP16")
+    monkeypatch.setattr(precision, "PARALLEL_HALF_BYTES", 0)
+    monkeypatch.setattr(precision, "cpu_threads", lambda: 3)
+    threaded = build(classifier(), "FP16")
+    for a, b in zip(one_thread.network.layers, threaded.network.layers):
+        assert a.name == b.name and a.weights.keys() == b.weights.keys()
+        for k in a.weights:
+            assert a.weights[k].dtype == b.weights[k].dtype
+            np.testing.assert_array_equal(a.weights[k], b.weights[k])
+
+
 def test_int8_convolution_quantizes_as_tensorrt():
     net = Network("n")
     x = net.add_input("x", "float32", (1, 4, 4, 2))

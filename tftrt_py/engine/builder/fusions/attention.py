@@ -142,7 +142,8 @@ def _simplified(mask: Tensor, shape) -> Tuple[Optional[Tensor], bool]:
 
 
 def _index(shape) -> np.ndarray:
-    return np.arange(int(np.prod(shape))).reshape(shape)
+    size = int(np.prod(shape))
+    return np.arange(size, dtype=np.int32 if size < 2 ** 31 else np.int64).reshape(shape)
 
 
 def _moved(shuffles: List[Layer], shape) -> np.ndarray:

@@ -32,7 +32,7 @@ def gemm_paths(prefer: Optional[dict], cublas_op: str, lt_op: str) -> tuple:
     """(build the cuBLAS op, build the cuBLASLt ops): what a recorded tactic and TFTRT_PY_GEMM allow."""
     force = settings.GEMM.get()
     op = (prefer or {}).get("op")
-    lt = cublaslt.available() and force in (None, "cublaslt") and op in (None, lt_op)
+    lt = force in (None, "cublaslt") and op in (None, lt_op) and cublaslt.available()  # (imports nvmath: last)
     return force in (None, "cublas") and op in (None, cublas_op), lt
 
 

@@ -1,0 +1,112 @@
+"""Loading a SavedModel for one signature restores the variables that signature reads, and only those when the
+checkpoint maps them; a captured resource whose state lives in the checkpoint (a hash table) gets TensorFlow's own
+restore; a TF1 SavedModel's variables come restored by its loader."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrt_py import trt_convert as trt
+from tftrt_py.converters import restore
+from tftrt_py.converters.graph_io import SavedModelError
+
+SPEC = tf.TensorSpec([None, 3], tf.float32)
+
+
+class TwoWeights(tf.Module):
+    """A signature reading `used` and a second function reading `unused`."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = tf.Variable(np.arange(12, dtype=np.float32).reshape(3, 4) / 7)
+        self.unused = tf.Variable(np.full((4, 4), 5, np.float32))
+
+    @tf.function(input_signature=[SPEC])
+    def serve(self, x):
+        return {"y": tf.matmul(x, self.used)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def other(self, x):
+        return tf.matmul(x, self.unused)
+
+
+def save(module, path, **signatures):
+    tf.saved_model.save(module, str(path), signatures=signatures or {"serving_default": module.serve})
+    return str(path)
+
+
+def test_the_signature_s_variables_are_restored_and_the_others_are_not_read(tmp_path):
+    module = TwoWeights()
+    path = save(module, tmp_path / "m")
+    loaded = restore.load_for_signature(path, ["serve"], "serving_default")
+    np.testing.assert_array_equal(loaded.used.numpy(), module.used.numpy())
+    assert not bool(loaded.unused.is_initialized())
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(loaded.signatures["serving_default"](tf.constant(x))["y"].numpy(),
+                                  x @ module.used.numpy())
+
+
+def test_a_variable_shared_by_two_trackable_lists_is_restored_once_from_its_key(tmp_path):
+    """A Keras export tracks each weight in two lists; the walk finds the variable under either."""
+    module = TwoWeights()
+    module.all_weights = [module.used, module.unused]
+    loaded = restore.load_for_signature(save(module, tmp_path / "m"), ["serve"], "serving_default")
+    np.testing.assert_array_equal(loaded.used.numpy(), module.used.numpy())
+
+
+class Table(tf.Module):
+    """A signature reading a MutableHashTable, whose contents only the checkpoint holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = tf.Variable(2.0)
+        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, default_value=-1.0)
+        self.table.insert(tf.constant([1, 2], tf.int64), tf.constant([10.0, 20.0]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def serve(self, keys):
+        return {"y": self.table.lookup(keys) * self.scale}
+
+
+def test_a_captured_table_gets_tensorflow_s_whole_restore(tmp_path):
+    loaded = restore.load_for_signature(save(Table(), tmp_path / "m"), ["serve"], "serving_default")
+    out = loaded.signatures["serving_default"](tf.constant([1, 2, 3], tf.int64))["y"].numpy()
+    np.testing.assert_array_equal(out, [20.0, 40.0, -2.0])
+
+
+def test_a_missing_signature_restores_nothing_and_is_left_to_the_caller(tmp_path):
+    loaded = restore.load_for_signature(save(TwoWeights(), tmp_path / "m"), ["serve"], "absent")
+    assert not bool(loaded.used.is_initialized())
+
+
+def test_a_tf1_saved_model_comes_restored_by_its_loader(tmp_path):
+    path = str(tmp_path / "tf1")
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=np.eye(3, dtype=np.float32) * 3)
+        y = tf.identity(tf.matmul(x, w), name="y")
+        sess.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.saved_model.simple_save(sess, path, {"x": x}, {"y": y})
+    loaded = restore.load_for_signature(path, ["serve"], "serving_default")
+    out = loaded.signatures["serving_default"](x=tf.ones([1, 3]))["y"].numpy()
+    np.testing.assert_array_equal(out, [[3.0, 3.0, 3.0]])
+
+
+def test_a_converted_model_equals_the_native_one(tmp_path):
+    module = TwoWeights()
+    path = save(module, tmp_path / "m")
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=path)
+    func = converter.convert()
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_allclose(func(tf.constant(x))["y"].numpy(), x @ module.used.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "removed"])
+def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
+    path = save(TwoWeights(), tmp_path / "m")
+    data = next((tmp_path / "m" / "variables").glob("variables.data-*"))
+    if damage == "truncated":
+        data.write_bytes(data.read_bytes()[:10])
+    else:
+        data.unlink()
+    with pytest.raises(SavedModelError, match="cannot load"):
+        trt.TrtGraphConverterV2(input_saved_model_dir=path).convert()
