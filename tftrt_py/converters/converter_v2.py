@@ -24,10 +24,11 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
-from tftrt_py.converters.memory import MemoryReturn, collecting_new_objects, release_freed_memory
+from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.cache import engine_asset_name, write_plans
+from tftrt_py.engine_op.op import warm_up_backend
 from tftrt_py.segmenter import segment_graph
 
 __all__ = ["TrtGraphConverterV2"]
@@ -124,7 +125,6 @@ class TrtGraphConverterV2:
         return None if self._timing_cache is False else self._timing_cache
 
     # -- convert --------------------------------------------------------------
-    @collecting_new_objects
     def convert(self, calibration_input_fn=None):
         """Segment the signature and insert engine ops; returns the converted ConcreteFunction.
 
@@ -139,6 +139,7 @@ class TrtGraphConverterV2:
         if not self._need_calibration and calibration_input_fn:
             raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
         library.load()
+        warm_up_backend()
         saved_model, func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
         output_names = [t.name for t in func.outputs]
@@ -253,7 +254,6 @@ class TrtGraphConverterV2:
             self._converted_func(*args, **kwargs)
 
     # -- build ----------------------------------------------------------------
-    @collecting_new_objects
     def build(self, input_fn):
         """Run the converted function on input_fn's inputs so engines get built for those shapes."""
         if self._build_called_once:
@@ -334,7 +334,6 @@ class TrtGraphConverterV2:
     def _engine_nodes(self):
         return [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
 
-    @collecting_new_objects
     def save(self, output_saved_model_dir, save_gpu_specific_engines=True, options=None, *, overwrite=False):
         """Save the converted signature as a SavedModel, with the engines built so far as assets
         (``assets/trt-serialized-engine.<engine op>``; an empty one without save_gpu_specific_engines).

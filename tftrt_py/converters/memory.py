@@ -7,12 +7,11 @@ nothing. Memory TensorFlow's own allocators pool (oneDNN's, when its kernels are
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import gc
 
-__all__ = ["release_freed_memory", "MemoryReturn", "collecting_new_objects"]
+__all__ = ["release_freed_memory", "MemoryReturn"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,32 +34,6 @@ def release_freed_memory() -> None:
     """Collect garbage, then give the allocator's free pages back to the system (glibc only)."""
     gc.collect()
     _trim()
-
-
-@contextlib.contextmanager
-def _older_objects_set_aside():
-    """Within, garbage collections (release_freed_memory's and the interpreter's own) look only at objects made
-    since it began: the older ones (over 300,000 once TensorFlow is imported, 0.2-0.3 s of each full collection) are
-    set aside with ``gc.freeze`` and put back after. A stage frees what it made itself, so its collections find the
-    same garbage. Where the process has frozen objects of its own, nothing is set aside (putting them back would
-    unfreeze those too)."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def collecting_new_objects(method):
-    """`method` run with the objects older than its call set aside from garbage collection."""
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        with _older_objects_set_aside():
-            return method(*args, **kwargs)
-    return wrapper
 
 
 _pending = False

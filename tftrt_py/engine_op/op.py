@@ -23,7 +23,7 @@ from tftrt_py.convert.graph import NodeView
 from tftrt_py.convert.params import DEFAULT_CALIBRATORS
 from tftrt_py.convert.variables import bind_weights, engine_inputs, weight_inputs
 from tftrt_py.engine import BuilderConfig, EngineError
-from tftrt_py.engine.backends import default_backend_name
+from tftrt_py.engine.backends import default_backend_name, get_backend
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 from tftrt_py.engine.replay import RUNS
 from tftrt_py.engine.types import QUANTIZED
@@ -36,7 +36,7 @@ from tftrt_py.engine_op.gpu_memory import prepare_tensorflow_gpus
 from tftrt_py.engine_op.profile_engine import ProfileEngine
 
 __all__ = ["EngineOp", "Stats", "NativeFallbackForbidden", "RecursiveSegmentError", "FALLBACK_ENV", "REPLAY_ENV",
-           "BACKEND_ENV", "native_fallback_allowed", "native_replays_allowed", "engine_backend"]
+           "BACKEND_ENV", "native_fallback_allowed", "native_replays_allowed", "engine_backend", "warm_up_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,29 @@ def engine_backend() -> str:
         if _backend_name == "cupy":  # TensorFlow's GPUs leave engines memory, or every engine op fails saying why
             prepare_tensorflow_gpus()
         return _backend_name
+
+
+_warm_up: Optional[threading.Thread] = None
+
+
+def warm_up_backend() -> threading.Thread:
+    """Start (once per process) choosing the engine backend and loading its libraries on a background thread, so a
+    conversion's engine ops find them loaded: on a GPU machine cupy, CUDA's context, the cuDNN frontend and
+    nvmath-python take 1-1.5 s, which now overlap the loading of the model. A failure there is the engine ops'
+    to report when they ask for the backend; here it is only logged."""
+    global _warm_up
+    with _backend_lock:
+        if _warm_up is None:
+            _warm_up = threading.Thread(target=_load_backend, name="tftrt-backend-warm-up", daemon=True)
+            _warm_up.start()
+        return _warm_up
+
+
+def _load_backend() -> None:
+    try:
+        get_backend(engine_backend()).warm_up()
+    except Exception as exc:  # the engine ops will say it when they build
+        logger.debug("engine backend warm-up: %s", exc)
 
 
 class NativeFallbackForbidden(RuntimeError):

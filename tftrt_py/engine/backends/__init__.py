@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable, Dict, Optional
 
 from tftrt_py.engine.backends import cupy, onnxruntime
@@ -16,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 _FACTORIES: Dict[str, Callable[[], Backend]] = {}
 _INSTANCES: Dict[str, Backend] = {}
+_INSTANCES_LOCK = threading.Lock()  # (a backend may first be asked for on a warm-up thread)
 
 
 def register_backend(name: str, factory: Callable[[], Backend]) -> None:
@@ -28,10 +30,11 @@ def backend_names():
 
 def get_backend(name: str = "numpy") -> Backend:
     """The backend called `name`, created once per process."""
-    if name not in _INSTANCES:
-        if name not in _FACTORIES:
-            raise BackendError(f"unknown backend {name!r} (known: {', '.join(backend_names())})")
-        _INSTANCES[name] = _FACTORIES[name]()
+    with _INSTANCES_LOCK:
+        if name not in _INSTANCES:
+            if name not in _FACTORIES:
+                raise BackendError(f"unknown backend {name!r} (known: {', '.join(backend_names())})")
+            _INSTANCES[name] = _FACTORIES[name]()
     return _INSTANCES[name]
 
 

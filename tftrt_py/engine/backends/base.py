@@ -83,6 +83,10 @@ class Backend(abc.ABC):
     #: concatenated (the builder's horizontal fusion merges those only).
     horizontal_kinds: Tuple[str, ...] = ("Convolution", "MatrixMultiply")
 
+    def warm_up(self) -> None:
+        """Load the libraries this backend's builds use, ahead of them (on a background thread while a conversion
+        loads its model); nothing by default."""
+
     #: Whether anticipate() does anything.
     anticipates = False
 

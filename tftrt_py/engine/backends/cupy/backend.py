@@ -38,6 +38,13 @@ class CupyBackend(Backend):
     def kinds(self) -> AbstractSet[str]:
         return self._kinds
 
+    def warm_up(self) -> None:
+        """Import the cuDNN frontend and nvmath-python's cuBLASLt bindings (about a second between them)."""
+        from tftrt_py.engine.backends.cupy import cublaslt
+
+        _device.cudnn_module()
+        cublaslt.available()
+
     # -- build --------------------------------------------------------------------------------------------
     def _tuning_context(self):
         from tftrt_py.engine.backends.cupy.context import RunContext
