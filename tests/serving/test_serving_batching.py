@@ -144,6 +144,53 @@ def test_requests_with_other_dtypes_or_dims_do_not_merge():
         (1, 5, "float64"), (2, 6, "float32"), (3, 5, "float32")]
 
 
+def test_a_requests_rows_are_its_batchs_from_its_submit_on():
+    """Submit copies the rows into the batch: the caller's arrays may change (or go) while the batch waits."""
+    model, (sched, _) = Model(), scheduler(batch_timeout_micros=50_000)
+    try:
+        x = random_array((2, 5))
+        sent = x.copy()
+        future = sched.submit("q", model, {"x": x})
+        x[...] = -1
+        np.testing.assert_array_equal(future.result(timeout=10)["y"], 3 * sent)
+    finally:
+        sched.stop()
+
+
+def test_the_model_reads_each_input_as_one_aligned_contiguous_array():
+    """What TensorFlow reads in place (models.eager_tensor): no copy of the batch on the batch thread."""
+    seen = []
+
+    def run(arrays):
+        seen.extend((a.shape, a.flags.c_contiguous, a.ctypes.data % 64) for a in arrays.values())
+        return {"y": arrays["x"] + arrays["z"][:, :1]}
+
+    sched, _ = scheduler(max_batch_size=4, allowed_batch_sizes=(4,))
+    try:
+        x, z = random_array((3, 5)), random_array((3, 2))
+        np.testing.assert_array_equal(sched.submit("q", run, {"x": x, "z": z}).result(timeout=10)["y"],
+                                      x + z[:, :1])
+    finally:
+        sched.stop()
+    assert sorted(seen) == [((4, 2), True, 0), ((4, 5), True, 0)]
+
+
+def test_answers_stay_right_when_the_model_returns_views_of_its_inputs():
+    """Batches reuse their input arrays: an output viewing them is copied before the next batch fills them."""
+    def identity(arrays):
+        return {"y": arrays["x"], "first": arrays["x"][:, :1]}
+
+    sched, _ = scheduler(max_batch_size=2, batch_timeout_micros=0)
+    try:
+        inputs = [random_array((1, 5)) for _ in range(8)]
+        results = [sched.submit("q", identity, {"x": x}).result(timeout=10) for x in inputs]
+    finally:
+        sched.stop()
+    for x, out in zip(inputs, results):  # checked once every batch ran
+        np.testing.assert_array_equal(out["y"], x)
+        np.testing.assert_array_equal(out["first"], x[:, :1])
+
+
 def test_bad_requests_are_refused_at_submit():
     model, (sched, _) = Model(), scheduler(max_batch_size=4)
     try:

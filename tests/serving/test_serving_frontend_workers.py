@@ -371,6 +371,7 @@ def test_an_arena_shares_tensors_in_place_and_carries_what_does_not_fit():
     read = reader.read(descriptors)
     np.testing.assert_array_equal(read["x"], x)
     assert read["text"] is text and not read["x"].flags.owndata  # in place
+    assert not read["x"].flags.writeable  # the writer may still write it: whoever must keep it still copies it
     big = writer.write({"big": random_array((1024,))})  # 4 KB: no room left
     assert big[0] == -1 and big[1][0][1].shape == (1024,)
     second, _ = writer.write({"y": random_array((8,))})

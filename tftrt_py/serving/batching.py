@@ -1,9 +1,11 @@
 """Dynamic batching as TF Serving's shared batch scheduler does it: requests to one signature queue up in
 batches (only requests with equal dtypes and non-batch dimensions share one), a batch runs when full or when its
 oldest request has waited batch_timeout_micros and a batch thread is free, is padded up to the next allowed batch
-size with copies of its first row, and its outputs are split back to the requests row for row. A queue holding
-max_enqueued_batches batches refuses more (UNAVAILABLE) instead of growing. Callers awaiting on an event loop get
-their batch's answers by one callback on that loop (one wake-up per batch, not one per request)."""
+size with copies of its first row, and its outputs are split back to the requests row for row. A request's rows are
+copied into its batch's input arrays when it is submitted (batch_buffers), so the batch thread only runs the model
+on them. A queue holding max_enqueued_batches batches refuses more (UNAVAILABLE) instead of growing. Callers
+awaiting on an event loop get their batch's answers by one callback on that loop (one wake-up per batch, not one
+per request)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,19 +19,20 @@ from typing import Callable, Deque, Dict, Hashable, Iterable, List, Mapping, Opt
 
 import numpy as np
 
+from tftrt_py.serving.batch_buffers import BufferPool, aligned_empty, copy_rows, pad_rows
 from tftrt_py.serving.config import BatchingOptions
 from tftrt_py.serving.errors import Code, ServingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchScheduler", "RunFn", "batch_rows", "batch_key", "deliver", "run_batch", "serving_error"]
+__all__ = ["BatchScheduler", "RunFn", "batch_rows", "batch_key", "deliver", "run_batch", "run_rows", "serving_error"]
 
+#: a model's outputs for a batch's inputs, which are valid during the call only (the next batch reuses them)
 RunFn = Callable[[Mapping[str, np.ndarray]], Dict[str, np.ndarray]]
 
 
 @dataclasses.dataclass
 class _Task:
-    arrays: Mapping[str, np.ndarray]
     size: int
     future: Union[Future, asyncio.Future]
     loop: Optional[asyncio.AbstractEventLoop]  # the loop of an asyncio future; None: a concurrent one
@@ -74,9 +77,14 @@ def deliver(answers: Iterable[Tuple[object, object]]) -> None:
 class _Batch:
     key: tuple  # what merging needs equal: input names, dtypes, non-batch dims
     deadline: float
+    inputs: Dict[str, np.ndarray]  # max_batch_size rows per input name; the tasks' rows, in order, from row 0
     tasks: List[_Task] = dataclasses.field(default_factory=list)
     size: int = 0
     closed: bool = False
+    copying: int = 0  # tasks whose rows are still being copied into `inputs`: the batch cannot run yet
+
+    def ready(self, now: float) -> bool:
+        return (self.closed or self.deadline <= now) and not self.copying
 
 
 @dataclasses.dataclass
@@ -103,27 +111,33 @@ def batch_rows(arrays: Mapping[str, np.ndarray], max_batch_size: int) -> int:
 
 def batch_key(arrays: Mapping[str, np.ndarray]) -> tuple:
     """What requests sharing a batch need equal: input names, dtypes and non-batch dimensions."""
-    return tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in arrays.items()))
+    return tuple(sorted((n, a.dtype, a.shape[1:]) for n, a in arrays.items()))
 
 
-def run_batch(run: RunFn, requests: Sequence[Mapping[str, np.ndarray]], padded: int) -> List[Dict[str, np.ndarray]]:
-    """Each request's outputs of one `run` over all `requests` merged, padded to `padded` rows with copies of the
-    first row (real data, whatever the model does with it)."""
-    sizes = [len(next(iter(r.values()))) for r in requests]
-    merged = {}
-    for name in requests[0]:
-        parts = [r[name] for r in requests]
-        if padded > sum(sizes):
-            parts.append(np.repeat(parts[0][:1], padded - sum(sizes), axis=0))
-        merged[name] = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    outputs = run(merged)
+def run_rows(run: RunFn, inputs: Mapping[str, np.ndarray], sizes: Sequence[int]) -> List[Dict[str, np.ndarray]]:
+    """Each request's outputs of one `run` over `inputs`, the requests' rows merged (`sizes` rows each, in order)
+    and padded. No output views `inputs` (a copy replaces one that does): the next batch may reuse them."""
+    padded = len(next(iter(inputs.values())))
+    outputs = run(inputs)
     for name, value in outputs.items():
         if value.ndim == 0 or value.shape[0] != padded:
             raise ServingError(Code.FAILED_PRECONDITION, f"Batched output tensor {name!r} has shape "
                                                          f"{list(value.shape)}: its 0th dimension is not the "
                                                          f"batch's size {padded}; the signature cannot be batched")
-    starts = np.cumsum([0] + sizes)
+    outputs = {k: v.copy() if any(np.may_share_memory(v, a) for a in inputs.values()) else v
+               for k, v in outputs.items()}
+    starts = np.cumsum([0, *sizes])
     return [{k: v[start:start + size] for k, v in outputs.items()} for start, size in zip(starts, sizes)]
+
+
+def run_batch(run: RunFn, requests: Sequence[Mapping[str, np.ndarray]], padded: int) -> List[Dict[str, np.ndarray]]:
+    """Each request's outputs of one `run` over all `requests` merged (into new aligned arrays), padded to `padded`
+    rows with copies of the first row."""
+    sizes = [len(next(iter(r.values()))) for r in requests]
+    buffers = {name: aligned_empty((padded,) + a.shape[1:], a.dtype) for name, a in requests[0].items()}
+    for request, start in zip(requests, np.cumsum([0, *sizes[:-1]])):
+        copy_rows(buffers, request, start)
+    return run_rows(run, pad_rows(buffers, sum(sizes), padded), sizes)
 
 
 def serving_error(exc: Exception) -> ServingError:
@@ -143,6 +157,7 @@ class BatchScheduler:
         self.options = options
         self._on_batch = on_batch
         self._queues: Dict[Hashable, _Queue] = {}
+        self._buffers = BufferPool(options.max_batch_size, options.num_batch_threads + 2)
         self._cond = threading.Condition()
         self._stopped = False
         self._threads = [threading.Thread(target=self._work, name=f"tftrt-batch-{i}", daemon=True)
@@ -158,7 +173,7 @@ class BatchScheduler:
         to one loop's futures by one call_soon_threadsafe(callback, [(future, answer), ...])."""
         limit = self.options.max_batch_size
         size = batch_rows(arrays, limit)
-        task = _Task(arrays, size, Future() if loop is None else loop.create_future(), loop)
+        task = _Task(size, Future() if loop is None else loop.create_future(), loop)
         key = batch_key(arrays)
         with self._cond:
             if self._stopped:
@@ -173,13 +188,24 @@ class BatchScheduler:
                     self._cond.notify_all()  # the batch just closed is ready
                     raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task was "
                                                          "submitted is full")
-                batch = _Batch(key, time.monotonic() + self.options.batch_timeout_micros / 1e6)
+                batch = _Batch(key, time.monotonic() + self.options.batch_timeout_micros / 1e6,
+                               self._buffers.take(key, arrays))
                 queue.batches.append(batch)
+            start = batch.size
             batch.tasks.append(task)
             batch.size += size
             batch.closed = batch.size == limit
-            if new or batch.closed:  # batch threads learn of a new deadline or a full batch; else nothing changed
+            batch.copying += 1
+            if new:  # batch threads learn of a new deadline
                 self._cond.notify_all()
+        try:  # outside the lock: other requests join the batch meanwhile (the arrays match its key: no error but
+            # running out of memory, which leaves these rows unset in a batch whose answer nobody awaits)
+            copy_rows(batch.inputs, arrays, start)
+        finally:
+            with self._cond:
+                batch.copying -= 1
+                if batch.ready(time.monotonic()):
+                    self._cond.notify_all()
         return task.future
 
     def queue_depths(self) -> Dict[str, int]:
@@ -207,12 +233,13 @@ class BatchScheduler:
         now, wait = time.monotonic(), None
         for queue_id, queue in self._queues.items():
             for i, batch in enumerate(queue.batches):
-                if batch.closed or batch.deadline <= now:
+                if batch.ready(now):
                     del queue.batches[i]
                     if not queue.batches:
                         del self._queues[queue_id]
                     return queue, batch
-                wait = batch.deadline - now if wait is None else min(wait, batch.deadline - now)
+                if batch.deadline > now:  # else it waits for its copies, whose end wakes the threads
+                    wait = batch.deadline - now if wait is None else min(wait, batch.deadline - now)
         return None, wait
 
     def _work(self) -> None:
@@ -232,7 +259,8 @@ class BatchScheduler:
         if self._on_batch is not None:
             self._on_batch(queue.label, batch.size, padded)
         try:
-            results = run_batch(queue.run, [t.arrays for t in batch.tasks], padded)
+            results = run_rows(queue.run, pad_rows(batch.inputs, batch.size, padded), [t.size for t in batch.tasks])
         except Exception as exc:  # every request of the batch gets the error; the thread goes on
             results = [serving_error(exc) for _ in batch.tasks]
+        self._buffers.give_back(batch.key, batch.inputs)
         deliver(zip(batch.tasks, results))

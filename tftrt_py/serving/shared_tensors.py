@@ -112,7 +112,9 @@ class Arena:
         return block, descriptors
 
     def read(self, descriptors: List[Descriptor], copy: bool = False) -> Dict[str, np.ndarray]:
-        """The arrays `descriptors` name: views of the arena (valid until their block is freed), or copies."""
+        """The arrays `descriptors` name: views of the arena (valid until their block is freed; read-only, as the
+        other process can still write them: what must not change while it is read, a model's input, is copied
+        first), or copies."""
         arrays = {}
         for entry in descriptors:
             if len(entry) == 2:
@@ -120,7 +122,11 @@ class Arena:
                 continue
             name, dtype, shape, offset = entry
             view = np.ndarray(shape, dtype, buffer=self._map, offset=offset)
-            arrays[name] = view.copy() if copy else view
+            if copy:
+                view = view.copy()
+            else:
+                view.flags.writeable = False
+            arrays[name] = view
         return arrays
 
 
