@@ -158,8 +158,9 @@ def test_engines_keep_the_values_of_conversion_time(model_dir, tmp_path):
 
 def test_variables_totalling_less_than_the_setting_are_saved_as_constants_and_serve_as_the_original(
         model_dir, tmp_path, monkeypatch):
-    """The conversion keeps them (the weights held once); the SavedModel holds their values as the constants of one
-    function that the engine op's weight inputs read: no variable and no read, each of which costs the served call."""
+    """The conversion keeps them (the weights held once); the SavedModel holds each value as a constant of the native
+    segment of the engine op that reads it, which takes no input for it: no variable, no read and no weight input,
+    each of which costs the served call."""
     monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(3 << 20))  # the kept-able kernel holds 1 MiB
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=model_dir)
     converter.convert()
@@ -173,9 +174,14 @@ def test_variables_totalling_less_than_the_setting_are_saved_as_constants_and_se
     graph = serve.graph.as_graph_def()
     ops = [n.op for n in graph.node] + [n.op for f in graph.library.function for n in f.node_def]
     assert "ReadVariableOp" not in ops and "VarHandleOp" not in ops
-    (weights,) = [f for f in graph.library.function if variables.WEIGHTS_FUNCTION in f.signature.name]
-    assert [len(n.attr["value"].tensor.tensor_content) for n in weights.node_def if n.op == "Const"] == [
-        WIDTH * HIDDEN * 4]
+    assert not [f for f in graph.library.function if variables.WEIGHTS_FUNCTION in f.signature.name]
+    functions = {f.signature.name: f for f in graph.library.function}
+    (engine,) = [n for f in graph.library.function for n in f.node_def if n.op == "TRTEngineOp"]
+    assert variables.WEIGHT_INPUTS_ATTR not in engine.attr and len(engine.attr["InT"].list.type) == 2
+    segment = functions[engine.attr["segment_func"].func.name]
+    assert len(segment.signature.input_arg) == 2
+    assert WIDTH * HIDDEN * 4 in [len(n.attr["value"].tensor.tensor_content) for n in segment.node_def
+                                  if n.op == "Const"]
     want = tf.saved_model.load(model_dir).signatures["serving_default"]
     for batch in (4, 3):  # built, and built at serving time from the values the op binds on its first run
         inputs = feeds(batch)

@@ -94,7 +94,7 @@ def read_directly(graph_def, reads: Mapping[str, object]) -> None:
         source = _handle_source(nodes, nodes[name].input[0])
         if source is not None:
             nodes[name].input[0] = source
-    _drop_unused_handles(graph_def, placeholders=False)
+    drop_unused_handles(graph_def, placeholders=False)
 
 
 #: Ops that change a variable's value (a prefix of their name): assignments, scatters, optimizer steps.
@@ -175,7 +175,7 @@ class WeightsView(GraphView):
             if node.name in self.values:
                 value = self.values[node.name]
                 _make_const(node, tf.as_dtype(value.dtype).as_datatype_enum, tf.TensorShape(value.shape).as_proto())
-        _drop_unused_handles(view)
+        drop_unused_handles(view)
         super().__init__(view)
 
     def const_value(self, ref: str):
@@ -185,10 +185,11 @@ class WeightsView(GraphView):
 
 def reads_as_constants(graph_def, reads: Mapping[str, tf.Variable], name: str) -> None:
     """Make the reads of `reads` in `graph_def` the results of one call of a new library function `name` returning
-    their variables' values now as constants, and drop the handles only those reads used: the graph a SavedModel
-    serves without variables (each read costs the served call microseconds, its captured handle more; TF inlines the
-    call's constants). The engine ops keep taking them as weight inputs. The constants are in a function of their
-    own, beside the native segments, so the main graph TF copies over and again stays small."""
+    their variables' values now as constants (one per variable), and drop the handles only those reads used: the
+    graph a SavedModel serves without variables (each read costs the served call microseconds, its captured handle
+    more; TF inlines the call's constants). The engine ops keep taking them as weight inputs. The constants are in a
+    function of their own, beside the native segments, so the main graph TF copies over and again stays small. (The
+    save moves a variable one engine op alone reads into that op's segment first: convert.segment_weights.)"""
     if not reads:
         return
     call = graph_def.node.add(name=name, op="PartitionedCall")
@@ -197,14 +198,16 @@ def reads_as_constants(graph_def, reads: Mapping[str, tf.Variable], name: str) -
     call.attr["Tout"].list.SetInParent()
     fdef = graph_def.library.function.add()
     fdef.signature.name = name
-    results = {}
-    for k, read in enumerate(sorted(reads)):
-        value = tf.make_tensor_proto(np.asarray(reads[read].value()))
-        _make_const(fdef.node_def.add(name=f"weight_{k}"), value.dtype, value.tensor_shape).tensor.CopyFrom(value)
-        fdef.signature.output_arg.add(name=f"weight_{k}", type=value.dtype)
-        fdef.ret[f"weight_{k}"] = f"weight_{k}:output:0"
-        call.attr["Tout"].list.type.append(value.dtype)
-        results[read] = tensor_ref(name, k)
+    results, outputs = {}, {}  # read -> the call's output; id(variable) -> its index (reads of one variable share)
+    for read in sorted(reads):
+        if id(reads[read]) not in outputs:
+            k = outputs[id(reads[read])] = len(outputs)
+            value = tf.make_tensor_proto(np.asarray(reads[read].value()))
+            _make_const(fdef.node_def.add(name=f"weight_{k}"), value.dtype, value.tensor_shape).tensor.CopyFrom(value)
+            fdef.signature.output_arg.add(name=f"weight_{k}", type=value.dtype)
+            fdef.ret[f"weight_{k}"] = f"weight_{k}:output:0"
+            call.attr["Tout"].list.type.append(value.dtype)
+        results[read] = tensor_ref(name, outputs[id(reads[read])])
     for node in graph_def.node:
         if not any(split_ref(r.lstrip("^"))[0] in results for r in node.input):
             continue
@@ -215,7 +218,7 @@ def reads_as_constants(graph_def, reads: Mapping[str, tf.Variable], name: str) -
     kept = [node for node in graph_def.node if node.name not in results]
     del graph_def.node[:]
     graph_def.node.extend(kept)
-    _drop_unused_handles(graph_def)
+    drop_unused_handles(graph_def)
 
 
 def _make_const(node, dtype: int, shape):
@@ -230,7 +233,7 @@ def _make_const(node, dtype: int, shape):
     return node.attr["value"]
 
 
-def _drop_unused_handles(graph_def, placeholders: bool = True) -> None:
+def drop_unused_handles(graph_def, placeholders: bool = True) -> None:
     """Remove the pass-through Identities of resource handles of `graph_def` that nothing uses, and such
     Placeholders (`placeholders`)."""
     resource = tf.resource.as_datatype_enum

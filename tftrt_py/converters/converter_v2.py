@@ -16,7 +16,7 @@ from tensorflow.python.trackable import autotrackable
 from tqdm import tqdm
 
 from tftrt_py import settings
-from tftrt_py.convert import variables
+from tftrt_py.convert import segment_weights, variables
 from tftrt_py.convert.build import INPUT_PREFIX
 from tftrt_py.convert.errors import AlreadyConvertedError, MissingQuantizationRangeError
 from tftrt_py.convert.graph import GraphView, split_ref
@@ -361,6 +361,13 @@ class TrtGraphConverterV2:
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         graph_def = type(self._converted_graph_def)()
         graph_def.CopyFrom(self._converted_graph_def)
+        kept, tracked = self._captures, self._variables
+        if self.freeze and not self._saves_variables:  # served faster as constants (see convert.segment_weights)
+            moved = segment_weights.reads_into_segments(graph_def, self._variable_reads)
+            variables.reads_as_constants(graph_def, {k: v for k, v in self._variable_reads.items() if k not in moved},
+                                         f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}")
+            kept = {name: handle for name, handle in kept.items() if name in {n.name for n in graph_def.node}}
+            tracked = list(self._written.values())  # variables the model writes stay variables
         root = autotrackable.AutoTrackable()
         assets, captures = [], {}
         for node in graph_def.node:
@@ -384,12 +391,6 @@ class TrtGraphConverterV2:
             captures[placeholder.name] = asset.asset_path
             logger.info("saving %d engine(s) of %s", len(engines) if save_gpu_specific_engines else 0, node.name)
         root.tftrt_engine_assets = assets
-        kept, tracked = self._captures, self._variables
-        if self.freeze and not self._saves_variables:  # served faster as constants (see convert.variables)
-            variables.reads_as_constants(graph_def, self._variable_reads,
-                                         f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}")
-            kept = {name: handle for name, handle in kept.items() if name in {n.name for n in graph_def.node}}
-            tracked = list(self._written.values())  # variables the model writes stay variables
         if tracked:
             root.tftrt_variables = tracked
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,

@@ -1,0 +1,76 @@
+"""Saving a conversion's kept variables as constants: a variable that one engine op alone reads, as a weight, becomes
+a constant of that op's native segment (the op takes no input for it); one that two engine ops read stays a constant
+of the weights function feeding both, saved once. The saved model serves as the original."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrt_py import settings, trt_convert as trt
+from tftrt_py.convert import variables
+from tftrt_py.engine_op import dispatcher
+
+WIDTH = 512  # a 1 MiB kernel: kept as a variable during the conversion
+RNG = np.random.default_rng(7)
+
+
+class TwoEngines(tf.Module):
+    """x @ a -> a native Cumprod -> @ a again (`a` read by the engines on either side) -> @ b."""
+
+    def __init__(self):
+        self.a = tf.Variable(RNG.normal(0, 0.05, (WIDTH, WIDTH)).astype(np.float32))
+        self.b = tf.Variable(RNG.normal(0, 0.05, (WIDTH, WIDTH)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, WIDTH], tf.float32)])
+    def serve(self, x):
+        h = tf.nn.relu(tf.matmul(x, self.a))
+        h = tf.math.cumprod(tf.sigmoid(h), axis=1)  # no converter: native, between two engines
+        return {"y": tf.matmul(tf.nn.relu(tf.matmul(h, self.a)), self.b)}
+
+
+@pytest.fixture(params=[False, True], ids=["static", "dynamic"])
+def saved(request, tmp_path, monkeypatch):
+    monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(1 << 30))  # saved as constants
+    model = TwoEngines()
+    src, out = str(tmp_path / "model"), str(tmp_path / "converted")
+    tf.saved_model.save(model, src, signatures=model.serve)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=src, use_dynamic_shape=request.param)
+    converter.convert()
+    converter.build(input_fn=lambda: iter([(tf.ones([4, WIDTH]),)]))
+    converter.save(out)
+    return src, out
+
+
+def library(path):
+    graph = tf.saved_model.load(path).signatures["serving_default"].graph.as_graph_def()
+    return {f.signature.name: f for f in graph.library.function}
+
+
+def weight_bytes(fdef):
+    return sorted(len(n.attr["value"].tensor.tensor_content) for n in fdef.node_def
+                  if n.op == "Const" and len(n.attr["value"].tensor.tensor_content) >= WIDTH * WIDTH * 4)
+
+
+def test_a_weight_one_engine_reads_alone_moves_into_its_segment_and_a_shared_one_stays_shared(saved):
+    _, out = saved
+    functions = library(out)
+    engines = [n for f in functions.values() for n in f.node_def if n.op == "TRTEngineOp"]
+    assert len(engines) == 2
+    segments = [functions[n.attr["segment_func"].func.name] for n in engines]
+    assert sorted(len(weight_bytes(s)) for s in segments) == [0, 1]  # b: into the second engine's segment
+    (shared,) = [f for name, f in functions.items() if variables.WEIGHTS_FUNCTION in name]
+    assert weight_bytes(shared) == [WIDTH * WIDTH * 4]  # a: read by both engines, saved once
+    assert sorted(len(variables.weight_inputs(n)) for n in engines) == [1, 1]
+    for node, segment in zip(engines, segments):
+        assert len(node.attr["InT"].list.type) == len(node.attr["input_shapes"].list.shape) == len(
+            segment.signature.input_arg)
+
+
+def test_the_saved_model_serves_as_the_original_at_built_and_new_batches_and_through_its_native_segments(saved):
+    src, out = saved
+    serve = tf.saved_model.load(out).signatures["serving_default"]
+    want = tf.saved_model.load(src).signatures["serving_default"]
+    for batch in (4, 3):
+        x = tf.constant(RNG.normal(0, 1, (batch, WIDTH)).astype(np.float32))
+        np.testing.assert_allclose(serve(x)["y"].numpy(), want(x)["y"].numpy(), rtol=1e-4, atol=1e-5)
+    served = [s for s in dispatcher.stats().values() if s["engine_runs"]]
+    assert served and all(s["fallback_total"] == 0 for s in served)

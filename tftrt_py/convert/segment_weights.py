@@ -1,0 +1,123 @@
+"""Weights saved inside the native segment functions of the engine ops that read them.
+
+During a conversion an engine op reads its large weights as variable reads (weight inputs, see
+convert.variables): the weights stay once in memory, in the variables. A SavedModel that serves without variables
+needs their values somewhere. Where a read feeds only the weight inputs of one engine op, its value goes into that
+op's native segment function as a Const and the op loses the input: the saved engines hold the weight already, and
+the native segment (and an engine built later, which reads the segment's constants) finds it there, as in a model
+TF-TRT converted frozen. So a served call passes nothing for it: each weight input costs TensorFlow about a
+microsecond a call (a Const node run, a tensor passed; keras-hub BERT-base has 72).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Dict, List, Mapping, Set, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tftrt_py.convert.graph import split_ref
+from tftrt_py.convert.rewrite import ENGINE_OP
+from tftrt_py.convert.variables import WEIGHT_INPUTS_ATTR, drop_unused_handles, weight_inputs
+
+__all__ = ["reads_into_segments"]
+
+#: Attributes of an engine op with one entry per data input.
+_PER_INPUT_LISTS = (("InT", "type"), ("input_shapes", "shape"))
+
+
+def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Set[str]:
+    """Move each read of `reads` that only one engine op's weight input uses, the only read of its variable, into
+    that op's native segment function of `graph_def`'s library, as a Const of the variable's value now; drop the
+    read. Returns the reads moved (the others stay as they were, so no value is saved twice)."""
+    users: Dict[str, List[Tuple[str, int]]] = {}
+    for node in graph_def.node:
+        for i, ref in enumerate(node.input):
+            name = split_ref(ref.lstrip("^"))[0]
+            if name in reads:
+                users.setdefault(name, []).append((node.name, -1 if ref.startswith("^") else i))
+    reads_of = collections.Counter(id(v) for v in reads.values())
+    single = {name: users.get(name) for name, v in reads.items() if reads_of[id(v)] == 1}  # its variable's only read
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    moved = set()
+    for node in graph_def.node:
+        fdef = functions.get(node.attr["segment_func"].func.name) if node.op == ENGINE_OP else None
+        if fdef is None:
+            continue
+        movable = [i for i in weight_inputs(node) if _only_user(node, i, single)]
+        for i in sorted(movable, reverse=True):
+            read = split_ref(node.input[i])[0]
+            _arg_to_const(fdef, i, np.asarray(reads[read].value()))
+            _drop_input(node, i)
+            moved.add(read)
+    if moved:
+        kept = [n for n in graph_def.node if n.name not in moved]
+        del graph_def.node[:]
+        graph_def.node.extend(kept)
+        drop_unused_handles(graph_def)
+    return moved
+
+
+def _only_user(node, i: int, single) -> bool:
+    """Whether input `i` of engine op `node` is port 0 of a read of `single` (the only read of its variable) that
+    only it uses, once, as data (so its value is saved once)."""
+    name, port = split_ref(node.input[i])
+    return port == 0 and single.get(name) == [(node.name, i)]
+
+
+def _arg_to_const(fdef, i: int, value: np.ndarray) -> None:
+    """Replace argument `i` of `fdef` by a Const node holding `value` (renumbering the argument attributes)."""
+    arg = fdef.signature.input_arg[i]
+    const = fdef.node_def.add(name=_fresh_name(fdef, f"{arg.name}_weight"), op="Const")
+    proto = tf.make_tensor_proto(value)
+    if proto.dtype != arg.type:
+        raise ValueError(f"weight for argument {arg.name} of {fdef.signature.name} is {tf.as_dtype(proto.dtype)}, "
+                         f"the argument {tf.as_dtype(arg.type)}")
+    const.attr["dtype"].type = proto.dtype
+    const.attr["value"].tensor.CopyFrom(proto)
+    output = f"{const.name}:output:0"
+    for node in fdef.node_def:
+        node.input[:] = [output if ref == arg.name or ref == f"{arg.name}:0" else ref for ref in node.input]
+    for key, ref in list(fdef.ret.items()):
+        if ref == arg.name or ref == f"{arg.name}:0":
+            fdef.ret[key] = output
+    del fdef.signature.input_arg[i]
+    for table in (fdef.arg_attr, fdef.resource_arg_unique_id):  # keyed by argument index
+        entries = [(k - 1 if k > i else k, _copied(v)) for k, v in table.items() if k != i]
+        table.clear()
+        for k, v in entries:
+            if hasattr(v, "CopyFrom"):
+                table[k].CopyFrom(v)
+            else:
+                table[k] = v
+
+
+def _copied(value):
+    if not hasattr(value, "CopyFrom"):
+        return value
+    out = type(value)()
+    out.CopyFrom(value)
+    return out
+
+
+def _fresh_name(fdef, base: str) -> str:
+    taken = {n.name for n in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _drop_input(node, i: int) -> None:
+    """Remove data input `i` of engine op `node`: its entries in the per-input attributes, and its index from the
+    weight inputs (those after it shift down)."""
+    del node.input[i]
+    for key, field in _PER_INPUT_LISTS:
+        if key in node.attr:
+            del getattr(node.attr[key].list, field)[i]
+    weights = [w - 1 if w > i else w for w in weight_inputs(node) if w != i]
+    if weights:
+        node.attr[WEIGHT_INPUTS_ATTR].list.i[:] = weights
+    else:
+        del node.attr[WEIGHT_INPUTS_ATTR]
