@@ -29,6 +29,7 @@ class TwoEngines(tf.Module):
 
 @pytest.fixture(params=[False, True], ids=["static", "dynamic"])
 def saved(request, tmp_path, monkeypatch):
+    """(source, saved) directories of the model converted (static engines, or dynamic shapes) and saved."""
     monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(1 << 30))  # saved as constants
     model = TwoEngines()
     src, out = str(tmp_path / "model"), str(tmp_path / "converted")
@@ -37,7 +38,7 @@ def saved(request, tmp_path, monkeypatch):
     converter.convert()
     converter.build(input_fn=lambda: iter([(tf.ones([4, WIDTH]),)]))
     converter.save(out)
-    return src, out
+    return src, out, request.param
 
 
 def library(path):
@@ -51,7 +52,7 @@ def weight_bytes(fdef):
 
 
 def test_a_weight_one_engine_reads_alone_moves_into_its_segment_and_a_shared_one_stays_shared(saved):
-    _, out = saved
+    _, out, _ = saved
     functions = library(out)
     engines = [n for f in functions.values() for n in f.node_def if n.op == "TRTEngineOp"]
     assert len(engines) == 2
@@ -65,12 +66,22 @@ def test_a_weight_one_engine_reads_alone_moves_into_its_segment_and_a_shared_one
             segment.signature.input_arg)
 
 
-def test_the_saved_model_serves_as_the_original_at_built_and_new_batches_and_through_its_native_segments(saved):
-    src, out = saved
+def builds():
+    return sum(s["builds"] for s in dispatcher.stats().values())
+
+
+def test_the_saved_model_serves_its_saved_engines_and_new_batches_as_the_original(saved, caplog):
+    """The rewritten segments compute what the engines were built for: the saved engines keep serving (their
+    binding digest is the rewritten op's), and a new batch builds from the segment's constants. (With dynamic
+    shapes the loaded ops build their profiles' engines again on their first run, whatever the weights.)"""
+    src, out, dynamic = saved
     serve = tf.saved_model.load(out).signatures["serving_default"]
     want = tf.saved_model.load(src).signatures["serving_default"]
-    for batch in (4, 3):
+    for batch, built in ((4, False), (3, False), (8, True)):  # built; served by it; beyond it
         x = tf.constant(RNG.normal(0, 1, (batch, WIDTH)).astype(np.float32))
+        before = builds()
         np.testing.assert_allclose(serve(x)["y"].numpy(), want(x)["y"].numpy(), rtol=1e-4, atol=1e-5)
+        assert dynamic or (builds() > before) == built
+    assert "ignoring engine" not in caplog.text
     served = [s for s in dispatcher.stats().values() if s["engine_runs"]]
     assert served and all(s["fallback_total"] == 0 for s in served)

@@ -26,10 +26,12 @@ __all__ = ["reads_into_segments"]
 _PER_INPUT_LISTS = (("InT", "type"), ("input_shapes", "shape"))
 
 
-def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Set[str]:
+def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Tuple[Set[str], Set[str]]:
     """Move each read of `reads` that only one engine op's weight input uses, the only read of its variable, into
     that op's native segment function of `graph_def`'s library, as a Const of the variable's value now; drop the
-    read. Returns the reads moved (the others stay as they were, so no value is saved twice)."""
+    read. Only segment functions that call no other function change (their digest, engine_op.binding, is then
+    theirs alone: the caller gives the op's saved engines the new one). Returns (the reads moved, the engine ops
+    changed); the other reads stay as they were, so no value is saved twice."""
     users: Dict[str, List[Tuple[str, int]]] = {}
     for node in graph_def.node:
         for i, ref in enumerate(node.input):
@@ -39,10 +41,10 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Set[str]
     reads_of = collections.Counter(id(v) for v in reads.values())
     single = {name: users.get(name) for name, v in reads.items() if reads_of[id(v)] == 1}  # its variable's only read
     functions = {f.signature.name: f for f in graph_def.library.function}
-    moved = set()
+    moved, changed = set(), set()
     for node in graph_def.node:
         fdef = functions.get(node.attr["segment_func"].func.name) if node.op == ENGINE_OP else None
-        if fdef is None:
+        if fdef is None or _calls(fdef, functions):
             continue
         movable = [i for i in weight_inputs(node) if _only_user(node, i, single)]
         for i in sorted(movable, reverse=True):
@@ -50,12 +52,24 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Set[str]
             _arg_to_const(fdef, i, np.asarray(reads[read].value()))
             _drop_input(node, i)
             moved.add(read)
+            changed.add(node.name)
     if moved:
         kept = [n for n in graph_def.node if n.name not in moved]
         del graph_def.node[:]
         graph_def.node.extend(kept)
         drop_unused_handles(graph_def)
-    return moved
+    return moved, changed
+
+
+def _calls(fdef, functions) -> bool:
+    """Whether `fdef` calls a function: an op named after one, or a function in an attribute."""
+    for node in fdef.node_def:
+        if node.op in functions:
+            return True
+        for value in node.attr.values():
+            if value.HasField("func") or (value.HasField("list") and len(value.list.func)):
+                return True
+    return False
 
 
 def _only_user(node, i: int, single) -> bool:

@@ -27,6 +27,7 @@ from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as s
 from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
+from tftrt_py.engine_op.binding import segment_binding
 from tftrt_py.engine_op.cache import engine_asset_name, write_plans
 from tftrt_py.engine_op.op import warm_up_backend
 from tftrt_py.segmenter import segment_graph
@@ -361,13 +362,14 @@ class TrtGraphConverterV2:
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         graph_def = type(self._converted_graph_def)()
         graph_def.CopyFrom(self._converted_graph_def)
-        kept, tracked = self._captures, self._variables
+        kept, tracked, rewritten = self._captures, self._variables, set()
         if self.freeze and not self._saves_variables:  # served faster as constants (see convert.segment_weights)
-            moved = segment_weights.reads_into_segments(graph_def, self._variable_reads)
+            moved, rewritten = segment_weights.reads_into_segments(graph_def, self._variable_reads)
             variables.reads_as_constants(graph_def, {k: v for k, v in self._variable_reads.items() if k not in moved},
                                          f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}")
             kept = {name: handle for name, handle in kept.items() if name in {n.name for n in graph_def.node}}
             tracked = list(self._written.values())  # variables the model writes stay variables
+        functions = {f.signature.name: f for f in graph_def.library.function}
         root = autotrackable.AutoTrackable()
         assets, captures = [], {}
         for node in graph_def.node:
@@ -379,9 +381,12 @@ class TrtGraphConverterV2:
             if not engines:  # as TF-TRT: an op that built nothing gets no asset
                 continue
             path = os.path.join(asset_dir, engine_asset_name(node.name))
+            binding = None
+            if node.name in rewritten:  # its segment now holds weights it took as inputs: the same computation
+                binding = segment_binding(node, functions[node.attr["segment_func"].func.name].SerializeToString())
             with open(path, "wb") as f:  # (left empty without save_gpu_specific_engines, as TF-TRT's)
                 if save_gpu_specific_engines:
-                    write_plans(f, engines)
+                    write_plans(f, engines, binding)
             asset = tf.saved_model.Asset(path)
             assets.append(asset)
             placeholder = graph_def.node.add(name=f"{node.name}/engine_assets", op="Placeholder")

@@ -63,7 +63,9 @@ class PlanWriter:
     (and into the checksum) without a copy, so a plan of any size costs no memory beyond its header.
     ``size`` is known before writing (an engine cache file records it ahead of the plan)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, binding: Optional[str] = None):
+        """`binding`: the digest written in place of the engine's own (an op whose segment a save rewrote without
+        changing what it computes, see convert.segment_weights)."""
         net = engine.network
         self._arrays: List[np.ndarray] = []
         offset = 0
@@ -81,7 +83,7 @@ class PlanWriter:
 
         header = {
             "name": net.name,
-            "binding": getattr(engine, "binding", None),
+            "binding": binding if binding is not None else getattr(engine, "binding", None),
             "memory_bytes": _tensor_bytes(net.inputs + [t for l in net.layers for t in l.outputs]),
             "precision": engine.precision,
             "backend": engine.backend_name,

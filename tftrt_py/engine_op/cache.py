@@ -101,12 +101,13 @@ def pack_plans(plans: Sequence[bytes]) -> bytes:
     return b"".join(body)
 
 
-def write_plans(f, engines: Sequence[object]) -> None:
+def write_plans(f, engines: Sequence[object], binding: Optional[str] = None) -> None:
     """Write the engine-cache file of `engines` (as :func:`pack_plans` of their plans) to binary file `f`, each
-    plan streamed from its engine's weights (:class:`~tftrt_py.engine.plan.PlanWriter`), never whole in memory."""
+    plan streamed from its engine's weights (:class:`~tftrt_py.engine.plan.PlanWriter`), never whole in memory;
+    `binding` replaces their binding digest (see PlanWriter)."""
     f.write(_HEAD.pack(_MAGIC, _VERSION, len(engines)))
     for engine in engines:
-        writer = PlanWriter(engine)
+        writer = PlanWriter(engine, binding)
         f.write(_LEN.pack(writer.size))
         writer.write(f)
 
