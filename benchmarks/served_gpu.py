@@ -509,7 +509,10 @@ def engine_callables(ops, feed_arrays: list, cupy):
     if order is None:
         return None
     shapes = tuple(tuple(a.shape) for a in order)
-    context = op._context_for(shapes, allow_build=False)
+    found = op._context_for(shapes, allow_build=False)  # (cache key, context), None where no engine serves them
+    if found is None:
+        return None
+    context = found[1]
     device = [cupy.asarray(a) for a in order]
 
     def host():
