@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tftrt_py import settings, trt_convert as trt
-from tftrt_py.convert import variables
+from tftrt_py.convert import segment_weights, variables
 from tftrt_py.engine_op import dispatcher
 
 WIDTH = 512  # a 1 MiB kernel: kept as a variable during the conversion
@@ -72,8 +72,8 @@ def builds():
 
 def test_the_saved_model_serves_its_saved_engines_and_new_batches_as_the_original(saved, caplog):
     """The rewritten segments compute what the engines were built for: the saved engines keep serving (their
-    binding digest is the rewritten op's), and a new batch builds from the segment's constants. (With dynamic
-    shapes the loaded ops build their profiles' engines again on their first run, whatever the weights.)"""
+    binding digest is the rewritten op's), and a new batch builds from the segment's constants (counted with
+    static engines)."""
     src, out, dynamic = saved
     serve = tf.saved_model.load(out).signatures["serving_default"]
     want = tf.saved_model.load(src).signatures["serving_default"]
@@ -85,3 +85,46 @@ def test_the_saved_model_serves_its_saved_engines_and_new_batches_as_the_origina
     assert "ignoring engine" not in caplog.text
     served = [s for s in dispatcher.stats().values() if s["engine_runs"]]
     assert served and all(s["fallback_total"] == 0 for s in served)
+
+
+def test_a_keras_export_s_weights_move_and_its_engine_op_keeps_only_the_model_s_input(tmp_path, monkeypatch):
+    import keras
+
+    monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(1 << 30))
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(WIDTH, activation="relu"),
+                              keras.layers.Dense(WIDTH)])
+    src, out = str(tmp_path / "model"), str(tmp_path / "converted")
+    model.export(src, verbose=False)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=src)
+    converter.convert()
+    x = RNG.normal(0, 1, (4, WIDTH)).astype(np.float32)
+    converter.build(input_fn=lambda: iter([(tf.constant(x),)]))
+    converter.save(out)
+    functions = library(out)
+    (engine,) = [n for f in functions.values() for n in f.node_def if n.op == "TRTEngineOp"]
+    assert len(engine.attr["InT"].list.type) == 1 and not variables.weight_inputs(engine)
+    assert len(weight_bytes(functions[engine.attr["segment_func"].func.name])) == 2
+    before = builds()
+    got = tf.saved_model.load(out).signatures["serving_default"](tf.constant(x))
+    np.testing.assert_allclose(next(iter(got.values())).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    assert builds() == before
+
+
+def test_control_edges_from_a_read_do_not_keep_it_out_of_the_segment(tmp_path, monkeypatch):
+    """keras-hub models end their serving function in a NoOp with a control edge from every variable read: the
+    reads move all the same (a constant needs no ordering) and the edges go with them."""
+    monkeypatch.setenv(settings.KEEP_VARIABLES.name, str(1 << 30))
+    model = TwoEngines()
+    src = str(tmp_path / "model")
+    tf.saved_model.save(model, src, signatures=model.serve)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=src)
+    converter.convert()
+    graph = type(converter._converted_graph_def)()
+    graph.CopyFrom(converter._converted_graph_def)
+    reads = converter._variable_reads
+    graph.node.add(name="closing", op="NoOp").input.extend(f"^{r}" for r in sorted(reads))
+    moved, rewritten = segment_weights.reads_into_segments(graph, reads)
+    assert len(moved) == 1 and len(rewritten) == 1  # b; a stays, read by both engines
+    (closing,) = [n for n in graph.node if n.name == "closing"]
+    assert sorted(closing.input) == sorted(f"^{r}" for r in reads if r not in moved)

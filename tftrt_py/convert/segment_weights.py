@@ -32,12 +32,12 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Tuple[Se
     read. Only segment functions that call no other function change (their digest, engine_op.binding, is then
     theirs alone: the caller gives the op's saved engines the new one). Returns (the reads moved, the engine ops
     changed); the other reads stay as they were, so no value is saved twice."""
-    users: Dict[str, List[Tuple[str, int]]] = {}
+    users: Dict[str, List[Tuple[str, int]]] = {}  # data uses only: a constant needs no control edge
     for node in graph_def.node:
         for i, ref in enumerate(node.input):
-            name = split_ref(ref.lstrip("^"))[0]
-            if name in reads:
-                users.setdefault(name, []).append((node.name, -1 if ref.startswith("^") else i))
+            name = split_ref(ref)[0]
+            if name in reads and not ref.startswith("^"):
+                users.setdefault(name, []).append((node.name, i))
     reads_of = collections.Counter(id(v) for v in reads.values())
     single = {name: users.get(name) for name, v in reads.items() if reads_of[id(v)] == 1}  # its variable's only read
     functions = {f.signature.name: f for f in graph_def.library.function}
@@ -57,6 +57,9 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Tuple[Se
         kept = [n for n in graph_def.node if n.name not in moved]
         del graph_def.node[:]
         graph_def.node.extend(kept)
+        for node in graph_def.node:  # control edges from a moved read (the function's closing NoOp's) go with it
+            if any(ref.startswith("^") and ref[1:] in moved for ref in node.input):
+                node.input[:] = [ref for ref in node.input if not (ref.startswith("^") and ref[1:] in moved)]
         drop_unused_handles(graph_def)
     return moved, changed
 
@@ -74,7 +77,7 @@ def _calls(fdef, functions) -> bool:
 
 def _only_user(node, i: int, single) -> bool:
     """Whether input `i` of engine op `node` is port 0 of a read of `single` (the only read of its variable) that
-    only it uses, once, as data (so its value is saved once)."""
+    only it uses, once, as data (so its value is saved once; control edges from the read do not count)."""
     name, port = split_ref(node.input[i])
     return port == 0 and single.get(name) == [(node.name, i)]
 
