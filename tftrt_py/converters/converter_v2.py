@@ -27,7 +27,7 @@ from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as s
 from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
-from tftrt_py.engine_op.binding import segment_binding
+from tftrt_py.engine_op.binding import binding_of
 from tftrt_py.engine_op.cache import engine_asset_name, write_plans
 from tftrt_py.engine_op.op import warm_up_backend
 from tftrt_py.segmenter import segment_graph
@@ -383,7 +383,7 @@ class TrtGraphConverterV2:
             path = os.path.join(asset_dir, engine_asset_name(node.name))
             binding = None
             if node.name in rewritten:  # its segment now holds weights it took as inputs: the same computation
-                binding = segment_binding(node, functions[node.attr["segment_func"].func.name].SerializeToString())
+                binding = binding_of(node, functions[node.attr["segment_func"].func.name])  # (it calls none)
             with open(path, "wb") as f:  # (left empty without save_gpu_specific_engines, as TF-TRT's)
                 if save_gpu_specific_engines:
                     write_plans(f, engines, binding)

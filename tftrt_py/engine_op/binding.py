@@ -19,19 +19,25 @@ from tensorflow.core.framework import function_pb2
 from tftrt_py.convert.graph import NodeView
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
 
-__all__ = ["segment_binding", "function_digest"]
+__all__ = ["segment_binding", "binding_of", "function_digest"]
 
 
 def segment_binding(node_def, function_def: bytes, callees: bytes = b"") -> str:
     """SHA-256 of what an engine op's engines are built for: its native segment (the function's dataflow, see
     :func:`function_digest`, or else a serialized segment GraphDef), its binding dtypes and precision."""
+    library = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
+    return binding_of(node_def, function_pb2.FunctionDef.FromString(function_def) if function_def else None,
+                      {f.signature.name: f for f in library})
+
+
+def binding_of(node_def, fdef=None, callees: Mapping[str, object] = {}) -> str:
+    """segment_binding of a parsed native segment function `fdef` (None: the node has none) and the functions it
+    calls (`callees` by name)."""
     node = NodeView(node_def)
     segment = node.attr("serialized_segment") or b""
     body = b"" if segment.startswith(PLAN_MAGIC) else segment
-    if function_def:
-        library = function_pb2.FunctionDefLibrary.FromString(callees).function if callees else ()
-        body = function_digest(function_pb2.FunctionDef.FromString(function_def),
-                               {f.signature.name: f for f in library}).encode()
+    if fdef is not None:
+        body = function_digest(fdef, callees).encode()
     parts = {"segment": hashlib.sha256(body).hexdigest(), "inputs": [str(t) for t in node.attr("InT") or []],
              "outputs": [str(t) for t in node.attr("OutT") or []],
              "precision": node.attr("precision_mode", b"FP32").decode().upper()}
