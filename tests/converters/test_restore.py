@@ -78,11 +78,13 @@ def test_a_missing_signature_restores_nothing_and_is_left_to_the_caller(tmp_path
     assert not bool(loaded.used.is_initialized())
 
 
-def test_a_tf1_saved_model_comes_restored_by_its_loader(tmp_path):
+@pytest.mark.parametrize("resource", [True, False], ids=["resource", "reference"])
+def test_a_tf1_saved_model_comes_restored_by_its_loader(tmp_path, resource):
+    """Its name-based checkpoint has no object graph: TensorFlow's loader restores it, reference variables too."""
     path = str(tmp_path / "tf1")
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
-        w = tf.compat.v1.get_variable("w", initializer=np.eye(3, dtype=np.float32) * 3)
+        w = tf.compat.v1.get_variable("w", initializer=np.eye(3, dtype=np.float32) * 3, use_resource=resource)
         y = tf.identity(tf.matmul(x, w), name="y")
         sess.run(tf.compat.v1.global_variables_initializer())
         tf.compat.v1.saved_model.simple_save(sess, path, {"x": x}, {"y": y})
