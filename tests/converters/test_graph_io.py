@@ -402,7 +402,9 @@ def test_a_saved_model_pb_with_flipped_bits_loads_or_raises_saved_model_error_in
 
 
 def _misname_an_input(proto):
-    fdef = next(f for f in proto.meta_graphs[0].graph_def.library.function if len(f.node_def) > 2)
+    meta = proto.meta_graphs[0]
+    fdef = next(f for f in meta.graph_def.library.function
+                if len(f.node_def) > 2 and f.signature.name in meta.object_graph_def.concrete_functions)
     node = next(n for n in fdef.node_def if n.input)
     node.input[0] = "no_such_node"
 

@@ -112,3 +112,56 @@ def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
         data.unlink()
     with pytest.raises(SavedModelError, match="cannot load"):
         trt.TrtGraphConverterV2(input_saved_model_dir=path).convert()
+
+
+class Looping(tf.Module):
+    """A signature calling functions through attributes (a while loop's body and condition, a cond's branches),
+    a function with a registered gradient, and reading a captured constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(np.eye(3, dtype=np.float32) * 0.5)
+        self.offset = tf.constant(np.arange(3, dtype=np.float32))
+
+    @tf.function(input_signature=[SPEC])
+    def serve(self, x):
+        @tf.custom_gradient
+        def scaled(v):
+            return v * 2.0, lambda dy: dy * 2.0
+
+        y = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.matmul(v, self.w)), (0, x))[1]
+        y = tf.cond(tf.reduce_sum(y) > 0, lambda: scaled(y), lambda: y - 1.0)
+        return {"y": y + self.offset}
+
+
+def _library(path):
+    from tensorflow.python.saved_model import loader_impl
+    return loader_impl.parse_saved_model(path).meta_graphs[0]
+
+
+def test_the_loader_gets_only_the_functions_the_object_graph_calls(tmp_path, monkeypatch):
+    """The TF1-style saver's functions (traced_save/traced_restore) go; every concrete function of the object graph
+    and each function it reaches stays; the loaded signature computes as the original, loaded pruned (not by
+    tf.saved_model.load's whole load)."""
+    module = Looping()
+    path = save(module, tmp_path / "m")
+    meta = _library(path)
+    before = {f.signature.name for f in meta.graph_def.library.function}
+    restore._prune(meta)
+    after = {f.signature.name for f in meta.graph_def.library.function}
+    assert {n for n in before - after} and all("traced_save" in n or "traced_restore" in n for n in before - after)
+    assert set(meta.object_graph_def.concrete_functions) <= after
+    assert any("while_body" in n for n in after) and any("cond_true" in n for n in after)
+    assert {n.name for n in meta.graph_def.node} == {
+        n.constant.operation for n in meta.object_graph_def.nodes if n.WhichOneof("kind") == "constant"} != set()
+    monkeypatch.setattr(tf.saved_model, "load", None)
+    loaded = restore.load_for_signature(path, ["serve"], "serving_default")
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(loaded.signatures["serving_default"](tf.constant(x))["y"].numpy(),
+                               module.serve(tf.constant(x))["y"].numpy(), rtol=1e-6)
+
+
+def test_tags_the_saved_model_lacks_get_tensorflow_s_own_error(tmp_path):
+    path = save(TwoWeights(), tmp_path / "m")
+    with pytest.raises(ValueError, match="incompatible argument to `tags`"):
+        restore.load_for_signature(path, ["train"], "serving_default")
