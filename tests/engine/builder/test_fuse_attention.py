@@ -112,6 +112,26 @@ def test_split_and_merged_heads_give_packed_attention(rows_2d):
     assert [t.shape for t in attention_layer.inputs] == [(B, S, H * D), (B, T, H * D), (B, T, H * 2)]
 
 
+def test_repeated_head_layouts_all_pack_and_a_layout_with_their_shapes_alone_does_not():
+    """Layers repeating one head split all pack (the check over index arrays is answered once for them); a split that
+    reshapes [B, S, H*D] straight to [B, H, S, D] has the same shapes but other elements per head, so it does not."""
+    shapes = [(B, S, H * D), (B, T, H * D), (B, T, H * 2)]
+
+    def make():
+        net, (q, k, v) = network(*shapes)
+        for i in range(3):
+            ctx = attention(net, split(net, q, f"q{i}", S), split(net, k, f"k{i}", T), split(net, v, f"v{i}", T))
+            net.mark_output(merge(net, ctx, [B, S, H * 2]), name=f"out{i}")
+        flat = add(net, "Shuffle", [q], "q_flat", reshape=[B, H, S, D])
+        ctx = attention(net, flat, split(net, k, "k3", T), split(net, v, "v3", T))
+        net.mark_output(merge(net, ctx, [B, S, H * 2]), name="out3")
+        return net
+
+    engine = build_and_compare(make, inputs(*shapes))
+    heads = [l.params["heads"] for l in engine.network.layers if l.kind == "Attention"]
+    assert sorted(heads, key=str) == [H, H, H, None]
+
+
 def test_keras_head_layout_gives_packed_attention():
     """Keras MultiHeadAttention as converted: reshape to [B, S, H, D], then transposes (k to [B, H, D, T]), the
     context transposed back and reshaped in two Shuffles."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -154,6 +154,28 @@ def _moved(shuffles: List[Layer], shape) -> np.ndarray:
     return index
 
 
+#: _moves_as's answers by (the shuffles' parameters and output shapes, the shapes and permutation compared): every
+#: layer of a transformer asks the same questions, each over index arrays of a whole activation
+_MOVES: Dict[tuple, bool] = {}
+MAX_MOVES = 256
+
+
+def _moves_as(shuffles: List[Layer], shape, heads, perm, out_shape) -> bool:
+    """Whether `shuffles` (in order) move the elements of a tensor of `shape` as transposing one of shape `heads` by
+    `perm` and reshaping it to `out_shape` does."""
+    key = (tuple((repr(sorted(s.params.items())), s.outputs[0].shape) for s in shuffles), tuple(shape),
+           tuple(heads), tuple(perm), tuple(out_shape))
+    same = _MOVES.get(key)
+    if same is None:
+        moved = _moved(shuffles, shape)
+        same = moved.shape == tuple(out_shape) and np.array_equal(moved, _index(heads).transpose(perm).reshape(
+            out_shape))
+        if len(_MOVES) >= MAX_MOVES:
+            _MOVES.clear()
+        _MOVES[key] = same
+    return same
+
+
 def _packed(b: int, s: int, width: int) -> Tuple[Tuple[int, ...], ...]:
     return (b, s, width), (b * s, width)
 
@@ -170,8 +192,8 @@ def _split_source(t: Tensor, perm: Tuple[int, ...]) -> Optional[Tensor]:
             return None
         shuffles.insert(0, shuffle)
         t = shuffle.inputs[0]
-        if t.shape in _packed(b, s, h * d) and np.array_equal(_moved(shuffles, t.shape),
-                                                              _index((b, s, h, d)).transpose(perm)):
+        if t.shape in _packed(b, s, h * d) and _moves_as(shuffles, t.shape, (b, s, h, d), perm,
+                                                         tuple((b, s, h, d)[i] for i in perm)):
             return t
     return None
 
@@ -180,15 +202,14 @@ def _merge(network, users, t: Tensor) -> Optional[Tuple[Tensor, List[Layer]]]:
     """(packed tensor, Shuffles) when Shuffles, each the sole reader of the tensor before, merge the heads of the
     context `t` [B, H, S, Dv] into [B, S, H*Dv] or [B*S, H*Dv]."""
     b, h, s, dv = t.shape
-    heads, shuffles = _index(t.shape).transpose(HEADS), []
+    shuffles = []
     for _ in range(MAX_SHUFFLES):
         readers = users.get(t.name, ())
         if len(readers) != 1 or readers[0].kind != "Shuffle" or network.is_output(t):
             return None
         shuffles.append(readers[0])
         t = readers[0].outputs[0]
-        if t.shape in _packed(b, s, h * dv) and np.array_equal(_moved(shuffles, (b, h, s, dv)),
-                                                               heads.reshape(t.shape)):
+        if t.shape in _packed(b, s, h * dv) and _moves_as(shuffles, (b, h, s, dv), (b, h, s, dv), HEADS, t.shape):
             return t, shuffles
     return None
 
