@@ -23,7 +23,7 @@ from tftrt_py.convert.graph import GraphView, split_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
-from tftrt_py.converters import graph_io, profiles as profiles_lib, summary as summary_lib
+from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, summary as summary_lib
 from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
@@ -108,6 +108,7 @@ class TrtGraphConverterV2:
         self._variable_reads = {}  # ReadVariableOp name -> the kept variable it reads
         self._captures = {}  # Placeholder name -> the outside tensor it captures (handles of kept variables)
         self._variables = []  # the variables kept as variables (see convert.variables)
+        self._resources = {}  # captured resources that are not variables (tables): placeholder name -> trackable
         self._written = {}  # Placeholder name -> a variable the function writes (kept whatever its size)
         self._saves_variables = True  # whether save() writes them as variables (else as constants of their values)
         # TF-TRT's test-only switch (its tests' DisableNonTrtOptimizers()): only grappler's pruner runs before
@@ -148,13 +149,14 @@ class TrtGraphConverterV2:
             logger.warning("%s holds TF1 reference variables (VariableV2), which cannot stay variables in a TF2 "
                            "SavedModel: the graph will be frozen", self._input_saved_model_dir)
             self.freeze = True
-        if self.freeze:  # the loaded model goes but for its large variables: the graph holds the other weights
+        self._resources = restore.captured_resources(saved_model, func)
+        if self.freeze:  # the loaded model goes but for its large variables and its tables
             captured, self._written = self._kept_variables(func)
             self._saves_variables = sum(map(variables.nbytes, captured.values())) >= settings.KEEP_VARIABLES.get()
             kept = {**captured, **self._written}
-            graph_def, self._input_names = graph_io.frozen_graph_def(func, keep=kept)
+            graph_def, self._input_names = graph_io.frozen_graph_def(func, keep={*kept, *self._resources})
             self._captures = {internal.op.name: external for external, internal in func.graph.captures
-                              if internal.op.name in kept}
+                              if internal.op.name in kept or internal.op.name in self._resources}
             self._variables = list(kept.values())
             self._func, graph = graph_io.signature_of(func), tf.Graph()
             del saved_model, func
@@ -398,6 +400,8 @@ class TrtGraphConverterV2:
         root.tftrt_engine_assets = assets
         if tracked:
             root.tftrt_variables = tracked
+        if self._resources:
+            root.tftrt_resources = list(self._resources.values())
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
                                                 {**captures, **kept})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},

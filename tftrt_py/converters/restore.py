@@ -28,7 +28,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.saved_model import load as tf_load
 from tensorflow.python.saved_model import loader_impl, path_helpers
 
-__all__ = ["load_for_signature"]
+__all__ = ["load_for_signature", "captured_resources"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,27 @@ def load_for_signature(saved_model_dir: str, tags: List[str], signature_key: str
         variable.assign(value)
     logger.debug("restored the %d variable(s) signature %r reads", len(pending), signature_key)
     return loaded
+
+
+def captured_resources(root, func) -> Dict[str, object]:
+    """{placeholder name: the trackable owning it} for each resource `func` captures that is not one of its variables
+    (a lookup table), found among the objects `root` (the loaded SavedModel) tracks: a converted model saved again
+    must track them for TensorFlow to save their creation and initialization (a table's vocabulary asset)."""
+    handles = {id(v.handle) for v in func.variables}
+    wanted = {id(external): internal.op.name for external, internal in func.graph.captures
+              if external.dtype == tf.resource and id(external) not in handles}
+    found, seen, todo = {}, {id(root)}, [root]
+    while todo and len(found) < len(wanted):
+        obj = todo.pop()
+        handle = getattr(obj, "resource_handle", None) if not isinstance(obj, tf.Variable) else None
+        if handle is not None and id(handle) in wanted:
+            found[wanted[id(handle)]] = obj
+        children = obj._trackable_children() if hasattr(obj, "_trackable_children") else {}  # pylint: disable=W0212
+        for child in children.values():
+            if id(child) not in seen:
+                seen.add(id(child))
+                todo.append(child)
+    return found
 
 
 def _load_skipping_checkpoint(saved_model_dir: str, tags: List[str]):
