@@ -3,6 +3,7 @@ int8 layer also pays a quantize step for each operand no int8 layer writes, so a
 import itertools
 
 import numpy as np
+import pytest
 from networks import attention_block_net
 
 from tftrt_py.engine.backends.cupy.quant_planning import _Costs, settle_quantized
@@ -288,6 +289,47 @@ def test_triton_kernels_are_prefetched_only_for_layers_whose_tactic_is_not_known
     assert prefetched({"qkv"}) == [64]
     assert prefetched({"qkv", "o"}) == []
     assert prefetched(set(), prefer={"o": {"int8": True}}) == [192]
+
+
+class ChosenTactics:
+    """A tuner after keep_faster_quantized: the tactic each layer's quantized timing chose."""
+
+    def __init__(self, chosen):
+        self.chosen = chosen
+
+    def tactic_of(self, layer_name, quantized):
+        return self.chosen.get(layer_name) if quantized else None
+
+
+@pytest.mark.parametrize("stored, out, scaled, dual", [("fp16", "float16", False, False),
+                                                       ("quantized", "int8", True, False),
+                                                       ("both", "float16", True, True)])
+def test_the_program_kernel_of_each_tile_that_won_is_compiled_ahead_in_the_output_the_plan_stores(
+        monkeypatch, stored, out, scaled, dual):
+    """A layer timed writing int8 (as if every reader stayed quantized) writes fp16 where a reader then runs in FP16,
+    or int8 beside fp16 (a residual's): the tile that won is compiled for that output in threads as soon as the plan
+    is known, rather than one kernel after another while the program is laid out; only Triton tactics have one."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import quant_planning as program
+
+    attention_kernel_available(monkeypatch)
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    layers = program.quantized_layers(built, "INT8")
+    qkv = next(l for l in built.layers if l.name == "qkv").outputs[0].name
+    asked, prefetched = [], []
+    monkeypatch.setattr(program.triton_conv, "prefetch_requests",
+                        lambda jobs, tiles=None: asked.extend((job, list(tiles)) for job in jobs) or ["request"])
+    monkeypatch.setattr(program.triton, "prefetch", lambda requests, threads=False: prefetched.append((requests,
+                                                                                                       threads)))
+    plan = program.QuantPlan(layers, {}, {}, {qkv} if stored == "quantized" else set(),
+                             {qkv} if stored == "both" else set(), set())
+    tuner = ChosenTactics({"qkv": {"op": "triton_gemm_int8", "tile": [128, 64, 128, 4, 4, 1]},
+                           "o": {"op": "cublaslt_gemm_int8", "plan": 1}})
+    program._prefetch_program_kernels(built, plan, "INT8", tuner)
+    ((job, tiles),) = asked
+    assert tiles == [(128, 64, 128, 4, 4)] and job[1].cout == 192  # the QKV projection alone
+    assert (job[6], job[7] is not None, job[8]) == (out, scaled, dual)
+    assert prefetched == [(["request"], True)]
 
 
 def test_anticipating_a_build_prefetches_the_kernels_of_every_quantized_layer_whose_tactic_is_not_known(monkeypatch):

@@ -81,6 +81,31 @@ def test_a_kernel_the_process_did_not_deliver_is_compiled_here(monkeypatch):
     assert (kernel.cubin, kernel.threads, kernel.params) == (b"cubin", 256, 9)
 
 
+def test_kernels_prefetched_in_threads_compile_here_and_one_that_fails_compiles_again_where_needed(monkeypatch):
+    other = REQUEST[:1] + ("other",) + REQUEST[2:]
+    compiled = []
+
+    def artifacts(request):
+        compiled.append(request)
+        if request == other and compiled.count(other) == 1:
+            raise RuntimeError("a compile that fails in the thread")
+        return b"cubin", request[1], 4, 0, 9
+
+    monkeypatch.setattr(kernels, "artifacts", artifacts)
+    monkeypatch.setattr(kernels, "_PREFETCHED", {})
+    monkeypatch.setattr(kernels.subprocess, "Popen", None)  # no compile process
+    kernels._compile.cache_clear()
+    try:
+        kernels.prefetch([REQUEST, other, REQUEST], threads=True)
+        kernels._PREFETCHED[other].exception(timeout=10)
+        assert kernels.compile_kernel(REQUEST).name == "kernel"
+        assert kernels.compile_kernel(other).name == "other"
+        kernels.prefetch([REQUEST], threads=True)  # already asked for: not compiled again
+    finally:
+        kernels._compile.cache_clear()
+    assert compiled.count(REQUEST) == 1 and compiled.count(other) == 2
+
+
 def test_requests_are_hashable_and_order_independent():
     a = kernels.request("m", "f", {"x": "*i8", "n": "i32"}, {"B": 1, "A": 2}, 90, ("n",), 4, 3)
     b = kernels.request("m", "f", {"n": "i32", "x": "*i8"}, {"A": 2, "B": 1}, 90, ["n"], 4, 3)

@@ -197,6 +197,10 @@ class Tuner:
                 todo[sig] = (dataclasses.replace(spec, prefer=None), factory)
         return todo
 
+    def tactic_of(self, layer_name: str, quantized: bool) -> Optional[dict]:
+        """The tactic chosen for layer `layer_name` in this build (timed quantized or as a float layer), if any."""
+        return self._by_layer.get((layer_name, quantized))
+
     def knows(self, spec: Spec) -> bool:
         """A tactic of `spec` is known without timing: recorded in the plan, chosen earlier in this build, or held
         by the timing cache."""

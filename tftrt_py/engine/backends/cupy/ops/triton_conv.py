@@ -141,14 +141,15 @@ def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability:
 
 def prefetch_requests(convolutions, tiles=TILES) -> list:
     """The compile requests of every tile of `tiles` for these convolutions (for triton.prefetch): (format, geom,
-    has bias, activation, residual (batch, dtype) or None, residual scaled, output dtype, its scale or None) each,
-    those the kernel fits; none where Triton is missing."""
+    has bias, activation, residual (batch, dtype) or None, residual scaled, output dtype, the scale of the
+    quantized values it writes or None, whether it writes a quantized copy beside a float output) each, those the
+    kernel fits; none where Triton is missing."""
     if not triton.available():
         return []
     capability = int(_device.require().cuda.Device().compute_capability)
-    return [kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, False, tile, capability,
+    return [kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, dual, tile, capability,
                            out_scale)
-            for fmt, geom, bias, act, residual, scaled, out, out_scale in convolutions
+            for fmt, geom, bias, act, residual, scaled, out, out_scale, dual in convolutions
             if fits(geom, act, residual) for tile in tiles]
 
 
