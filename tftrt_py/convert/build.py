@@ -159,15 +159,14 @@ def calibration_engine(segment: SegmentGraph, input_shapes, name: str = "engine"
     Converters see INT8 (so quantization ops convert, as they will in the INT8 engines); nothing is fused. With
     `config` (the build that follows calibration), that build is anticipated meanwhile (Builder.anticipate).
     """
-    engine = CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"))
-    if config is not None and Builder(config).anticipates:
+    if config is not None and Builder(config).anticipates:  # first: its kernels compile while this engine is made
         key = (name, _shapes_key(input_shapes))
         thread = threading.Thread(target=_anticipate, args=(segment, list(input_shapes), name, config),
                                   daemon=True, name=f"anticipate-{name}")
         with _ANTICIPATING_LOCK:
             _ANTICIPATING[key] = thread
         thread.start()
-    return engine
+    return CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"))
 
 
 #: (engine name, input shapes) -> the thread anticipating that build (calibration_engine); build_engine waits for
