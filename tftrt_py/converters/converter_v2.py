@@ -24,8 +24,7 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, summary as summary_lib
-from tftrt_py.converters import memory
-from tftrt_py.converters.memory import MemoryReturn
+from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.binding import binding_of
@@ -141,10 +140,6 @@ class TrtGraphConverterV2:
             raise ValueError("Should specify calibration_input_fn because INT8 calibration is needed")
         if not self._need_calibration and calibration_input_fn:
             raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
-        with memory.stage():
-            return self._convert(calibration_input_fn)
-
-    def _convert(self, calibration_input_fn):
         library.load()
         warm_up_backend()
         saved_model, func = graph_io.load_signature(
@@ -210,6 +205,7 @@ class TrtGraphConverterV2:
         if self._need_calibration:
             self._execute_calibration(calibration_input_fn)
         self._converted = True
+        release_freed_memory()
         return self._converted_func
 
     @staticmethod
@@ -271,13 +267,13 @@ class TrtGraphConverterV2:
                                "build TensorRT engines")
         if not self._converted:
             raise RuntimeError("Need to call convert() before build()")
-        with memory.stage():
-            if self._use_dynamic_shape:
-                self._build_profiles(input_fn)
-            else:
-                for inp in input_fn():
-                    self._run(inp)
-            self._build_called_once = True
+        if self._use_dynamic_shape:
+            self._build_profiles(input_fn)
+        else:
+            for inp in input_fn():
+                self._run(inp)
+        self._build_called_once = True
+        release_freed_memory()
         if self._int8_without_calibration:
             self._check_quantization_ranges()
         for line in summary_lib.describe_native_runs(self.native_engine_ops(),
@@ -360,10 +356,10 @@ class TrtGraphConverterV2:
                              f"save into it anyway")
         asset_dir = tempfile.mkdtemp(prefix="tftrt_engines_")
         try:
-            with memory.stage():
-                self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
+            self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
         finally:
             shutil.rmtree(asset_dir, ignore_errors=True)
+            release_freed_memory()
 
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         graph_def = type(self._converted_graph_def)()

@@ -7,12 +7,11 @@ nothing. Memory TensorFlow's own allocators pool (oneDNN's, when its kernels are
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import gc
 
-__all__ = ["release_freed_memory", "stage", "MemoryReturn"]
+__all__ = ["release_freed_memory", "MemoryReturn"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,26 +34,6 @@ def release_freed_memory() -> None:
     """Collect garbage, then give the allocator's free pages back to the system (glibc only)."""
     gc.collect()
     _trim()
-
-
-@contextlib.contextmanager
-def stage():
-    """A conversion stage, after which what it freed goes back to the system (release_freed_memory). The objects
-    that exist when it starts are set aside from garbage collection meanwhile (gc.freeze), so that collection
-    looks only at what the stage made: after importing TensorFlow and Keras a full collection takes ~0.3 s
-    (millions of objects), three times a conversion. Not where the process froze objects itself (a server that
-    forks workers does), whose frozen objects stay as they are."""
-    frozen = gc.get_freeze_count() == 0
-    if frozen:
-        gc.freeze()
-    try:
-        yield
-    finally:
-        try:
-            release_freed_memory()
-        finally:
-            if frozen:
-                gc.unfreeze()
 
 
 _pending = False
