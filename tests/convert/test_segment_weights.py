@@ -104,7 +104,11 @@ def test_a_keras_export_s_weights_move_and_its_engine_op_keeps_only_the_model_s_
     functions = library(out)
     (engine,) = [n for f in functions.values() for n in f.node_def if n.op == "TRTEngineOp"]
     assert len(engine.attr["InT"].list.type) == 1 and not variables.weight_inputs(engine)
-    assert len(weight_bytes(functions[engine.attr["segment_func"].func.name])) == 2
+    segment = engine.attr["segment_func"].func.name
+    assert len(weight_bytes(functions[segment])) == 2
+    assert segment_weights.WEIGHTS_SUFFIX in segment  # a name of its own: registered without digesting it
+    (converted,) = [n for n in converter._converted_graph_def.node if n.op == "TRTEngineOp"]
+    assert converted.attr["segment_func"].func.name + segment_weights.WEIGHTS_SUFFIX in segment
     before = builds()
     got = tf.saved_model.load(out).signatures["serving_default"](tf.constant(x))
     np.testing.assert_allclose(next(iter(got.values())).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)

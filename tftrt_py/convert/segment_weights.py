@@ -11,16 +11,18 @@ microsecond a call (a Const node run, a tensor passed; keras-hub BERT-base has 7
 from __future__ import annotations
 
 import collections
+import uuid
 from typing import Dict, List, Mapping, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import tensor_shape_pb2
 
 from tftrt_py.convert.graph import split_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
 from tftrt_py.convert.variables import WEIGHT_INPUTS_ATTR, drop_unused_handles, weight_inputs
 
-__all__ = ["reads_into_segments"]
+__all__ = ["reads_into_segments", "fresh_function_name", "WEIGHTS_SUFFIX"]
 
 #: Attributes of an engine op with one entry per data input.
 _PER_INPUT_LISTS = (("InT", "type"), ("input_shapes", "shape"))
@@ -30,8 +32,9 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Tuple[Se
     """Move each read of `reads` that only one engine op's weight input uses, the only read of its variable, into
     that op's native segment function of `graph_def`'s library, as a Const of the variable's value now; drop the
     read. Only segment functions that call no other function change (their digest, engine_op.binding, is then
-    theirs alone: the caller gives the op's saved engines the new one). Returns (the reads moved, the engine ops
-    changed); the other reads stay as they were, so no value is saved twice."""
+    theirs alone: the caller gives the op's saved engines the new one), and a changed one takes a new name
+    (:func:`fresh_function_name`), so no definition of another content shares its name. Returns (the reads moved,
+    the engine ops changed); the other reads stay as they were, so no value is saved twice."""
     users: Dict[str, List[Tuple[str, int]]] = {}  # data uses only: a constant needs no control edge
     for node in graph_def.node:
         for i, ref in enumerate(node.input):
@@ -53,6 +56,9 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Tuple[Se
             _drop_input(node, i)
             moved.add(read)
             changed.add(node.name)
+        if movable:
+            fdef.signature.name = fresh_function_name(fdef.signature.name)
+            node.attr["segment_func"].func.name = fdef.signature.name
     if moved:
         kept = [n for n in graph_def.node if n.name not in moved]
         del graph_def.node[:]
@@ -62,6 +68,16 @@ def reads_into_segments(graph_def, reads: Mapping[str, tf.Variable]) -> Tuple[Se
                 node.input[:] = [ref for ref in node.input if not (ref.startswith("^") and ref[1:] in moved)]
         drop_unused_handles(graph_def)
     return moved, changed
+
+
+#: What names a native segment function holding the weights its engine op read (reads_into_segments) ends with.
+WEIGHTS_SUFFIX = "_with_weights_"
+
+
+def fresh_function_name(name: str) -> str:
+    """A name no other function has: `name` (less an earlier suffix of this kind) with WEIGHTS_SUFFIX and a random
+    hex suffix."""
+    return f"{name.split(WEIGHTS_SUFFIX)[0]}{WEIGHTS_SUFFIX}{uuid.uuid4().hex}"
 
 
 def _calls(fdef, functions) -> bool:
@@ -85,13 +101,19 @@ def _only_user(node, i: int, single) -> bool:
 def _arg_to_const(fdef, i: int, value: np.ndarray) -> None:
     """Replace argument `i` of `fdef` by a Const node holding `value` (renumbering the argument attributes)."""
     arg = fdef.signature.input_arg[i]
+    dtype = tf.as_dtype(value.dtype)
+    if dtype.as_datatype_enum != arg.type:
+        raise ValueError(f"weight for argument {arg.name} of {fdef.signature.name} is {dtype}, the argument "
+                         f"{tf.as_dtype(arg.type)}")
     const = fdef.node_def.add(name=_fresh_name(fdef, f"{arg.name}_weight"), op="Const")
-    proto = tf.make_tensor_proto(value)
-    if proto.dtype != arg.type:
-        raise ValueError(f"weight for argument {arg.name} of {fdef.signature.name} is {tf.as_dtype(proto.dtype)}, "
-                         f"the argument {tf.as_dtype(arg.type)}")
-    const.attr["dtype"].type = proto.dtype
-    const.attr["value"].tensor.CopyFrom(proto)
+    const.attr["dtype"].type = arg.type
+    tensor = const.attr["value"].tensor
+    if value.dtype.kind in "iuf" and value.size > 1:  # as make_tensor_proto writes it, without its proto's copy
+        tensor.dtype = arg.type
+        tensor.tensor_shape.dim.extend(tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in value.shape)
+        tensor.tensor_content = np.ascontiguousarray(value).tobytes()
+    else:
+        tensor.CopyFrom(tf.make_tensor_proto(value))
     output = f"{const.name}:output:0"
     for node in fdef.node_def:
         node.input[:] = [output if ref == arg.name or ref == f"{arg.name}:0" else ref for ref in node.input]

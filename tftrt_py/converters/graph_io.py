@@ -24,6 +24,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
+from tftrt_py.convert import segment_weights
 from tftrt_py.convert.graph import LARGE_CONST_BYTES, function_without_weights, restore_weights, without_weights
 from tftrt_py.convert.rewrite import ENGINE_OP
 from tftrt_py.converters import restore
@@ -388,7 +389,8 @@ def _holds_weights(fdef) -> bool:
     return any(n.op == "Const" and n.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES for n in fdef.node_def)
 
 
-#: Native segment function name -> (digest of its definition, weak reference to its AtomicFunction).
+#: Native segment function name -> (digest of its definition, or None for a fresh name; weak reference to its
+#: AtomicFunction).
 _SEGMENTS: Dict[str, Tuple[bytes, weakref.ref]] = {}
 
 
@@ -397,9 +399,11 @@ def _segment_function(fdef):
     functions made from the same definition share it, and the last of them to go takes it out of the context
     (TensorFlow counts the AtomicFunctions of each name)."""
     name = fdef.signature.name
-    digest = hashlib.sha256(fdef.SerializeToString(deterministic=True)).digest()
+    digest = None  # a name of fresh_function_name has no other definition (a 0.4 GB one takes 1.2 s to digest)
+    if segment_weights.WEIGHTS_SUFFIX not in name:
+        digest = hashlib.sha256(fdef.SerializeToString(deterministic=True)).digest()
     known = _SEGMENTS.get(name)
-    atomic = known[1]() if known is not None and known[0] == digest else None
+    atomic = known[1]() if known is not None and digest is not None and known[0] == digest else None
     if atomic is not None:
         return atomic
     ctx = context.context()
