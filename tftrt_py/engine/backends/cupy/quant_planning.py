@@ -412,9 +412,9 @@ def _prefetch_program_kernels(net, plan: "QuantPlan", precision: str, tuner: Tun
     """Start compiling, in threads here, the kernels the program will run that its layers' timing did not compile:
     a layer timed writing its output quantized (as if every reader stayed quantized) writes fp16 in the program,
     or a quantized copy beside it, where a reader then runs in FP16; the tile that won stays its tactic
-    (Tuner._of_this_layer), in the kernel of that output. Compiled one after another as the program is laid out,
-    ResNet-50's three such kernels took 3.2 s of an H200 machine's conversion; Triton releases the GIL for most of
-    a compile (4 kernels: 1.7 s in 4 threads, 3.7 s one after another)."""
+    (Tuner._of_this_layer), in the kernel of that output. Compiled as the program is laid out, each held it up
+    1-2 s in a fresh ResNet-50 INT8 conversion on an H200 machine (one or two such kernels); Triton releases the GIL
+    for most of a compile (4 kernels: 1.7 s in 4 threads, 3.7 s one after another)."""
     requests = []
     for layer in net.layers:
         record = tuner.tactic_of(layer.name, quantized=True) if layer.name in plan.layers else None
