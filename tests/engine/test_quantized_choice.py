@@ -277,7 +277,7 @@ def test_triton_kernels_are_prefetched_only_for_layers_whose_tactic_is_not_known
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
     layers = program.quantized_layers(built, "INT8")
     asked = []
-    monkeypatch.setattr(program.triton_conv, "prefetch_requests", lambda layers, tiles=None: list(layers))
+    monkeypatch.setattr(program.triton_conv, "prefetch_requests", lambda layers, count, tiles=None: list(layers))
     monkeypatch.setattr(program.triton, "prefetch", asked.extend)
 
     def prefetched(known, prefer=None):
@@ -318,7 +318,7 @@ def test_the_program_kernel_of_each_tile_that_won_is_compiled_ahead_in_the_outpu
     qkv = next(l for l in built.layers if l.name == "qkv").outputs[0].name
     asked, prefetched = [], []
     monkeypatch.setattr(program.triton_conv, "prefetch_requests",
-                        lambda jobs, tiles=None: asked.extend((job, list(tiles)) for job in jobs) or ["request"])
+                        lambda jobs, count, tiles=None: asked.extend((job, list(tiles)) for job in jobs) or ["request"])
     monkeypatch.setattr(program.triton, "prefetch", lambda requests, threads=False: prefetched.append((requests,
                                                                                                        threads)))
     plan = program.QuantPlan(layers, {}, {}, {qkv} if stored == "quantized" else set(),
@@ -342,7 +342,7 @@ def test_anticipating_a_build_prefetches_the_kernels_of_every_quantized_layer_wh
     attention_kernel_available(monkeypatch)
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
     asked = []
-    monkeypatch.setattr(program.triton_conv, "prefetch_requests", lambda layers, tiles=None: list(layers))
+    monkeypatch.setattr(program.triton_conv, "prefetch_requests", lambda layers, count, tiles=None: list(layers))
     monkeypatch.setattr(program.triton, "prefetch", asked.extend)
     program.anticipate(built, "INT8", KnownTactics({"qkv"}), BuildOptions())
     assert sorted(geom.cout for _, geom, *_ in asked) == [64]

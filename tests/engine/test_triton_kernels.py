@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -127,6 +128,53 @@ def test_a_step_reads_the_tiles_bk_bytes_where_they_divide_the_channels_or_a_ste
                                          tile, 90)
     constexprs = dict(request[3])
     assert (constexprs["BK"], constexprs["SMALL_C"]) == (bk, small_c) and request[5:7] == (4, 3)
+
+
+def resnet_conv(batch, hw, c, cout, kernel=(1, 1)):
+    """A stride-1 convolution of ResNet-50's shape: `batch` images of hw x hw pixels, c -> cout channels."""
+    pad = kernel[0] // 2
+    return ConvGeom(batch, (hw, hw), c, cout, kernel, 1, (1, 1), (1, 1), (pad, pad), (pad, pad), (hw, hw))
+
+
+def test_every_size_class_ranks_every_tile_once():
+    for order in triton_conv.TILE_ORDERS.values():
+        assert sorted(order) == sorted(triton_conv.TILES)
+
+
+@pytest.mark.parametrize("conv, size", [
+    (resnet_conv(128, 56, 64, 64, (3, 3)), "narrow"),   # 64 output channels: BN 64 tiles first
+    (resnet_conv(1, 7, 512, 2048), "small"),            # 49 rows: a fraction of one wave of 128x128 tiles
+    (resnet_conv(8, 28, 128, 512), "medium"),           # 49 x 4 tiles: 1.5 waves on 132 SMs
+    (resnet_conv(128, 28, 128, 512), "large"),          # 784 x 4 tiles: 24 waves
+])
+def test_a_convolution_is_timed_with_the_first_tiles_of_its_size_class(conv, size):
+    assert triton_conv.size_class(conv, 132) == size
+    assert triton_conv.conv_tiles(conv, 132, 3) == tuple(triton_conv.kernel_tile(conv, t)
+                                                         for t in triton_conv.TILE_ORDERS[size][:3])
+
+
+def test_tiles_that_compile_to_one_kernel_count_once_and_a_count_of_eight_is_every_tile():
+    conv = resnet_conv(128, 56, 64, 64, (3, 3))  # 64 channels: a BK of 128 steps through 64 of them
+    tiles = triton_conv.conv_tiles(conv, 132, 3)
+    assert len(set(tiles)) == 3 and all(t[2] == 64 for t in tiles)
+    every = {triton_conv.kernel_tile(conv, t) for t in triton_conv.TILES}
+    assert set(triton_conv.conv_tiles(conv, 132, 8)) == every and len(every) < 8
+    assert len(triton_conv.conv_tiles(conv, 132, 0)) == 1
+
+
+def test_the_kernels_compiled_ahead_are_those_the_build_times(monkeypatch):
+    """prefetch_requests asks for the conv_tiles of each convolution on this GPU (its SM count), in the geometry the
+    kernel runs it in; given tiles (a MatrixMultiply's, a recorded one) are asked for as they are."""
+    device = types.SimpleNamespace(compute_capability="90", attributes={"MultiProcessorCount": 132})
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: device))
+    monkeypatch.setattr(triton_conv.triton, "available", lambda: True)
+    monkeypatch.setattr(triton_conv._device, "require", lambda: cupy)
+    conv = resnet_conv(8, 28, 128, 512)
+    job = ("INT8", conv, True, {"type": "relu"}, None, False, "int8", 0.05, False)
+    asked = [dict(r[3]) for r in triton_conv.prefetch_requests([job], 3)]
+    assert [(c["BM"], c["BN"], c["BK"]) for c in asked] == [t[:3] for t in triton_conv.conv_tiles(conv, 132, 3)]
+    given = triton_conv.prefetch_requests([job], 3, [(64, 64, 64, 4, 3)])
+    assert [(dict(r[3])["BM"], r[5], r[6]) for r in given] == [(64, 4, 3)]
 
 
 @pytest.mark.parametrize("change, fits", [({}, True), ({"pre": (0, 0), "post": (1, 1)}, True),  # TF's SAME

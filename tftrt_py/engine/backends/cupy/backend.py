@@ -63,6 +63,7 @@ class CupyBackend(Backend):
         return BuildOptions(allow_tf32=allow_tf32, max_workspace=int(cfg.get("max_workspace_size", 1 << 30)),
                             cudnn_plans=settings.CUDNN_PLANS.get(),
                             cudnn_runtime_plans=settings.CUDNN_RUNTIME_PLANS.get(),
+                            triton_tiles=settings.TRITON_TILES.get(),
                             strict_types=strict_types(cfg), timing_cache=timing_cache.for_build())
 
     def anticipate(self, network, precision: str, build_config: dict) -> None:

@@ -404,8 +404,8 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
         job = _triton_job(layer, fmt, direct, set())
         if job is not None:
             jobs[job[0]].append(job[1])
-    triton.prefetch(triton_conv.prefetch_requests(jobs["conv"])
-                    + triton_conv.prefetch_requests(jobs["gemm"], triton_conv.GEMM_TILES))
+    triton.prefetch(triton_conv.prefetch_requests(jobs["conv"], options.triton_tiles)
+                    + triton_conv.prefetch_requests(jobs["gemm"], options.triton_tiles, triton_conv.GEMM_TILES))
 
 
 def _prefetch_program_kernels(net, plan: "QuantPlan", precision: str, tuner: Tuner) -> None:
@@ -422,7 +422,7 @@ def _prefetch_program_kernels(net, plan: "QuantPlan", precision: str, tuner: Tun
             continue
         job = _triton_job(layer, _quant_format(layer, precision), plan.direct, plan.dual)
         if job is not None:
-            requests += triton_conv.prefetch_requests([job[1]], [tuple(record["tile"][:5])])
+            requests += triton_conv.prefetch_requests([job[1]], 1, [tuple(record["tile"][:5])])
     triton.prefetch(requests, threads=True)
 
 

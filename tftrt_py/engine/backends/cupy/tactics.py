@@ -312,6 +312,7 @@ class Tuner:
             options = {"allow_tf32": bool(o.allow_tf32), "strict_types": bool(o.strict_types),
                        "max_workspace": int(o.max_workspace),
                        "cudnn_plans": o.cudnn_plans, "cudnn_runtime_plans": o.cudnn_runtime_plans,
+                       "triton_tiles": o.triton_tiles,
                        "gemm": settings.GEMM.raw(), "int8_conv": settings.INT8_CONV.raw(),
                        "fp8_conv": settings.FP8_CONV.raw()}
             self._context = TimingKey.of("", options, device_versions())

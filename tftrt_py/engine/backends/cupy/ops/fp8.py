@@ -119,7 +119,7 @@ def fp8_conv_candidates(spec: Spec) -> List[Op]:
     force = settings.FP8_CONV.get()  # tests: only this path ("triton", "fused" or "conv")
     cands: List[Op] = []
     if prefer.get("op") in (None, "triton_conv_fp8") and force in (None, "triton"):
-        cands += triton_conv_candidates("FP8", geom, w, deq, residual, prefer)
+        cands += triton_conv_candidates("FP8", geom, w, deq, residual, prefer, opts.triton_tiles)
     fused = out_dtype != FP8.storage and deq.res_scale is None  # cuDNN's graph writes floats, adds floats
     for fusion in (("fused",) if fused else ()) + ("conv",):
         if (_device.cudnn_module() is None or prefer.get("op") not in (None, "cudnn_conv_fp8")

@@ -270,7 +270,7 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
                     ops = [QuantizeAfterOp(op, quantize) for op in ops]
                 cands += ops
     if prefer.get("op") in (None, "triton_conv_int8") and force in (None, "triton"):
-        cands += triton_conv_candidates("INT8", geom, w, deq, residual, prefer)
+        cands += triton_conv_candidates("INT8", geom, w, deq, residual, prefer, opts.triton_tiles)
     want_gemm = (prefer.get("op") == "gemm_conv_int8" or (not prefer and (geom.pointwise_gemm() or geom.c < PAD))
                  or not cands)
     if want_gemm and force in (None, "gemm"):

@@ -21,17 +21,34 @@ from tftrt_py.engine.backends.cupy.ops.base import Op
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
-__all__ = ["TILES", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
+__all__ = ["TILES", "TILE_ORDERS", "conv_tiles", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
            "gemm_geom", "prefetch_requests", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
 
 logger = logging.getLogger(__name__)
 
-#: Kernels compiled per layer: (BM pixels, BN channels, BK bytes of K a step, warps, pipeline stages): the eight
-#: that won ResNet-50's convolutions at batch 128 on an H100 out of sixteen tried (benchmarks/probes/quantized_conv_probe.py
-#: --tiles; BK 128 won most layers of 128 channels or more, 8-warp tiles none). A layer whose channels BK does not
-#: divide steps through 64 (or 32) of them.
+#: Kernels a convolution may be timed with: (BM pixels, BN channels, BK bytes of K a step, warps, pipeline stages):
+#: the eight that won ResNet-50's convolutions at batch 128 on an H100 out of sixteen tried
+#: (benchmarks/probes/quantized_conv_probe.py --tiles; BK 128 won most layers of 128 channels or more, 8-warp tiles
+#: none). A layer whose channels BK does not divide steps through 64 (or 32) of them.
 TILES = ((128, 128, 128, 4, 3), (64, 128, 128, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3), (128, 64, 64, 4, 4),
          (64, 64, 64, 4, 3), (128, 128, 64, 4, 3), (128, 64, 64, 4, 2))
+#: The order in which the tiles suit a convolution, by its shape: "narrow" (64 output channels or fewer), "small"
+#: (under one wave of 128x128 output tiles on the GPU's SMs), "medium" (one to four waves), "large". A build
+#: compiles and times the first BuildOptions.triton_tiles of its class (each kernel costs about a second of a CPU
+#: core to compile). Measured with every tile timed on ResNet-50's INT8 and FP8 layers on an H200: with the first
+#: three, the sum of the layers' best times was within 1.3% of the best of all eight at batch 1 and 0.2% at batches
+#: 8, 32 and 128 (single layers: up to 20% at batch 1, 3% at the larger batches); one order for every size lost up to
+#: 12%.
+TILE_ORDERS = {
+    "narrow": ((128, 64, 64, 4, 4), (128, 64, 128, 4, 3), (128, 64, 64, 4, 2), (64, 64, 128, 4, 3),
+               (64, 64, 64, 4, 3), (64, 128, 128, 4, 3), (128, 128, 128, 4, 3), (128, 128, 64, 4, 3)),
+    "small": ((64, 128, 128, 4, 3), (64, 64, 128, 4, 3), (128, 64, 128, 4, 3), (64, 64, 64, 4, 3),
+              (128, 64, 64, 4, 4), (128, 64, 64, 4, 2), (128, 128, 128, 4, 3), (128, 128, 64, 4, 3)),
+    "medium": ((128, 64, 64, 4, 2), (128, 128, 128, 4, 3), (64, 128, 128, 4, 3), (128, 128, 64, 4, 3),
+               (128, 64, 128, 4, 3), (128, 64, 64, 4, 4), (64, 64, 128, 4, 3), (64, 64, 64, 4, 3)),
+    "large": ((128, 128, 128, 4, 3), (128, 128, 64, 4, 3), (64, 128, 128, 4, 3), (128, 64, 128, 4, 3),
+              (128, 64, 64, 4, 4), (128, 64, 64, 4, 2), (64, 64, 128, 4, 3), (64, 64, 64, 4, 3)),
+}
 #: Kernels compiled per MatrixMultiply (a 1x1 convolution over its rows, see triton_matmul_candidates): larger tiles
 #: and deeper pipelines than a convolution's, for K of 768 to 3072.
 GEMM_TILES = ((128, 128, 128, 4, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3), (128, 128, 128, 8, 4),
@@ -105,6 +122,21 @@ def kernel_tile(geom: ConvGeom, tile) -> Tuple[int, ...]:
     return bm, bn, bk, warps, stages
 
 
+def size_class(geom: ConvGeom, sms: int) -> str:
+    """The TILE_ORDERS class of a convolution on a GPU of `sms` multiprocessors."""
+    if geom.cout <= 64:
+        return "narrow"
+    waves = -(-geom.rows // 128) * -(-geom.cout // 128) / max(sms, 1)
+    return "small" if waves < 1 else "medium" if waves < 4 else "large"
+
+
+def conv_tiles(geom: ConvGeom, sms: int, count: int) -> Tuple[Tuple[int, ...], ...]:
+    """The first `count` distinct kernels (kernel_tile) of TILES in the order of this convolution's size class."""
+    preferred = TILE_ORDERS[size_class(geom, sms)]
+    order = [t for t in preferred if t in TILES] + [t for t in TILES if t not in preferred]
+    return tuple(dict.fromkeys(kernel_tile(geom, t) for t in order))[:max(1, count)]
+
+
 def clamps_in_fp16(fmt: str, out_scale: Optional[float]) -> bool:
     """Whether the kernel clamps int8 outputs of this scale in fp16 (its _requantize): 127 times the scale a normal
     fp16 value (up to 65000: its fp16 rounding stays finite)."""
@@ -139,18 +171,23 @@ def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability:
                           deq.out_dtype, deq.dual_scale is not None, tile, capability, deq.requant_scale)
 
 
-def prefetch_requests(convolutions, tiles=TILES) -> list:
-    """The compile requests of every tile of `tiles` for these convolutions (for triton.prefetch): (format, geom,
-    has bias, activation, residual (batch, dtype) or None, residual scaled, output dtype, the scale of the
-    quantized values it writes or None, whether it writes a quantized copy beside a float output) each, those the
-    kernel fits; none where Triton is missing."""
+def prefetch_requests(convolutions, count: int, tiles=None) -> list:
+    """The compile requests of these convolutions' kernels (for triton.prefetch): `tiles` each, or by default the
+    `count` of conv_tiles; a job is (format, geom, has bias, activation, residual (batch, dtype) or None, residual
+    scaled, output dtype, the scale of the quantized values it writes or None, whether it writes a quantized copy
+    beside a float output), those the kernel fits; none where Triton is missing."""
     if not triton.available():
         return []
-    capability = int(_device.require().cuda.Device().compute_capability)
-    return [kernel_request(fmt, pixel_pairs(fmt, geom), bias, act, residual, scaled, out, dual, tile, capability,
-                           out_scale)
-            for fmt, geom, bias, act, residual, scaled, out, out_scale, dual in convolutions
-            if fits(geom, act, residual) for tile in tiles]
+    device = _device.require().cuda.Device()
+    capability, sms = int(device.compute_capability), device.attributes["MultiProcessorCount"]
+    requests = []
+    for fmt, geom, bias, act, residual, scaled, out, out_scale, dual in convolutions:
+        if not fits(geom, act, residual):
+            continue
+        geom = pixel_pairs(fmt, geom)
+        requests += [kernel_request(fmt, geom, bias, act, residual, scaled, out, dual, tile, capability, out_scale)
+                     for tile in (tiles or conv_tiles(geom, sms, count))]
+    return requests
 
 
 class TritonConvOp(Op):
@@ -174,24 +211,26 @@ class TritonConvOp(Op):
 
 
 def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
-                           prefer: dict, tiles=TILES) -> List[Op]:
-    """Each kernel of `tiles` (prefetched, or compiled side by side here) with each grid of GRIDS, or the recorded
-    tile when it is one of them (a plan's other values are not compiled); none where Triton is missing or the
-    convolution does not fit."""
+                           prefer: dict, count: int, tiles=None) -> List[Op]:
+    """Each kernel of `tiles` (by default the `count` of conv_tiles; prefetched, or compiled side by side here) with
+    each grid of GRIDS, or the recorded tile when it is any of TILES's (or of `tiles`) with a grid of GRIDS (a
+    plan's other values are not compiled); none where Triton is missing or the convolution does not fit."""
     if not triton.available() or not fits(geom, deq.activation, residual):
         return []
     paired = pixel_pairs(fmt, geom)
     if paired is not geom:
         w = _device.require().asarray(pixel_pair_weights(w.get(), geom, paired))
         geom = paired
-    tiles = list(dict.fromkeys(kernel_tile(geom, t) + (g,) for t in tiles for g in GRIDS))
-    recorded = prefer.get("tile")
-    if isinstance(recorded, list) and tuple(recorded) in tiles:
-        tiles = [tuple(recorded)]
-    kernels = {t[:5]: None for t in tiles}
-
     device = _device.require().cuda.Device()
     capability, sms = int(device.compute_capability), device.attributes["MultiProcessorCount"]
+    recorded = prefer.get("tile")
+    known = {kernel_tile(geom, t) + (g,) for t in (tiles or TILES) for g in GRIDS}
+    if isinstance(recorded, list) and tuple(recorded) in known:
+        tiles = [tuple(recorded)]
+    else:
+        tiles = [kernel_tile(geom, t) + (g,) for t in (tiles or conv_tiles(geom, sms, count)) for g in GRIDS]
+        tiles = list(dict.fromkeys(tiles))
+    kernels = {t[:5]: None for t in tiles}
 
     def build(tile):
         try:
@@ -232,7 +271,7 @@ def triton_matmul_candidates(fmt: str, spec, deq: Dequant) -> List[Op]:
         return []
     rows, kp, n, w = operands
     ops = triton_conv_candidates(fmt, gemm_geom(rows, kp, n), _device.require().asarray(w), deq, None,
-                                 spec.prefer or {}, GEMM_TILES)
+                                 spec.prefer or {}, len(GEMM_TILES), GEMM_TILES)
     for op in ops:
         op.tactic["op"] = f"triton_gemm_{fmt.lower()}"
     return ops
