@@ -165,16 +165,38 @@ def test_tiles_that_compile_to_one_kernel_count_once_and_a_count_of_eight_is_eve
 def test_the_kernels_compiled_ahead_are_those_the_build_times(monkeypatch):
     """prefetch_requests asks for the conv_tiles of each convolution on this GPU (its SM count), in the geometry the
     kernel runs it in; given tiles (a MatrixMultiply's, a recorded one) are asked for as they are."""
-    device = types.SimpleNamespace(compute_capability="90", attributes={"MultiProcessorCount": 132})
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: device))
-    monkeypatch.setattr(triton_conv.triton, "available", lambda: True)
-    monkeypatch.setattr(triton_conv._device, "require", lambda: cupy)
+    fake_gpu(monkeypatch)
     conv = resnet_conv(8, 28, 128, 512)
     job = ("INT8", conv, True, {"type": "relu"}, None, False, "int8", 0.05, False)
     asked = [dict(r[3]) for r in triton_conv.prefetch_requests([job], 3)]
     assert [(c["BM"], c["BN"], c["BK"]) for c in asked] == [t[:3] for t in triton_conv.conv_tiles(conv, 132, 3)]
     given = triton_conv.prefetch_requests([job], 3, [(64, 64, 64, 4, 3)])
     assert [(dict(r[3])["BM"], r[5], r[6]) for r in given] == [(64, 4, 3)]
+
+
+def fake_gpu(monkeypatch, sms=132):
+    """triton_conv on a fake GPU of `sms` SMs whose every kernel compiles (to a stand-in)."""
+    device = types.SimpleNamespace(compute_capability="90", attributes={"MultiProcessorCount": sms})
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: device))
+    monkeypatch.setattr(triton_conv.triton, "available", lambda: True)
+    monkeypatch.setattr(triton_conv._device, "require", lambda: cupy)
+    monkeypatch.setattr(triton_conv.triton, "compile_kernel", lambda request: ("kernel", request))
+
+
+DEQ = types.SimpleNamespace(bias=None, activation={"type": "relu"}, res_scale=None, out_dtype="int8",
+                            dual_scale=None, requant_scale=0.05, nbytes=0)
+
+
+def test_grids_that_launch_a_program_a_tile_are_timed_once(monkeypatch):
+    """A persistent grid of 1, 2 or 4 programs an SM launches as many programs as a small layer has tiles, as grid 0
+    does: the same launch, timed once; a large layer keeps each grid."""
+    fake_gpu(monkeypatch)
+    w = np.zeros(1, np.int8)
+    small = triton_conv.triton_conv_candidates("INT8", resnet_conv(1, 7, 512, 2048), w, DEQ, None, {}, 3)
+    assert len(small) == 3 and all(op.tactic["tile"][5] == 0 for op in small)
+    large = triton_conv.triton_conv_candidates("INT8", resnet_conv(128, 28, 128, 512), w, DEQ, None, {}, 3)
+    assert len(large) == 3 * len(triton_conv.GRIDS)
+    assert len({(tuple(op.tactic["tile"][:5]), op.grid) for op in large}) == len(large)
 
 
 @pytest.mark.parametrize("change, fits", [({}, True), ({"pre": (0, 0), "post": (1, 1)}, True),  # TF's SAME

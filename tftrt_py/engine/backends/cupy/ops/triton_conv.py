@@ -213,7 +213,7 @@ class TritonConvOp(Op):
 def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
                            prefer: dict, count: int, tiles=None) -> List[Op]:
     """Each kernel of `tiles` (by default the `count` of conv_tiles; prefetched, or compiled side by side here) with
-    each grid of GRIDS, or the recorded tile when it is any of TILES's (or of `tiles`) with a grid of GRIDS (a
+    each distinct grid of GRIDS, or the recorded tile when it is any of TILES's (or of `tiles`) with a grid of GRIDS (a
     plan's other values are not compiled); none where Triton is missing or the convolution does not fit."""
     if not triton.available() or not fits(geom, deq.activation, residual):
         return []
@@ -241,7 +241,12 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
 
     with concurrent.futures.ThreadPoolExecutor(len(kernels)) as pool:
         kernels = dict(zip(kernels, pool.map(build, kernels)))
-    return [TritonConvOp(fmt, geom, w, deq, kernels[t[:5]], t, sms) for t in tiles if kernels[t[:5]]]
+    ops = {}  # a grid of more programs than tiles launches one a tile, as grid 0 does: timed once
+    for t in tiles:
+        if kernels[t[:5]]:
+            op = TritonConvOp(fmt, geom, w, deq, kernels[t[:5]], t, sms)
+            ops.setdefault((t[:5], op.grid), op)
+    return list(ops.values())
 
 
 def gemm_geom(rows: int, k: int, n: int) -> ConvGeom:
