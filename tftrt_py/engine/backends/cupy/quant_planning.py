@@ -405,7 +405,7 @@ def _prefetch_triton_kernels(net, layers: Dict[str, List[Tuple[int, bool]]], pre
         if job is not None:
             jobs[job[0]].append(job[1])
     triton.prefetch(triton_conv.prefetch_requests(jobs["conv"], options.triton_tiles)
-                    + triton_conv.prefetch_requests(jobs["gemm"], options.triton_tiles, triton_conv.GEMM_TILES))
+                    + triton_conv.prefetch_requests(jobs["gemm"], len(triton_conv.GEMM_TILES), triton_conv.GEMM_TILES))
 
 
 def _prefetch_program_kernels(net, plan: "QuantPlan", precision: str, tuner: Tuner) -> None:

@@ -21,8 +21,9 @@ from tftrt_py.engine.backends.cupy.ops.base import Op
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
-__all__ = ["TILES", "TILE_ORDERS", "conv_tiles", "GEMM_TILES", "GRIDS", "TritonConvOp", "triton_conv_candidates", "triton_matmul_candidates",
-           "gemm_geom", "prefetch_requests", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
+__all__ = ["TILES", "TILE_ORDERS", "size_class", "conv_tiles", "GEMM_TILES", "GRIDS", "TritonConvOp",
+           "triton_conv_candidates", "triton_matmul_candidates", "gemm_geom", "prefetch_requests", "kernel_request",
+           "clamps_in_fp16", "QUANTIZED_POINTERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def conv_tiles(geom: ConvGeom, sms: int, count: int) -> Tuple[Tuple[int, ...], .
     """The first `count` distinct kernels (kernel_tile) of TILES in the order of this convolution's size class."""
     preferred = TILE_ORDERS[size_class(geom, sms)]
     order = [t for t in preferred if t in TILES] + [t for t in TILES if t not in preferred]
-    return tuple(dict.fromkeys(kernel_tile(geom, t) for t in order))[:max(1, count)]
+    return tuple(dict.fromkeys(kernel_tile(geom, t) for t in order))[:count]
 
 
 def clamps_in_fp16(fmt: str, out_scale: Optional[float]) -> bool:
@@ -213,8 +214,8 @@ class TritonConvOp(Op):
 def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: Optional[Tuple[int, str]],
                            prefer: dict, count: int, tiles=None) -> List[Op]:
     """Each kernel of `tiles` (by default the `count` of conv_tiles; prefetched, or compiled side by side here) with
-    each distinct grid of GRIDS, or the recorded tile when it is any of TILES's (or of `tiles`) with a grid of GRIDS (a
-    plan's other values are not compiled); none where Triton is missing or the convolution does not fit."""
+    each distinct grid of GRIDS, or the recorded tile when it is one of TILES's (or of `tiles`) with a grid of GRIDS
+    (a plan's other values are not compiled); none where Triton is missing or the convolution does not fit."""
     if not triton.available() or not fits(geom, deq.activation, residual):
         return []
     paired = pixel_pairs(fmt, geom)
