@@ -38,8 +38,8 @@ TILES = ((128, 128, 128, 4, 3), (64, 128, 128, 4, 3), (64, 64, 128, 4, 3), (128,
 #: compiles and times the first BuildOptions.triton_tiles of its class (each kernel costs about a second of a CPU
 #: core to compile). Measured with every tile timed on ResNet-50's INT8 and FP8 layers on an H200: with the first
 #: three, the sum of the layers' best times was within 1.3% of the best of all eight at batch 1 and 0.2% at batches
-#: 8, 32 and 128 (single layers: up to 20% at batch 1, 3% at the larger batches); one order for every size lost up to
-#: 12%.
+#: 8, 32 and 128 (single layers: up to 20% at batch 1, 3% at the larger batches); the best three tiles for every
+#: size at once lost 6% at one of those batches.
 TILE_ORDERS = {
     "narrow": ((128, 64, 64, 4, 4), (128, 64, 128, 4, 3), (128, 64, 64, 4, 2), (64, 64, 128, 4, 3),
                (64, 64, 64, 4, 3), (64, 128, 128, 4, 3), (128, 128, 128, 4, 3), (128, 128, 64, 4, 3)),
