@@ -117,3 +117,36 @@ def test_calibrators_by_name():
     assert get_calibrator("MinMax").name == "minmax"
     with pytest.raises(ValueError, match="unknown calibration algorithm 'kl'; use one of entropy, minmax, percentile"):
         get_calibrator("kl")
+
+
+
+class HostDevice:
+    """A backend's device statistics (Backend.finite_abs_max, Backend.bin_counts) computed with numpy: the cupy
+    backend's kernels are held to these by tests/engine/gpu/test_calibration_on_gpu.py."""
+
+    @staticmethod
+    def finite_abs_max(a):
+        finite = np.abs(a[np.isfinite(a)])
+        return float(finite.max()) if finite.size else -1.0
+
+    @staticmethod
+    def bin_counts(a, scale, bins):
+        finite = np.abs(a[np.isfinite(a)]).astype(np.float32)
+        return np.bincount(np.minimum(finite * np.float32(scale), np.float32(bins - 1)).astype(np.int64),
+                           minlength=bins)
+
+
+def test_a_histogram_counts_a_device_array_from_its_devices_statistics_as_it_counts_a_host_array():
+    """Zeros first (every finite value in bin 0), then ranges that grow; NaN and inf left out; a batch of only
+    non-finite values counts nothing."""
+    rng = np.random.default_rng(4)
+    host, device = Histogram(), Histogram()
+    batches = [np.zeros(100, np.float32), np.array([np.nan, np.inf], np.float32)]
+    batches += [rng.standard_normal(5_003).astype(np.float32) * (1 + i) for i in range(3)]
+    batches[-1][:3] = [np.nan, -np.inf, 0.0]
+    for a in batches:
+        host.add(a)
+        device.add(a, HostDevice)
+        assert device.upper == host.upper and device.amax == host.amax
+        np.testing.assert_array_equal(device.counts, host.counts)
+    assert host.counts.sum() == pytest.approx(100 + 5_003 * 3 - 2)

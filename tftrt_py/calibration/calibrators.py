@@ -44,8 +44,13 @@ class Histogram:
     def edges(self) -> np.ndarray:
         return np.linspace(0.0, self.upper, len(self.counts) + 1)
 
-    def add(self, values) -> None:
-        """Count the finite values of `values` (calibration runs this for every tensor of every batch)."""
+    def add(self, values, device=None) -> None:
+        """Count the finite values of `values` (calibration runs this for every tensor of every batch): a host
+        array, or with `device` (a backend that calibrates on its device) an array of that backend's, counted there
+        by the same arithmetic (Backend.finite_abs_max and Backend.bin_counts)."""
+        if device is not None:
+            self._add_on(device, values)
+            return
         a = np.asarray(values, np.float32).ravel()
         if not a.size:
             return
@@ -66,6 +71,19 @@ class Histogram:
             self.counts[0] += a.size
             return
         self.counts += _bin_counts(a, np.float32(n / self.upper), n)
+
+    def _add_on(self, device, values) -> None:
+        top = device.finite_abs_max(values)
+        if top < 0.0:  # no finite value
+            return
+        self.amax = max(self.amax, top)
+        if not self.binned:
+            return
+        if top > self.upper:
+            self._grow(top)
+        n = len(self.counts)
+        # only zeros so far (upper 0): each finite value counts in bin 0, as a scale of 0 puts it
+        self.counts += device.bin_counts(values, np.float32(n / self.upper if self.upper else 0.0), n)
 
     def _grow(self, upper: float) -> None:
         if self.upper > 0.0:

@@ -154,7 +154,8 @@ def build_engine(segment, input_shapes, name: str = "engine", config: BuilderCon
 
 def calibration_engine(segment: SegmentGraph, input_shapes, name: str = "engine",
                        config: Optional[BuilderConfig] = None):
-    """The FP32 engine an INT8 op runs while it calibrates, recording its tensors (see calibration.collector).
+    """The FP32 engine an INT8 op runs while it calibrates, recording its tensors (see calibration.collector): on
+    the device of `config`'s backend where that backend calibrates there, else on the host.
 
     Converters see INT8 (so quantization ops convert, as they will in the INT8 engines); nothing is fused. With
     `config` (the build that follows calibration), that build is anticipated meanwhile (Builder.anticipate).
@@ -166,7 +167,8 @@ def calibration_engine(segment: SegmentGraph, input_shapes, name: str = "engine"
         with _ANTICIPATING_LOCK:
             _ANTICIPATING[key] = thread
         thread.start()
-    return CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"))
+    return CalibrationEngine(network_from_segment(segment, input_shapes, name=name, precision="INT8"),
+                             backend=config.backend if config is not None else None)
 
 
 #: (engine name, input shapes) -> the thread anticipating that build (calibration_engine); build_engine waits for

@@ -13,6 +13,7 @@ from typing import AbstractSet, Callable, Dict, List, Mapping, Optional, Sequenc
 import numpy as np
 
 from tftrt_py import settings
+from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.types import PRECISIONS
 
 __all__ = ["Backend", "Runner", "Allocate", "Call", "deliver", "flag", "strict_types"]
@@ -94,6 +95,29 @@ class Backend(abc.ABC):
         """Start, in the background, the slowest work of a later build of `network` (optimized, its precisions
         assigned, stand-in ranges where its ranges are still being calibrated) at `precision` with
         `build_config` (BuilderConfig.recorded()); nothing by default."""
+
+    #: Whether INT8 calibration runs the FP32 network as one engine of this backend, every float tensor an output,
+    #: and bins its tensors where they are (calibration.collector): a GPU's device arrays. Host backends record
+    #: through ONNX Runtime's sessions instead.
+    calibrates = False
+
+    def to_device(self, array: np.ndarray):
+        """`array` as this backend's runners take it: a copy on its device (the host array itself by default)."""
+        return array
+
+    def to_host(self, array) -> np.ndarray:
+        """An array this backend's runner returned, as a host array."""
+        return np.asarray(array)
+
+    def finite_abs_max(self, array) -> float:
+        """The largest |value| among the finite values of a float array this backend's runner returned; -1.0 when
+        it holds none (a backend that :attr:`calibrates` computes it where the array is)."""
+        raise BackendError(f"backend {self.name!r} does not calibrate on a device")
+
+    def bin_counts(self, array, scale: np.float32, bins: int) -> np.ndarray:
+        """int64 counts of the finite values of a float array this backend's runner returned in `bins` bins: value
+        x in bin min(|x| * scale, bins - 1), truncated, computed in float32 (calibration.calibrators' histograms)."""
+        raise BackendError(f"backend {self.name!r} does not calibrate on a device")
 
     @abc.abstractmethod
     def create_runner(self, engine) -> Runner:
