@@ -48,33 +48,22 @@ class Histogram:
         """Count the finite values of `values` (calibration runs this for every tensor of every batch): a host
         array, or with `device` (a backend that calibrates on its device) an array of that backend's, counted there
         by the same arithmetic (Backend.finite_abs_max and Backend.bin_counts)."""
+        n = len(self.counts)
         if device is not None:
-            self._add_on(device, values)
+            top = device.finite_abs_max(values)
+            self._count(top, lambda scale: device.bin_counts(values, scale, n))
             return
         a = np.asarray(values, np.float32).ravel()
-        if not a.size:
-            return
-        low, high = a.min(), a.max()
+        low, high = (a.min(), a.max()) if a.size else (0.0, 0.0)
         if not (np.isfinite(low) and np.isfinite(high)):  # NaN or inf: only the finite values count
             a = a[np.isfinite(a)]
-            if not a.size:
-                return
-            low, high = a.min(), a.max()
-        top = float(max(high, -low))
-        self.amax = max(self.amax, top)
-        if not self.binned:
-            return
-        if top > self.upper:
-            self._grow(top)
-        n = len(self.counts)
-        if self.upper == 0.0:  # only zeros so far: they belong to bin 0 whatever the range becomes
-            self.counts[0] += a.size
-            return
-        self.counts += _bin_counts(a, np.float32(n / self.upper), n)
+            low, high = (a.min(), a.max()) if a.size else (0.0, 0.0)
+        self._count(float(max(high, -low)) if a.size else -1.0, lambda scale: _bin_counts(a, scale, n))
 
-    def _add_on(self, device, values) -> None:
-        top = device.finite_abs_max(values)
-        if top < 0.0:  # no finite value
+    def _count(self, top: float, bin_counts: Callable[[np.float32], np.ndarray]) -> None:
+        """Take a batch whose largest finite |value| is `top` (-1.0: no finite value), binned at a scale by
+        `bin_counts` (values * scale, truncated, clamped to the last bin) once the range holds `top`."""
+        if top < 0.0:
             return
         self.amax = max(self.amax, top)
         if not self.binned:
@@ -82,8 +71,8 @@ class Histogram:
         if top > self.upper:
             self._grow(top)
         n = len(self.counts)
-        # only zeros so far (upper 0): each finite value counts in bin 0, as a scale of 0 puts it
-        self.counts += device.bin_counts(values, np.float32(n / self.upper if self.upper else 0.0), n)
+        # only zeros so far (upper 0): they belong to bin 0 whatever the range becomes, where a scale of 0 puts them
+        self.counts += bin_counts(np.float32(n / self.upper if self.upper else 0.0))
 
     def _grow(self, upper: float) -> None:
         if self.upper > 0.0:
