@@ -59,10 +59,11 @@ print(json.dumps({"peak": (max(peak[0], rss()) - base) / weights, "held": (rss()
 
 
 def test_converting_a_model_of_large_weights_peaks_below_a_bound_and_gives_the_memory_back():
-    # 96 MiB of float32 weights in 6 Dense layers, kept as variables: their memory, ONNX Runtime's copy and the two
-    # copies it holds while it creates its session. TensorFlow's oneDNN allocator (on by default on x86 CPUs) would
+    # 96 MiB of float32 weights in 6 Dense layers, kept as variables: their memory, the copy ONNX Runtime prepacks
+    # them into (its sessions read the layers' own arrays, no copy of their own) and the one it takes while it makes
+    # a session. TensorFlow's oneDNN allocator (on by default on x86 CPUs) would
     # pool what TensorFlow frees, so it runs with the system allocator here, as tftrt-convert does
     measured = run_json_process(CONVERSION, {"layers": 6, "width": 2048}, TF_ONEDNN_USE_SYSTEM_ALLOCATOR="1",
                                 TFTRT_PY_KEEP_VARIABLES_BYTES="0")  # 96 MiB: below the default 512 MiB
-    assert measured["peak"] <= 4, measured
+    assert measured["peak"] <= 3, measured
     assert measured["held"] <= 0.5, measured

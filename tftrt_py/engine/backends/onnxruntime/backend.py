@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import AbstractSet, Dict, List, Mapping, Optional
+from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -56,8 +56,10 @@ SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 class _Session:
     """One ONNX Runtime session over consecutive lowered layers: engine tensors in, engine tensors out."""
 
-    def __init__(self, session, inputs: List[Tensor], outputs: List[Tensor], layers: List[Layer]):
+    def __init__(self, session, inputs: List[Tensor], outputs: List[Tensor], layers: List[Layer],
+                 weights: Sequence[np.ndarray] = ()):
         self.session, self.inputs, self.outputs, self.layers = session, inputs, outputs, layers
+        self.weights = list(weights)  # the arrays the session reads in place: they live as long as it does
         self.input_names = [i.name for i in session.get_inputs()]
 
     def runner(self):
@@ -137,10 +139,13 @@ class OnnxRuntimeBackend(Backend):
         """Intra-op threads of the sessions this backend makes: what the process allows (threads.cpu_threads)."""
         return cpu_threads()
 
-    def session(self, model, external: Optional[dict] = None):
+    def session(self, model, external: Optional[dict] = None, shared: Sequence[np.ndarray] = ()):
         """An InferenceSession of ONNX `model` (pruned, from its bytes: no file), every graph optimization on but
         those DISABLED_OPTIMIZERS names, with SESSION_CONFIG; `external` gives the arrays of the initializers the
-        model names as external data (see lowering.lower)."""
+        model names as external data (see lowering.lower). Of those, the ones among `shared` (arrays that live
+        while the session does: the layers' own weights) are the session's initializers themselves
+        (``SessionOptions.add_initializer``: no copy kept, and none made beside the one that prepacking packs
+        into); the others are copied once into the session's graph."""
         ort = self._ort
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -154,8 +159,13 @@ class OnnxRuntimeBackend(Backend):
         model = prune(model)
         live = {w.name for w in model.graph.initializer}
         names = [name for name in external or () if name in live]
-        if names:  # copied once into the session's graph; the options let them go once it is made
-            options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names])
+        if names:  # the options let the copied ones go once the session is made
+            values = [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names]
+            options.add_external_initializers(names, values)
+            owned = {id(a) for a in shared}
+            for name, value in zip(names, values):
+                if id(external[name]) in owned:
+                    options.add_initializer(name, value)
         return ort.InferenceSession(model.SerializeToString(), sess_options=options,
                                     providers=["CPUExecutionProvider"])
 
@@ -200,7 +210,8 @@ class OnnxRuntimeBackend(Backend):
                                 if users.get(t.name, -1) >= end}.values())
                 external = {}
                 model = lower(network, run, inputs, outputs, external=external)
-                steps.append(_Session(self.session(model, external), inputs, outputs, run))
+                weights = [w for layer in run for w in layer.weights.values()]
+                steps.append(_Session(self.session(model, external, weights), inputs, outputs, run, weights))
             start = end
         return Program(steps)
 

@@ -16,9 +16,9 @@ OPSET = 26
 #: ONNX Runtime's contrib domain (version 1): its fused kernels where they compute the layers' math.
 CONTRIB = "com.microsoft"
 #: Constants of this many bytes or more stay out of the model proto when the graph is given an `external` dict:
-#: the proto names them as external data and the session takes the arrays themselves
-#: (``SessionOptions.add_external_initializers``), copying each once, where serializing them into the proto and
-#: parsing it back would copy a model's weights several times over.
+#: the proto names them as external data and the session takes the arrays themselves (reading the layers' own in
+#: place, copying the others once: OnnxRuntimeBackend.session), where serializing them into the proto and parsing it
+#: back would copy a model's weights several times over.
 EXTERNAL_BYTES = 1 << 12
 
 
