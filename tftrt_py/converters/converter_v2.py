@@ -24,7 +24,7 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, summary as summary_lib
-from tftrt_py.converters.memory import MemoryReturn, release_freed_memory
+from tftrt_py.converters.memory import MemoryReturn, frees_its_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.binding import binding_of
@@ -127,6 +127,7 @@ class TrtGraphConverterV2:
         return None if self._timing_cache is False else self._timing_cache
 
     # -- convert --------------------------------------------------------------
+    @frees_its_memory
     def convert(self, calibration_input_fn=None):
         """Segment the signature and insert engine ops; returns the converted ConcreteFunction.
 
@@ -205,7 +206,6 @@ class TrtGraphConverterV2:
         if self._need_calibration:
             self._execute_calibration(calibration_input_fn)
         self._converted = True
-        release_freed_memory()
         return self._converted_func
 
     @staticmethod
@@ -257,6 +257,7 @@ class TrtGraphConverterV2:
             self._converted_func(*args, **kwargs)
 
     # -- build ----------------------------------------------------------------
+    @frees_its_memory
     def build(self, input_fn):
         """Run the converted function on input_fn's inputs so engines get built for those shapes."""
         if self._build_called_once:
@@ -273,7 +274,6 @@ class TrtGraphConverterV2:
             for inp in input_fn():
                 self._run(inp)
         self._build_called_once = True
-        release_freed_memory()
         if self._int8_without_calibration:
             self._check_quantization_ranges()
         for line in summary_lib.describe_native_runs(self.native_engine_ops(),
@@ -337,6 +337,7 @@ class TrtGraphConverterV2:
     def _engine_nodes(self):
         return [n for n in self._converted_graph_def.node if n.op == ENGINE_OP]
 
+    @frees_its_memory
     def save(self, output_saved_model_dir, save_gpu_specific_engines=True, options=None, *, overwrite=False):
         """Save the converted signature as a SavedModel, with the engines built so far as assets
         (``assets/trt-serialized-engine.<engine op>``; an empty one without save_gpu_specific_engines).
@@ -359,7 +360,6 @@ class TrtGraphConverterV2:
             self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
         finally:
             shutil.rmtree(asset_dir, ignore_errors=True)
-            release_freed_memory()
 
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         graph_def = type(self._converted_graph_def)()

@@ -4,14 +4,22 @@ A conversion frees gigabytes at a time (graphs, functions and engines holding a 
 allocator keeps freed heap pages mapped for later use, so the process's resident memory would stay at its peak after
 the converter is dropped. :func:`release_freed_memory` asks glibc to return them (``malloc_trim``); elsewhere it does
 nothing. Memory TensorFlow's own allocators pool (oneDNN's, when its kernels are on) stays theirs.
+
+A stage of a conversion (:func:`frees_its_memory`) ends with a garbage collection, which frees what the stage left
+in reference cycles (TensorFlow's graphs and functions) before the pages go back. A full collection examines every
+object the process tracks: with TensorFlow and the GPU libraries imported, over 340,000 of them, 0.2-0.5 s a
+collection. The objects alive when the stage begins are set aside meanwhile (``gc.freeze``: no collection examines
+them until they are put back when it ends), so that collection examines only what the stage made. What the stage
+drops of the older objects is collected by the collections after it, as it would be without the stage.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import gc
+import threading
 
-__all__ = ["release_freed_memory", "MemoryReturn"]
+__all__ = ["release_freed_memory", "frees_its_memory", "MemoryReturn"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,6 +42,34 @@ def release_freed_memory() -> None:
     """Collect garbage, then give the allocator's free pages back to the system (glibc only)."""
     gc.collect()
     _trim()
+
+
+_freeze_lock = threading.Lock()
+
+
+def frees_its_memory(stage):
+    """Decorate a conversion stage (a method of the converter): when it returns or raises, what it made and dropped
+    is collected and the free pages go back (release_freed_memory), the objects older than the stage set aside
+    meanwhile. Where something else froze objects already (a user's ``gc.freeze`` before forking, or a stage
+    running in another thread), the stage collects everything instead, leaving the frozen objects as they are."""
+
+    @functools.wraps(stage)
+    def run(*args, **kwargs):
+        with _freeze_lock:
+            froze = gc.get_freeze_count() == 0
+            if froze:
+                gc.freeze()
+        try:
+            return stage(*args, **kwargs)
+        finally:
+            try:
+                gc.collect()
+            finally:
+                if froze:
+                    gc.unfreeze()
+            _trim()
+
+    return run
 
 
 _pending = False

@@ -1,0 +1,76 @@
+"""A conversion stage frees what it made and dropped when it ends, examining only its own objects (the older ones
+set aside meanwhile and put back after), and leaves a user's frozen objects frozen."""
+import gc
+import weakref
+
+import pytest
+
+from tftrt_py.converters.memory import frees_its_memory
+
+
+class Cycle:
+    """An object that refers to itself: only a garbage collection frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_what_a_stage_drops_in_reference_cycles_is_collected_when_it_returns():
+    made = []
+
+    @frees_its_memory
+    def stage():
+        cycle = Cycle()
+        made.append(weakref.ref(cycle))
+
+    gc.disable()  # no automatic collection in between: the stage's own does it
+    try:
+        stage()
+        assert made[0]() is None
+    finally:
+        gc.enable()
+
+
+def test_the_objects_older_than_a_stage_are_put_back_when_it_returns_or_raises():
+    seen = []
+
+    @frees_its_memory
+    def stage(fail):
+        seen.append(gc.get_freeze_count())
+        if fail:
+            raise ValueError("the stage failed")
+
+    stage(False)
+    with pytest.raises(ValueError, match="the stage failed"):
+        stage(True)
+    assert min(seen) > 0  # set aside while it ran
+    assert gc.get_freeze_count() == 0
+
+
+def test_objects_older_than_a_stage_that_it_drops_are_collected_by_the_collections_after_it():
+    older = Cycle()
+    gone = weakref.ref(older)
+
+    @frees_its_memory
+    def stage():
+        nonlocal older
+        older = None
+
+    stage()
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_users_frozen_objects_stay_frozen_through_a_stage():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+
+        @frees_its_memory
+        def stage():
+            return Cycle()
+
+        assert isinstance(stage(), Cycle)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
