@@ -12,6 +12,7 @@ from support import random_array, run_json_process
 from threads import run_threads
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert.errors import AlreadyConvertedError
+from tftrt_py.converters import converter_v2
 from tftrt_py.converters.summary import conversion_ratio
 from tftrt_py.engine.timing_cache import TimingCache
 from tftrt_py.engine_op import dispatcher
@@ -511,3 +512,14 @@ def test_tf_trts_test_switch_leaves_grappler_passes_out(tmp_path, disabled, erfc
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
     (y,) = func(tf.constant(x)).values()
     np.testing.assert_allclose(y.numpy(), tf.math.erfc(x).numpy() * 3.0, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision, warmed", [("FP32", 0), ("FP16", 0), ("INT8", 1)])
+def test_only_a_calibrating_conversion_loads_the_backend_while_the_model_loads(saved_model, monkeypatch, precision,
+                                                                              warmed):
+    started = []
+    monkeypatch.setattr(converter_v2, "warm_up_backend", lambda: started.append(precision))
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), precision_mode=precision)
+    feed = [(random_array((2, 16)),)] if precision == "INT8" else None
+    converter.convert(calibration_input_fn=(lambda: iter(feed)) if feed else None)
+    assert len(started) == warmed

@@ -1,5 +1,6 @@
-"""A conversion starts loading the engine backend's libraries on a background thread while it loads the model: once
-per process, on the backend the engine ops will use; a failure there is left for the engine ops to report."""
+"""A calibrating conversion starts loading the engine backend's libraries on a background thread while it loads the
+model: once per process, on the backend the engine ops will use; a failure there is left for the engine ops to
+report."""
 import logging
 
 from tftrt_py.engine_op import op

@@ -142,7 +142,8 @@ class TrtGraphConverterV2:
         if not self._need_calibration and calibration_input_fn:
             raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
         library.load()
-        warm_up_backend()
+        if self._need_calibration:  # (warm_up_backend says why only then)
+            warm_up_backend()
         saved_model, func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
         output_names = [t.name for t in func.outputs]
