@@ -63,11 +63,10 @@ def frees_its_memory(stage):
             return stage(*args, **kwargs)
         finally:
             try:
-                gc.collect()
+                release_freed_memory()
             finally:
                 if froze:
                     gc.unfreeze()
-            _trim()
 
     return run
 
