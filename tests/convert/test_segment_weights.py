@@ -75,6 +75,7 @@ def test_the_saved_model_serves_its_saved_engines_and_new_batches_as_the_origina
     binding digest is the rewritten op's), and a new batch builds from the segment's constants: beyond the static
     engine's batch, or outside the dynamic engine's profile (the built shape alone)."""
     src, out, dynamic = saved
+    fell_back = {op: s["fallback_total"] for op, s in dispatcher.stats().items()}  # (other tests' live ops too)
     serve = tf.saved_model.load(out).signatures["serving_default"]
     want = tf.saved_model.load(src).signatures["serving_default"]
     for batch, built in ((4, False), (3, dynamic), (8, True)):  # built; served by it (static); beyond it
@@ -83,8 +84,8 @@ def test_the_saved_model_serves_its_saved_engines_and_new_batches_as_the_origina
         np.testing.assert_allclose(serve(x)["y"].numpy(), want(x)["y"].numpy(), rtol=1e-4, atol=1e-5)
         assert (builds() > before) == built
     assert "ignoring engine" not in caplog.text
-    served = [s for s in dispatcher.stats().values() if s["engine_runs"]]
-    assert served and all(s["fallback_total"] == 0 for s in served)
+    served = {op: s for op, s in dispatcher.stats().items() if s["engine_runs"]}
+    assert served and all(s["fallback_total"] == fell_back.get(op, 0) for op, s in served.items())
 
 
 def test_a_keras_export_s_weights_move_and_its_engine_op_keeps_only_the_model_s_input(tmp_path, monkeypatch):
