@@ -5,7 +5,7 @@ import weakref
 
 import pytest
 
-from tftrt_py.converters.memory import frees_its_memory
+from tftrt_py.converters.memory import MemoryReturn, frees_its_memory
 
 
 class Cycle:
@@ -74,3 +74,27 @@ def test_a_users_frozen_objects_stay_frozen_through_a_stage():
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_stage_after_a_converter_went_collects_what_that_converter_left_in_cycles():
+    class Converter:
+        def __init__(self):
+            self.graph = Cycle()
+            self._memory = MemoryReturn()  # (as TrtGraphConverterV2: the last attribute)
+
+    converter = Converter()
+    left = weakref.ref(converter.graph)
+
+    @frees_its_memory
+    def stage():
+        pass
+
+    gc.disable()
+    try:
+        converter = None  # freed by its count; its graph is a cycle only a collection frees
+        assert left() is not None
+        stage()
+        assert left() is None
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()

@@ -10,7 +10,8 @@ in reference cycles (TensorFlow's graphs and functions) before the pages go back
 object the process tracks: with TensorFlow and the GPU libraries imported, over 340,000 of them, 0.2-0.5 s a
 collection. The objects alive when the stage begins are set aside meanwhile (``gc.freeze``: no collection examines
 them until they are put back when it ends), so that collection examines only what the stage made. What the stage
-drops of the older objects is collected by the collections after it, as it would be without the stage.
+drops of the older objects is collected by the collections after it, as it would be without the stage, but for a
+converter that went before it: a stage after one collects everything.
 """
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ _freeze_lock = threading.Lock()
 def frees_its_memory(stage):
     """Decorate a conversion stage (a method of the converter): when it returns or raises, what it made and dropped
     is collected and the free pages go back (release_freed_memory), the objects older than the stage set aside
-    meanwhile. Where something else froze objects already (a user's ``gc.freeze`` before forking, or a stage
-    running in another thread), the stage collects everything instead, leaving the frozen objects as they are."""
+    meanwhile. After a converter went (a MemoryReturn, since the last full collection), the stage collects
+    everything: what that converter held in reference cycles is older than the stage (a process converting models one
+    after another frees each one's memory in the next one's stages). Where something else froze objects already (a
+    user's ``gc.freeze`` before forking, or a stage running in another thread), the stage collects everything too,
+    leaving the frozen objects as they are."""
 
     @functools.wraps(stage)
     def run(*args, **kwargs):
@@ -63,6 +67,9 @@ def frees_its_memory(stage):
             return stage(*args, **kwargs)
         finally:
             try:
+                if froze and _pending:  # a converter went since the last full collection: its cycles are older
+                    gc.unfreeze()
+                    froze = False
                 release_freed_memory()
             finally:
                 if froze:
