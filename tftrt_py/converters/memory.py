@@ -54,8 +54,8 @@ def frees_its_memory(stage):
     meanwhile. After a converter went (a MemoryReturn, since the last full collection), the stage collects
     everything: what that converter held in reference cycles is older than the stage (a process converting models one
     after another frees each one's memory in the next one's stages). Where something else froze objects already (a
-    user's ``gc.freeze`` before forking, or a stage running in another thread), the stage collects everything too,
-    leaving the frozen objects as they are."""
+    user's ``gc.freeze`` before forking, or a stage running in another thread), the stage sets nothing aside of its
+    own: it collects every object but those, which stay frozen."""
 
     @functools.wraps(stage)
     def run(*args, **kwargs):
