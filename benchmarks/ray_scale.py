@@ -4,13 +4,15 @@ the same closed-loop load; images/s, latency, errors, and what bounds it. Option
     python benchmarks/ray_scale.py [--model resnet50] [--ingress proxy|haproxy] [--apis kserve-rest,rest]
                                    [--replicas 1,2] [--clients 64] [--generator c|python] [--batching tftrt]
                                    [--time-limit 15] [--requests 20000] [--fault] [--cpu] [--json FILE]
-                                   [--workdir DIR]
+                                   [--workdir DIR] [--throughput-optimized] [--access-log]
 
 The model is built and converted by benchmarks/serve_load.py's `convert` (ResNet50 in FP16 where a GPU serves
 engines; `--workdir` reuses a conversion found there). A local Ray cluster on loopback serves it: each replica with
 one GPU (`--cpu`: no GPU and `--replica-cpus` cores, for a machine without one), behind Ray's ingress: its HTTP
 proxy (`--ingress proxy`, one Python process per node that every request and answer crosses) or HAProxy routing
-straight to the replicas' own HTTP servers (`--ingress haproxy`, Ray Serve's RAY_SERVE_ENABLE_HA_PROXY). For each
+straight to the replicas' own HTTP servers (`--ingress haproxy`, Ray Serve's RAY_SERVE_ENABLE_HA_PROXY);
+`--throughput-optimized` sets Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED for the cluster (user code on the replica's
+own event loop, buffered request logs, ...), `--access-log` turns the replicas' access log on. For each
 replica count and each API (`--apis`: TF Serving's JSON predict `rest`, whose ResNet-50 image is ~3 MB of text, or
 KServe v2 with binary tensors `kserve-rest`, 600 KB), one-image predicts from `--clients` closed-loop clients (the C
 generator of serve_load.py, or Python clients) after a warm-up, until `--requests` or `--time-limit` seconds.
@@ -75,7 +77,9 @@ def start_cluster(args, gpus: int, port: int) -> None:
     from ray import serve
 
     cpus = (max(args.replicas) + 1) * args.replica_cpus + 2 if args.cpu else os.cpu_count()
-    env = {k: os.environ[k] for k in ("TFTRT_PY_BACKEND", "RAY_SERVE_ENABLE_HA_PROXY",
+    if args.throughput_optimized:
+        os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+    env = {k: os.environ[k] for k in ("TFTRT_PY_BACKEND", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED",
                                       "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S") if k in os.environ}
     ray.init(address="local", num_cpus=cpus, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env} if env else None)
@@ -97,7 +101,8 @@ def deploy(args, base_path: str, replicas: int) -> float:
                          **batching, "min_replicas": replicas, "max_replicas": replicas,
                          "num_gpus": 0 if args.cpu else 1, "num_cpus": args.replica_cpus,
                          "max_ongoing_requests": max(64, args.clients), "rest_threads": max(64, args.clients),
-                         "file_system_poll_wait_seconds": 0}), name=APP, route_prefix="/")
+                         "file_system_poll_wait_seconds": 0, "access_log": args.access_log}),
+              name=APP, route_prefix="/")
     deadline = started + 300
     while running_replicas() != replicas:
         if time.time() > deadline:
@@ -351,6 +356,9 @@ def main(argv=None) -> int:
     p.add_argument("--replica-cpus", type=int, default=1, help="CPU cores per replica (default: 1)")
     p.add_argument("--replicas", default="1,2", help="replica counts, in order (default: 1,2)")
     p.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy")
+    p.add_argument("--throughput-optimized", action="store_true",
+                   help="Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 for the cluster")
+    p.add_argument("--access-log", action="store_true", help="the replicas write Ray Serve's access log")
     p.add_argument("--apis", default="kserve-rest,rest", help="of rest, kserve-rest (default: both)")
     p.add_argument("--generator", choices=("c", "python"), default="c",
                    help="c: serve_load.py's C generator (needs cc; python without one); python: client processes")
@@ -399,6 +407,7 @@ def main(argv=None) -> int:
     setup = {"model": args.model, "precision": precision, "ingress": args.ingress, "generator": args.generator,
              "clients": args.clients, "batching": args.batching, "max_batch_size": args.max_batch_size,
              "batch_timeout_micros": args.batch_timeout_micros, "gpus": gpus, "cpu": args.cpu,
+             "throughput_optimized": args.throughput_optimized, "access_log": args.access_log,
              "cpus": os.cpu_count(), "convert_s": time.time() - started, "load_average": os.getloadavg()}
     print(json.dumps(setup), flush=True)
     port = _free_port()

@@ -26,7 +26,14 @@ PREFIXES = {"tftrt": "/ours", "ray": "/ray"}  # one application per batching set
 
 def test_fixed_replicas_on_cpu_cores():
     options = RayAppArgs(model_base_path="/m", num_cpus=4, min_replicas=2, max_replicas=2).deployment_options(0)
-    assert options == {"ray_actor_options": {"num_cpus": 4}, "max_ongoing_requests": 64, "num_replicas": 2}
+    assert options == {"ray_actor_options": {"num_cpus": 4}, "max_ongoing_requests": 64, "num_replicas": 2,
+                       "logging_config": {"enable_access_log": False}}
+
+
+def test_access_log_is_off_unless_asked_for():
+    assert RayAppArgs(model_base_path="/m").deployment_options(0)["logging_config"] == {"enable_access_log": False}
+    args = RayAppArgs.model_validate({"model_base_path": "/m", "access_log": "true"})  # `serve run` k=v
+    assert args.deployment_options(0)["logging_config"] == {"enable_access_log": True}
 
 
 def test_autoscaling_one_gpu_per_replica():

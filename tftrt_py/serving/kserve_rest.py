@@ -10,14 +10,13 @@ import dataclasses
 import zlib
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import anyio
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from tftrt_py.serving.errors import invalid
-from tftrt_py.serving.json_http import answering_errors, dumps, json_response, loads, read_body
+from tftrt_py.serving.json_http import RequestThreads, answering_errors, dumps, json_response, loads, read_body
 from tftrt_py.serving.kserve import (SIGNATURE_PARAMETER, check_output_parameters, model_metadata, model_ready,
                                      model_version, server_metadata)
 from tftrt_py.serving.kserve_tensors import datatype, from_json, from_raw, to_json, to_raw
@@ -174,8 +173,8 @@ def infer_response(servable: Servable, request: InferRequest, outputs: Mapping[s
                     headers={HEADER_LENGTH: str(len(text))})
 
 
-def routes(service: Service, limiter: anyio.CapacityLimiter) -> List[Route]:
-    """The /v2 routes over `service`; bodies are decoded and answers encoded on `limiter`'s threads, batched
+def routes(service: Service, pool: RequestThreads) -> List[Route]:
+    """The /v2 routes over `service`; bodies are decoded and answers encoded on `pool`'s threads, batched
     requests wait for their batch on the event loop."""
 
     def version(request: Request) -> Optional[int]:
@@ -194,8 +193,7 @@ def routes(service: Service, limiter: anyio.CapacityLimiter) -> List[Route]:
     async def model(request: Request) -> Response:
         name = request.path_params["model"]
         with service.request(name, "kserve_rest_metadata"):
-            return json_response(await anyio.to_thread.run_sync(model_metadata, service, name, version(request),
-                                                                limiter=limiter))
+            return json_response(await pool.run(model_metadata, service, name, version(request)))
 
     @answering_errors
     async def model_is_ready(request: Request) -> Response:
@@ -218,9 +216,9 @@ def routes(service: Service, limiter: anyio.CapacityLimiter) -> List[Route]:
         name = request.path_params["model"]
         with service.request(name, "kserve_rest_infer"):
             body = await read_body(request)
-            servable, parsed, future = await anyio.to_thread.run_sync(submit, name, request, body, limiter=limiter)
+            servable, parsed, future = await pool.run(submit, name, request, body)
             outputs = await asyncio.wrap_future(future)
-            return await anyio.to_thread.run_sync(infer_response, servable, parsed, outputs, limiter=limiter)
+            return await pool.run(infer_response, servable, parsed, outputs)
 
     async def unknown(request: Request) -> Response:
         return json_response({"error": f"no Open Inference Protocol endpoint {request.method} {request.url.path}: "

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from typing import Optional
 
-import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from tftrt_py.serving import kserve_rest
 from tftrt_py.serving.errors import Code, ServingError
-from tftrt_py.serving.json_http import answering_errors, json_response, loads, read_body
+from tftrt_py.serving.json_http import RequestThreads, answering_errors, json_response, loads, read_body
 from tftrt_py.serving.metrics import CONTENT_TYPE
 from tftrt_py.serving.service import Service
 from tftrt_py.serving.tensors import rest_inputs, rest_outputs
@@ -36,7 +36,7 @@ def _version(text: Optional[str]) -> Optional[int]:
 def create_app(service: Service, threads: int = 64) -> Starlette:
     """The REST app over `service`; request bodies are decoded and predictions run on up to `threads` threads
     (batched ones wait for their batch on the event loop)."""
-    limiter = anyio.CapacityLimiter(threads)
+    pool = RequestThreads(threads)
 
     def submit(model: str, version: Optional[int], label: Optional[str], body: bytes):
         """(future of the outputs, row format?) of a predict body; runs on a request thread."""
@@ -52,10 +52,9 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
         """A batched request waits for its batch on the event loop, not on a request thread (a thread per
         waiting request left dozens contending for the GIL)."""
         with service.request(model, "rest_predict"):
-            future, row_format = await anyio.to_thread.run_sync(submit, model, version, label, body, limiter=limiter)
+            future, row_format = await pool.run(submit, model, version, label, body)
             outputs = await asyncio.wrap_future(future)
-            return await anyio.to_thread.run_sync(lambda: json_response(rest_outputs(outputs, row_format)),
-                                                  limiter=limiter)
+            return await pool.run(lambda: json_response(rest_outputs(outputs, row_format)))
 
     def status(model: str, version: Optional[int], label: Optional[str], metadata: bool) -> Response:
         from google.protobuf import json_format
@@ -87,8 +86,7 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
         if match is None:
             raise ServingError(Code.NOT_FOUND, f"Malformed request: GET {path}")
         model, version, label, metadata = match.groups()
-        return await anyio.to_thread.run_sync(status, model, _version(version), label, bool(metadata),
-                                              limiter=limiter)
+        return await pool.run(status, model, _version(version), label, bool(metadata))
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -100,8 +98,15 @@ def create_app(service: Service, threads: int = 64) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        try:
+            yield
+        finally:
+            pool.close()
+
     return Starlette(routes=[
         Route("/healthz", healthz), Route("/readyz", readyz), Route(METRICS_PATH, metrics),
         Route("/v1/models/{rest:path}", models, methods=["GET", "POST"]),
-        *kserve_rest.routes(service, limiter),
-    ])
+        *kserve_rest.routes(service, pool),
+    ], lifespan=lifespan)
