@@ -22,7 +22,8 @@ cores busy on the whole machine, mean GPU utilization (nvidia-smi); then the rat
 throughput to one replica's. With `--fault`, Python clients that log every request run against the largest replica
 count; after `--kill-after` seconds one replica's actor is killed (`ray.kill`); printed: requests failed (each
 client retries a failed request once after 0.2 s: failures before and after the retry), seconds until Ray's
-replacement runs, throughput before the kill and from `--settle` seconds after the replacement.
+replacement runs, throughput before the kill and from `--settle` seconds after the replacement, and the
+requests answered in each second from the clients' start.
 """
 from __future__ import annotations
 
@@ -345,7 +346,11 @@ def fault(args, api: str, port: int, name: str, replicas: int) -> dict:
             "replaced_after_s": replaced - killed if replaced else None,
             "before_req_s": rate(max(start + 1, killed - args.window), killed),
             "during_req_s": rate(killed, replaced or end),
-            "after_req_s": rate(replaced + args.settle, end) if replaced else None}
+            "after_req_s": rate(replaced + args.settle, end) if replaced else None,
+            # requests answered in each second, the first `first` seconds from the kill (negative: before it)
+            "per_second": {"first": int(start - killed) - 1, "answered": [
+                sum(killed + i <= e[1] < killed + i + 1 and e[2] is None for e in log)
+                for i in range(int(start - killed) - 1, int(end - killed) + 1)]}}
 
 
 # -- the run -------------------------------------------------------------------------------------------------------
