@@ -80,14 +80,15 @@ def _gpu() -> bool:
 
 
 def convert(model: str, root: str, batches) -> str:
-    """The converted model in TF Serving's layout under `root`; its precision. A conversion of the same model for
-    the same batches already there (its ``converted.json``) is reused."""
+    """The converted model in TF Serving's layout under `root`, with TF Serving's warm-up requests (see
+    write_warmup_requests); its precision. A conversion of the same model for the same batches already there (its
+    ``converted.json``) is reused."""
     import keras
 
     from tftrt_py import trt_convert as trt
 
     marker = os.path.join(root, "converted.json")
-    wanted = {"model": model, "batches": list(batches), "gpu": _gpu()}
+    wanted = {"model": model, "batches": list(batches), "gpu": _gpu(), "warmup": True}
     if os.path.exists(marker):
         with open(marker) as f:
             found = json.load(f)
@@ -106,9 +107,33 @@ def convert(model: str, root: str, batches) -> str:
     rng = np.random.default_rng(0)
     converter.build(input_fn=lambda: iter([(rng.standard_normal((b, size, size, 3), np.float32),) for b in batches]))
     converter.save(os.path.join(root, MODEL_NAME, "1"), overwrite=True)
+    write_warmup_requests(os.path.join(root, MODEL_NAME, "1"), max(batches), size)
     with open(marker, "w") as f:
         json.dump({**wanted, "precision": precision}, f)
     return precision
+
+
+def write_warmup_requests(version_dir: str, max_batch: int, size: int) -> None:
+    """TF Serving's warm-up file in `version_dir`: a predict request of random images for each power of two up to
+    `max_batch` and `max_batch` itself, the batches a server batching up to `max_batch` runs, so a server loading
+    the version builds their execution contexts before it serves (docs/serving.md#model-warm-up)."""
+    import tensorflow as tf
+    from tensorflow.python.saved_model import loader_impl
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    graph = loader_impl.parse_saved_model(version_dir).meta_graphs[0]
+    (name, _), = graph.signature_def["serving_default"].inputs.items()
+    sizes = sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch})
+    path = os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rng = np.random.default_rng(2)
+    with tf.io.TFRecordWriter(path) as writer:
+        for batch in sizes:
+            request = predict_pb2.PredictRequest()
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(rng.standard_normal((batch, size, size, 3),
+                                                                                   np.float32)))
+            writer.write(prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request)).SerializeToString())
 
 
 def batch_compute_ms(path: str, batch: int, size: int, runs: int = 10) -> float:

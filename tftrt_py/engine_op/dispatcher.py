@@ -40,8 +40,8 @@ from tftrt_py.engine.types import QUANTIZED
 from tftrt_py.engine_op.binding import segment_binding
 from tftrt_py.engine_op.op import EngineOp
 
-__all__ = ["create", "run", "replay", "release", "warn", "pin", "engine_ops", "find", "stats", "start_collecting",
-           "stop_collecting", "start_calibrating", "finish_calibrating"]
+__all__ = ["create", "run", "replay", "release", "warn", "pin", "engine_ops", "wait_for_builds", "find", "stats",
+           "start_collecting", "stop_collecting", "start_calibrating", "finish_calibrating"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +243,13 @@ def engine_ops() -> Dict[tuple, EngineOp]:
     """Every engine op alive in this process, by (segment key, segment function name, binding)."""
     with _locked():
         return dict(_OPS)
+
+
+def wait_for_builds(timeout: Optional[float] = None) -> None:
+    """Return when every live engine op's background builds started so far have ended (see
+    EngineOp.wait_for_builds): what a server waits for after replaying warm-up requests."""
+    for op in engine_ops().values():
+        op.wait_for_builds(timeout)
 
 
 def find(segment_key: str) -> Optional[EngineOp]:

@@ -273,6 +273,14 @@ class EngineOp:
         with self.lock:
             return sum(entry.copies for entry in self._contexts.values())
 
+    def wait_for_builds(self, timeout: Optional[float] = None) -> None:
+        """Return when the engine copies this op's engines started building in the background (for smaller
+        batches, see engine_op.buckets) have been built, or after about `timeout` seconds per copy."""
+        with self.lock:
+            entries = list(self._contexts.values())
+        for entry in entries:
+            entry.wait(timeout)
+
     # -- shape profiles -----------------------------------------------------
     def profile_engine(self, profile) -> ProfileEngine:
         """An empty profile engine of this op for `profile`."""

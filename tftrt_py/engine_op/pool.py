@@ -58,6 +58,9 @@ class ContextPool:
         """Whether a better pool for `shapes` is being built (never, for a single pool)."""
         return False
 
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Return when the builds of better pools started so far have ended (none, for a single pool)."""
+
     @property
     def copies(self) -> int:
         """Copies of the engine for smaller batches (none, for a single pool)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from tftrt_py.engine import EngineError
 from tftrt_py.engine.profile import OptimizationProfile
@@ -81,6 +81,14 @@ class ProfileEngine:
     def pending(self, shapes: Key) -> bool:
         """Whether a better pool for `shapes` is being built inside their specialisation (see buckets)."""
         return self._entry_for(shapes).pending(shapes)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Return when the builds started inside the specialisations so far have ended (see buckets), or about
+        `timeout` seconds each."""
+        with self._lock:
+            contexts = list(self._contexts.values())
+        for context in contexts:
+            context.wait(timeout)
 
     def _entry_for(self, shapes: Key):
         with self._lock:

@@ -25,7 +25,7 @@ __all__ = ["build_parser", "server_from_args", "main"]
 
 #: TF Serving flags accepted so deployment scripts run unchanged, but without effect here
 IGNORED_FLAGS = ("rest_api_timeout_in_ms", "model_config_file_poll_wait_seconds", "monitoring_config_file",
-                 "enable_model_warmup", "grpc_channel_arguments", "grpc_socket_path", "ssl_config_file",
+                 "grpc_channel_arguments", "grpc_socket_path", "ssl_config_file",
                  "platform_config_file", "saved_model_tags", "per_process_gpu_memory_fraction",
                  "flush_filesystem_caches", "tensorflow_session_parallelism", "num_load_threads",
                  "num_unload_threads", "max_num_load_retries", "load_retry_interval_micros",
@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_whole("processes", "the front ends run in the model process"),
                    help="processes serving REST and gRPC on the same ports, sending tensors to this process's "
                         "models through shared memory (ours; default: 0, the front ends run in this process)")
+    p.add_argument("--enable_model_warmup", type=_bool, nargs="?", const=True, default=True,
+                   help="replay a version's assets.extra/tf_serving_warmup_requests before it serves (default: "
+                        "%(default)s)")
+    p.add_argument("--num_request_iterations_for_warmup", type=_whole("iterations", "no warm-up"), default=1,
+                   help="times each warm-up request runs (default: %(default)s)")
     p.add_argument("--tensorflow_intra_op_parallelism", type=int, default=0, help="TF intra-op threads (0: TF's)")
     p.add_argument("--tensorflow_inter_op_parallelism", type=int, default=0, help="TF inter-op threads (0: TF's)")
     for flag in IGNORED_FLAGS:
@@ -108,7 +113,8 @@ def server_from_args(args: argparse.Namespace):
     return Server(models, grpc_port=args.port, rest_port=args.rest_api_port or None, host=args.host,
                   batching=batching, grpc_threads=args.grpc_max_threads, rest_threads=args.rest_api_num_threads,
                   file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
-                  frontend_workers=args.frontend_workers)
+                  frontend_workers=args.frontend_workers,
+                  warmup_iterations=args.num_request_iterations_for_warmup if args.enable_model_warmup else 0)
 
 
 def _set_tf_threads(args: argparse.Namespace) -> None:

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -281,11 +281,13 @@ class ModelManager(VersionTable):
     policy does: while a model has selected versions but none of them is AVAILABLE (its load failed), its newest
     unselected version keeps serving. `start_polling(seconds)` refreshes every `seconds` on a thread of
     its own, off the request path. A version that failed to load is tried again only once it has left the
-    selection and come back.
+    selection and come back. `warm_up(servable)`, when given, runs on each version loaded before it is AVAILABLE
+    (serving.warmup replays its warm-up requests); an exception from it fails the version's load.
     """
 
-    def __init__(self, specs: Sequence[ModelSpec]):
+    def __init__(self, specs: Sequence[ModelSpec], warm_up: Optional[Callable[[Servable], object]] = None):
         super().__init__(specs)
+        self._warm_up = warm_up
         self._failed: Dict[str, Set[int]] = {s.name: set() for s in specs}
         self._unlisted: Set[str] = set()  # models whose base path could not be listed at the last refresh
         #: unloaded versions not freed yet (a request in flight held them at the last collection) -> weak references
@@ -377,6 +379,8 @@ class ModelManager(VersionTable):
             self._status[name][version] = VersionStatus(version, "LOADING")
         try:
             servable = Servable(name, version, path)
+            if self._warm_up is not None:
+                self._warm_up(servable)
         except Exception as exc:  # a broken version is reported in its status, the others still serve
             logger.error("model %s version %d failed to load from %s: %s", name, version, path, exc)
             with self._lock:

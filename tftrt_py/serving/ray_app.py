@@ -58,6 +58,9 @@ class RayAppArgs(pydantic.BaseModel):
     #: seconds between a replica's looks for model versions to load and unload (TF Serving's flag and default; 0:
     #: only at start): a new version loads beside the old one, which unloads once the new one serves
     file_system_poll_wait_seconds: float = pydantic.Field(1, ge=0)
+    #: times each of a version's warm-up requests (assets.extra/tf_serving_warmup_requests) runs before it serves,
+    #: as tftrt-serve's --num_request_iterations_for_warmup (0: no warm-up): a replica is running once warm
+    num_request_iterations_for_warmup: int = pydantic.Field(1, ge=0)
     #: Ray Serve's access log, a line per request in each replica's log (Ray's default); off by default here, as in
     #: tftrt-serve and TF Serving: writing it costs a replica about 0.2 ms of CPU per request
     access_log: bool = False
@@ -111,15 +114,17 @@ class TftrtServing:
     """One replica: loads the models, serves them with tftrt-serve's REST app (create_app over a Service)."""
 
     def __init__(self, models: List[ModelSpec], batching: str, options: Optional[BatchingOptions],
-                 rest_threads: int, tf_threads: int, poll_seconds: float = 0):
+                 rest_threads: int, tf_threads: int, poll_seconds: float = 0, warmup_iterations: int = 1):
         import tensorflow as tf
 
         from tftrt_py.serving.models import ModelManager
         from tftrt_py.serving.service import Service
+        from tftrt_py.serving.warmup import warmer
 
         if tf_threads:
             tf.config.threading.set_intra_op_parallelism_threads(tf_threads)
-        self.service = Service(ModelManager(models), options, SCHEDULERS[batching] or BatchScheduler)
+        self.service = Service(ModelManager(models, warmer(warmup_iterations)), options,
+                               SCHEDULERS[batching] or BatchScheduler)
         self.rest_threads = rest_threads
         try:
             self.service.manager.load()
@@ -152,4 +157,5 @@ def build_app(args: RayAppArgs) -> Application:
     gpus = args.replica_gpus()
     tf_threads = 0 if gpus else max(1, int(args.num_cpus))
     return TftrtServing.options(**args.deployment_options(gpus)).bind(
-        args.models(), args.batching, options, args.rest_threads, tf_threads, args.file_system_poll_wait_seconds)
+        args.models(), args.batching, options, args.rest_threads, tf_threads, args.file_system_poll_wait_seconds,
+        args.num_request_iterations_for_warmup)

@@ -25,7 +25,8 @@ class Server:
 
     def __init__(self, models: Sequence[ModelSpec], *, grpc_port: Optional[int] = 0, rest_port: Optional[int] = 0,
                  host: str = "127.0.0.1", batching: Optional[BatchingOptions] = None, grpc_threads: int = 64,
-                 rest_threads: int = 64, file_system_poll_wait_seconds: float = 1, frontend_workers: int = 0):
+                 rest_threads: int = 64, file_system_poll_wait_seconds: float = 1, frontend_workers: int = 0,
+                 warmup_iterations: int = 1):
         if grpc_port is None and rest_port is None:
             raise ValueError("serve at least one API: give a gRPC or a REST port")
         if file_system_poll_wait_seconds < 0:
@@ -34,6 +35,9 @@ class Server:
         if frontend_workers < 0:
             raise ValueError(f"frontend_workers must be >= 0 (0: the front ends run in this process), got "
                              f"{frontend_workers}")
+        if warmup_iterations < 0:
+            raise ValueError(f"warmup_iterations must be >= 0 (0: no warm-up), got {warmup_iterations}")
+        self.warmup_iterations = warmup_iterations
         self.file_system_poll_wait_seconds = file_system_poll_wait_seconds
         self.models, self.host, self.batching = list(models), host, batching
         self.grpc_port, self.rest_port = grpc_port, rest_port
@@ -49,9 +53,10 @@ class Server:
         from tftrt_py.serving.frontends import FrontEnds
         from tftrt_py.serving.models import ModelManager
         from tftrt_py.serving.service import Service
+        from tftrt_py.serving.warmup import warmer
         from tftrt_py.serving.worker_pool import WorkerPool
 
-        self.service = Service(ModelManager(self.models), self.batching)
+        self.service = Service(ModelManager(self.models, warmer(self.warmup_iterations)), self.batching)
         try:
             if self.frontend_workers:
                 self.workers = WorkerPool(self.service, self.frontend_workers, self.host, self.grpc_port,
