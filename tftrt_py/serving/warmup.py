@@ -67,22 +67,21 @@ def warm_up(servable, iterations: int) -> int:
 
 
 def _predict_requests(path: str):
-    """[(record index, PredictRequest or None for another kind of log)] of the TFRecord file `path`; ValueError
-    when it holds more than MAX_RECORDS records or one that is not a PredictionLog."""
+    """(record index, PredictRequest, or None for another kind of log) for each record of the TFRecord file `path`,
+    read one at a time; ValueError at a record that is not a PredictionLog, or past MAX_RECORDS records."""
     import tensorflow as tf
     from google.protobuf.message import DecodeError
     from tensorflow_serving.apis import prediction_log_pb2
 
-    requests = []
+    index = 0
     try:
         for index, record in enumerate(tf.data.TFRecordDataset(path).take(MAX_RECORDS + 1)):
             if index == MAX_RECORDS:
                 raise ValueError(f"{path} holds more than {MAX_RECORDS} warm-up records: keep at most "
                                  f"{MAX_RECORDS}")
             log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
-            requests.append((index, log.predict_log.request if log.WhichOneof("log_type") == "predict_log" else None))
+            yield index, log.predict_log.request if log.WhichOneof("log_type") == "predict_log" else None
     except DecodeError as exc:
-        raise ValueError(f"warm-up record {len(requests)} of {path} is not a PredictionLog: {exc}") from None
+        raise ValueError(f"warm-up record {index} of {path} is not a PredictionLog: {exc}") from None
     except tf.errors.OpError as exc:  # a truncated or corrupt TFRecord
         raise ValueError(f"{path} is not a readable TFRecord file: {exc.message}") from None
-    return requests
