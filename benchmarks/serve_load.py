@@ -32,6 +32,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -220,8 +221,22 @@ class Subprocess:
         return _cpu_seconds(pid) + sum(_cpu_seconds(child) for child in _children(pid))
 
     def stop(self):
+        """SIGTERM, then SIGKILL for it and its workers after 30 s (said on stderr, not raised: a stop in a
+        `finally` must not hide the error that ended the run)."""
         self.process.terminate()
-        self.process.wait(30)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            children = _children(self.process.pid)
+            print(f"tftrt-serve (pid {self.process.pid}) still running 30 s after SIGTERM: killed with its "
+                  f"{len(children)} worker(s)", file=sys.stderr, flush=True)
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.process.kill()
+            self.process.wait()
 
 
 SERVERS = {"inprocess": InProcess, "subprocess": Subprocess}
