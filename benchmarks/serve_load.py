@@ -116,8 +116,9 @@ def convert(model: str, root: str, batches) -> str:
 
 def write_warmup_requests(version_dir: str, max_batch: int, size: int) -> None:
     """TF Serving's warm-up file in `version_dir`: a predict request of random images for each power of two up to
-    `max_batch` and `max_batch` itself, the batches a server batching up to `max_batch` runs, so a server loading
-    the version builds their execution contexts before it serves (docs/serving.md#model-warm-up)."""
+    `max_batch` and `max_batch` itself, the batches of the engine copies (engine_op.buckets) a server batching up
+    to `max_batch` runs on, so a server loading the version builds them before it serves
+    (docs/serving.md#model-warm-up)."""
     import tensorflow as tf
     from tensorflow.python.saved_model import loader_impl
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
