@@ -92,3 +92,26 @@ def test_tftrt_serve_process_serves_until_sigterm(models):
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     assert code == 0
+
+
+def test_sigterm_taken_by_another_thread_still_stops_the_server(models):
+    """The kernel may deliver SIGTERM to any thread that does not block it; here the main thread blocks it, so a
+    thread of the process other than the one serving takes it."""
+    script = (
+        "import signal, sys, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+        "from tftrt_py.serving import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    command = [sys.executable, "-c", script, "--host=127.0.0.1", "--port=0", "--rest_api_port=0",
+               "--model_name=mlp", f"--model_base_path={os.path.join(models.root, 'mlp')}"]
+    proc = subprocess.Popen(command, env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "serving mlp" in line, proc.stderr.read() if not line else line
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert code == 0

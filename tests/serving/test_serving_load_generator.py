@@ -52,3 +52,20 @@ def test_600_kb_requests_cross_many_flow_control_windows(server, api):
     request = serve_load.REQUESTS[api]("mlp", "features", x)
     result = serve_load.c_clients(getattr(server.server, API_PORTS[api]), request, 2, 6, 30)
     assert (result["requests"], result["errors"], result["first_error"]) == (6, 0, None)
+
+
+@pytest.mark.parametrize("api", ["grpc", "rest"])
+def test_several_processes_share_the_connections_and_requests(server, api):
+    x = np.random.default_rng(0).standard_normal((1, 32, 32, 3), np.float32)
+    request = serve_load.REQUESTS[api]("cnn", "image", x)
+    result = serve_load.c_clients(getattr(server.server, API_PORTS[api]), request, 5, 50, 30, procs=3)
+    assert (result["requests"], result["errors"], result["first_error"]) == (50, 0, None)
+    assert 0 < result["p50_ms"] <= result["p99_ms"] and result["seconds"] > 0
+
+
+def test_errors_of_several_processes_add_up():
+    port = serve_load._free_port()
+    result = serve_load.c_clients(port, serve_load.REQUESTS["grpc"]("cnn", "image", np.zeros((1, 2), np.float32)),
+                                  4, 8, 10, procs=2)
+    assert (result["requests"], result["errors"], result["error_kinds"]) == (0, 8, {"connect": 8})
+    assert result["first_error"].startswith("connect: ") and result["p99_ms"] is None
