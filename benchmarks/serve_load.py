@@ -458,11 +458,17 @@ def c_clients(port: int, request: Request, connections: int, requests: int, time
         on_start()
         running = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
         parts = []
-        for process in running:
-            out, err = process.communicate(timeout=time_limit + 180)
-            if process.returncode:
-                raise RuntimeError(f"loadgen failed ({process.returncode}): {err.strip()}")
-            parts.append(json.loads(out))
+        try:
+            for process in running:
+                out, err = process.communicate(timeout=time_limit + 180)
+                if process.returncode:
+                    raise RuntimeError(f"loadgen failed ({process.returncode}): {err.strip()}")
+                parts.append(json.loads(out))
+        finally:
+            for process in running:  # the others, when one failed
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
         latencies = np.concatenate([np.fromfile(os.path.join(folder, f"latencies.{i}"), np.float64)
                                     for i in range(procs)]) * 1e3
     kinds = collections.Counter()

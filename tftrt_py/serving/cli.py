@@ -23,12 +23,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["build_parser", "server_from_args", "main"]
 
-#: TF Serving flags accepted so deployment scripts run unchanged, but without effect here
 #: Seconds between the main thread's checks for SIGTERM/SIGINT while it serves. The kernel may hand a signal to any
 #: thread of the process (TensorFlow's, gRPC's, CUDA's); Python then runs the handler on the main thread, but only
 #: once that thread runs again: one blocked in a wait without a timeout would never stop.
 SIGNAL_CHECK_S = 0.5
 
+#: TF Serving flags accepted so deployment scripts run unchanged, but without effect here
 IGNORED_FLAGS = ("rest_api_timeout_in_ms", "model_config_file_poll_wait_seconds", "monitoring_config_file",
                  "grpc_channel_arguments", "grpc_socket_path", "ssl_config_file",
                  "platform_config_file", "saved_model_tags", "per_process_gpu_memory_fraction",
