@@ -98,3 +98,24 @@ def test_a_stage_after_a_converter_went_collects_what_that_converter_left_in_cyc
         assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+def test_objects_frozen_before_the_module_was_imported_do_not_keep_a_stage_from_setting_older_ones_aside(
+        monkeypatch):
+    from tftrt_py.converters import memory
+
+    gc.freeze()  # as CPython 3.12 starts, with objects of its own frozen
+    try:
+        monkeypatch.setattr(memory, "_FROZEN_AT_IMPORT", gc.get_freeze_count())
+        seen = []
+
+        @frees_its_memory
+        def stage():
+            Cycle()
+            seen.append(gc.get_freeze_count())
+
+        stage()
+        assert seen[0] > memory._FROZEN_AT_IMPORT  # the stage set its older objects aside
+        assert gc.get_freeze_count() == 0  # and put every frozen object back
+    finally:
+        gc.unfreeze()
