@@ -26,6 +26,10 @@ __device__ __forceinline__ float tt_mod(float a, float b) {
 __device__ __forceinline__ float tt_sign(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
 __device__ __forceinline__ float tt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float tt_softplus(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+// x rounded to the nearest half (PTX cvt: cupy declares a half type only for kernels with half arguments)
+__device__ __forceinline__ float tt_half(float x) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
+  return x; }
 // float to integer as on x86 (numpy, TF on the CPU): NaN and values out of range give the integer's minimum
 __device__ __forceinline__ int tt_f2i(float x) {
   return (x >= -2147483648.0f && x < 2147483648.0f) ? (int)x : (-2147483647 - 1); }
@@ -185,6 +189,8 @@ def layer_expr(layer, args: List[Val], weight_vals: Dict[str, Val]) -> Val:
         v = args[0]
     else:
         raise ValueError(f"{kind} is not a pointwise layer")
+    if layer.outputs[0].dtype == "float16":  # the model computes this value in half: round it as TF does, also
+        return Val(f"tt_half({v.f()})", "f")  # where the fused kernel keeps it in a register
     return Val(v.as_kind(out_kind), out_kind)
 
 
