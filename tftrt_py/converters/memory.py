@@ -15,8 +15,8 @@ converter that went before it: a stage after one collects everything.
 
 CPython 3.12 starts with a few hundred of its own objects frozen (``gc.get_freeze_count()`` is 375 in a bare 3.12
 interpreter, 0 in 3.11 and 3.13). Objects frozen before this module was imported count as nobody's: a stage sets the
-older objects aside all the same, and its unfreeze puts those back with the rest. Without that, every stage on 3.12
-collected every object (0.25-0.35 s a stage with TensorFlow and the GPU libraries loaded).
+older objects aside all the same, and its unfreeze puts those back with the rest; otherwise every stage on 3.12 would
+collect every object (0.25-0.35 s a stage with TensorFlow and the GPU libraries loaded).
 """
 from __future__ import annotations
 
