@@ -9,17 +9,19 @@
 # this script then joins and installs them with the small wheels beside the last part (.tfc6/*.whl) into
 # /tmp/tfsite. With TensorFlow there, the engine-op GPU tests run too, and SERVED="<served_gpu.py args>"
 # runs benchmarks/served_gpu.py (the converted SavedModels as users serve them).
+# The wheels install with their bytecode, as pip installs them for users (the GPU machine's environment sets
+# PYTHONDONTWRITEBYTECODE, so modules installed without it are compiled again by every process).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then  # installed once; a later call on the same machine finds /tmp/site
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 if [ -d /tmp/tfparts ] && [ ! -d /tmp/tfsite ]; then
   mkdir -p /tmp/tfwheels && cat /tmp/tfparts/tfpart.* > /tmp/tfwheels/tensorflow_cpu-2.21.0-cp312-cp312-manylinux_2_27_x86_64.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/tfsite \
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/tfsite \
     /tmp/tfwheels/*.whl .tfc6/*.whl || rm -rf /tmp/tfsite
 fi
 [ -d /tmp/tfsite ] && export PYTHONPATH="$PYTHONPATH:/tmp/tfsite"

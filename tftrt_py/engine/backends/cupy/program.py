@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tftrt_py import settings
-from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec, fp8
 from tftrt_py.engine.backends.cupy.ops.base import align
@@ -317,6 +317,7 @@ def compile_program(engine, options: BuildOptions, prefer: Dict[str, dict], ledg
     for layer in net.layers:
         build.add_layer(layer)
     tuner.release()
+    kernels.compile_pending()  # (in parallel, before the first run would compile them one after another)
     prog = build.prog
     prog.tuning_report = tuner.report
     _bind_outputs(prog, net, build.dtypes)

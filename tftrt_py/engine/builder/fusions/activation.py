@@ -67,7 +67,7 @@ def _region(network, users, root, x) -> Optional[List]:
             if c is not None or t.producer is None:
                 return None
             stack.append(t.producer)
-    region = [l for l in network.layers if id(l) in found]
+    region = sorted(found.values(), key=network.layers.index)  # (a C scan by identity: Layer has no __eq__)
     return region if all(private(network, users, l.outputs[0], region) for l in region[:-1]) else None
 
 

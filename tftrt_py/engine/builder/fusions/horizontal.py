@@ -51,7 +51,7 @@ def _covering_range(outs) -> Optional[float]:
 
 def _merge(network, group: List) -> None:
     """Replace `group` (siblings, in network order) by one layer and a Slice per sibling."""
-    first = group[0]
+    first, users = group[0], network.consumers()  # (one scan of the network, not two a sibling)
     outs = [l.outputs[0] for l in group]
     bias = np.concatenate([l.weights.get("bias", np.zeros(o.shape[-1], o.dtype)) for l, o in zip(group, outs)])
     name = " + ".join(l.name for l in group)
@@ -72,8 +72,10 @@ def _merge(network, group: List) -> None:
             params = {"start": [0] * (rank - 1) + [start], "size": list(out.shape), "stride": [1] * rank}
             piece = network.add_layer("Slice", fused.outputs, params, name=f"{layer.name} (split)").outputs[0]
             start += out.shape[-1]
-            network.replace_all_uses(out, piece)
-            network.erase(layer)
+            readers = users.pop(out.name, [])
+            network.replace_all_uses(out, piece, readers)
+            users[piece.name] = readers
+            network.erase(layer, users)
             if network.is_output(piece):
                 piece.name = out.name
     logger.info("horizontal %s: %s", first.kind, fused.name)

@@ -176,8 +176,9 @@ def prefetch_requests(convolutions, count: int, tiles=None) -> list:
     """The compile requests of these convolutions' kernels (for triton.prefetch): `tiles` each, or by default the
     `count` of conv_tiles; a job is (format, geom, has bias, activation, residual (batch, dtype) or None, residual
     scaled, output dtype, the scale of the quantized values it writes or None, whether it writes a quantized copy
-    beside a float output), those the kernel fits; none where Triton is missing."""
-    if not triton.available():
+    beside a float output), those the kernel fits; none where Triton is missing (not imported when there is
+    nothing to compile: an FP16 build has no quantized convolutions, and importing Triton costs about 0.2 s)."""
+    if not convolutions or not triton.available():
         return []
     device = _device.require().cuda.Device()
     capability, sms = int(device.compute_capability), device.attributes["MultiProcessorCount"]
