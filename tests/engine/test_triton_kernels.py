@@ -173,7 +173,6 @@ def test_the_kernels_compiled_ahead_are_those_the_build_times(monkeypatch):
     assert [(dict(r[3])["BM"], r[5], r[6]) for r in given] == [(64, 4, 3)]
 
 
-
 def test_a_build_without_quantized_convolutions_does_not_import_triton(monkeypatch):
     """Nothing to compile (an FP16 build's prefetch): no request, and Triton (about 0.2 s to import) is not asked
     whether it is there."""
