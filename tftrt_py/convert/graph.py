@@ -51,13 +51,13 @@ def without_weights(graph_def) -> Tuple[graph_pb2.GraphDef, Dict[str, object]]:
     return light, _copy_standing_in(graph_def.node, light.node)
 
 
-def function_without_weights(fdef) -> function_pb2.FunctionDef:
-    """FunctionDef `fdef` with its weights stood in for, as :func:`without_weights` does for a GraphDef."""
+def function_without_weights(fdef) -> Tuple[function_pb2.FunctionDef, Dict[str, object]]:
+    """(FunctionDef `fdef` with its weights stood in for, those Consts by name), as :func:`without_weights` does for
+    a GraphDef."""
     light = function_pb2.FunctionDef()
     for field in ("signature", "attr", "arg_attr", "resource_arg_unique_id", "ret", "control_ret"):
         getattr(light, field).MergeFrom(getattr(fdef, field))
-    _copy_standing_in(fdef.node_def, light.node_def)
-    return light
+    return light, _copy_standing_in(fdef.node_def, light.node_def)
 
 
 def _copy_standing_in(nodes, out) -> Dict[str, object]:

@@ -23,7 +23,7 @@ from tftrt_py.convert.graph import GraphView, split_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
-from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, summary as summary_lib
+from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, saved_weights, summary as summary_lib
 from tftrt_py.converters.memory import MemoryReturn, frees_its_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
@@ -366,10 +366,11 @@ class TrtGraphConverterV2:
         graph_def = type(self._converted_graph_def)()
         graph_def.CopyFrom(self._converted_graph_def)
         kept, tracked, rewritten = self._captures, self._variables, set()
+        weights_function = f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}"
         if self.freeze and not self._saves_variables:  # served faster as constants (see convert.segment_weights)
             moved, rewritten = segment_weights.reads_into_segments(graph_def, self._variable_reads)
             variables.reads_as_constants(graph_def, {k: v for k, v in self._variable_reads.items() if k not in moved},
-                                         f"{variables.WEIGHTS_FUNCTION}_{uuid.uuid4().hex}")
+                                         weights_function)
             kept = {name: handle for name, handle in kept.items() if name in {n.name for n in graph_def.node}}
             tracked = list(self._written.values())  # variables the model writes stay variables
         functions = {f.signature.name: f for f in graph_def.library.function}
@@ -403,10 +404,15 @@ class TrtGraphConverterV2:
             root.tftrt_variables = tracked
         if self._resources:
             root.tftrt_resources = list(self._resources.values())
+        # the weights this save made constants go into saved_model.pb after the writer (converters.saved_weights);
+        # a writer of the chunked format (experimental_image_format) gets them itself
+        weights = ({} if getattr(options, "experimental_image_format", False)
+                   else saved_weights.stand_in_weights(graph_def, weights_function))
         func = graph_io.function_from_graph_def(self._func, graph_def, self._input_names, self._output_names,
                                                 {**captures, **kept})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},
                             options=options)
+        saved_weights.write_weights(output_saved_model_dir, weights)
 
     # -- summary --------------------------------------------------------------
     def summary(self, line_length=160, detailed=True, print_fn=None):

@@ -415,7 +415,7 @@ def _segment_function(fdef):
         (tuple(spec(a) for a in fdef.signature.input_arg), {}), [spec(a) for a in fdef.signature.output_arg])
     # its FuncGraph (TF builds one to save a function that has none) from the definition without the weights: the
     # same inputs and outputs, without importing every weight into a graph
-    light = types.SimpleNamespace(definition=function_without_weights(fdef), function_type=function_type,
+    light = types.SimpleNamespace(definition=function_without_weights(fdef)[0], function_type=function_type,
                                   children=[], call_options=atomic_function.CallOptions())
     atomic = atomic_function.AtomicFunction(name, ctx, function_type, cached_graph=atomic_function.to_func_graph(light))
     for gone in [n for n, (_, ref) in _SEGMENTS.items() if ref() is None]:  # functions dropped since
