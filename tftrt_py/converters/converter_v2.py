@@ -358,11 +358,13 @@ class TrtGraphConverterV2:
                              f"save into it anyway")
         asset_dir = tempfile.mkdtemp(prefix="tftrt_engines_")
         try:
-            self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
+            weights = self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
         finally:
             shutil.rmtree(asset_dir, ignore_errors=True)
+        saved_weights.write_weights(output_saved_model_dir, weights)  # (the graph _save copied gone but for them)
 
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
+        """Write the SavedModel; returns the weights it holds as stand-ins, for saved_weights.write_weights."""
         graph_def = type(self._converted_graph_def)()
         graph_def.CopyFrom(self._converted_graph_def)
         kept, tracked, rewritten = self._captures, self._variables, set()
@@ -412,7 +414,7 @@ class TrtGraphConverterV2:
                                                 {**captures, **kept})
         tf.saved_model.save(root, output_saved_model_dir, {self._input_saved_model_signature_key: func},
                             options=options)
-        saved_weights.write_weights(output_saved_model_dir, weights)
+        return weights
 
     # -- summary --------------------------------------------------------------
     def summary(self, line_length=160, detailed=True, print_fn=None):

@@ -50,7 +50,9 @@ def stand_in_weights(graph_def, weights_function: str) -> Dict[str, Dict[str, ob
 
 def write_weights(export_dir: str, weights: Dict[str, Dict[str, object]]) -> None:
     """Put `weights` (from :func:`stand_in_weights`) into the functions of the same names in `export_dir`'s
-    saved_model.pb, and write its fingerprint.pb again where the writer wrote one (it holds the file's checksum)."""
+    saved_model.pb, and write its fingerprint.pb again where the writer wrote one (it holds the file's checksum).
+    The weights leave `weights` once copied into the file's graph, before it is serialized, so that the graph they
+    came from can be freed first where nothing else holds it (a protobuf message's memory goes with all of it)."""
     if not weights:
         return
     path = os.path.join(export_dir, SAVED_MODEL_FILE)
@@ -62,6 +64,7 @@ def write_weights(export_dir: str, weights: Dict[str, Dict[str, object]]) -> Non
                 restore_weights(fdef.node_def, weights[fdef.signature.name])
                 restored.add(fdef.signature.name)
     missing = sorted(set(weights) - restored)
+    weights.clear()
     if missing:  # the writer renamed or left out a function: the file would serve stand-ins
         raise RuntimeError(f"TensorFlow's SavedModel writer wrote no function {missing[0]!r} into {path}, so its "
                            f"weights have nowhere to go; save again with TFTRT_PY_KEEP_VARIABLES_BYTES=0 (weights "
