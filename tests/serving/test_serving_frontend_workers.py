@@ -416,3 +416,20 @@ def test_a_worker_that_sends_a_message_it_may_not_is_ended(caplog):
     WorkerPool._read(WorkerPool.__new__(WorkerPool), worker)  # returns: the reader stops, the watcher replaces it
     assert worker.process.killed
     assert "front-end worker 1 (pid 4321) sent a message it may not" in caplog.text
+
+
+def test_items_the_model_process_sends_with_the_start_arguments_reach_the_worker(monkeypatch):
+    """The model process's link sends what it queued together: a version change pushed just after a worker's start
+    arguments can come in their message, and the worker acts on it once started."""
+    from tftrt_py.serving import frontend_worker
+
+    view = ("view", 2, "the new snapshot")
+    message = [("the config", 1 << 20, "the first snapshot"), view]
+    link = types.SimpleNamespace(receive=lambda: list(message))
+    monkeypatch.setattr(frontend_worker, "Connection", lambda fd: fd)
+    monkeypatch.setattr(frontend_worker, "Link", lambda conn, name, direct: link)
+    started = []
+    monkeypatch.setattr(frontend_worker, "start", lambda *args: started.append(args))
+    monkeypatch.setattr(frontend_worker.sys, "argv", ["worker", "7"])
+    frontend_worker.run()
+    assert started == [("the config", link, 1 << 20, "the first snapshot", [view])]

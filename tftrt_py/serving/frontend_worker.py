@@ -174,16 +174,18 @@ class WorkerService(ServiceBase):
 
 def run() -> None:
     """The worker process's entry (`python -c "from tftrt_py.serving.frontend_worker import run; run()" FD`): FD
-    is its end of the control link, whose first message is `start()`'s arguments."""
+    is its end of the control link, whose first item is `start()`'s arguments (the model process's link may send
+    the items queued after it, a version change say, in the same message: `start()` acts on them first)."""
     fd = int(sys.argv[1])
     link = Link(Connection(fd), f"tftrt-serve-worker-{os.getpid()}", direct=True)
-    (config, arena_bytes, snapshot), = link.receive()
-    start(config, link, arena_bytes, snapshot)
+    (config, arena_bytes, snapshot), *early = link.receive()
+    start(config, link, arena_bytes, snapshot, early)
 
 
-def start(config: WorkerConfig, link: Link, arena_bytes: int, snapshot) -> None:
+def start(config: WorkerConfig, link: Link, arena_bytes: int, snapshot, early: Sequence[tuple] = ()) -> None:
     """Map the arenas (memory files the model process passed as `config.request_fd` and `config.response_fd`),
-    start the front ends on the shared ports, say so, serve until told to stop."""
+    start the front ends on the shared ports, say so, act on the `early` items (those that came with the start's
+    arguments), serve until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the model process stops the workers (a terminal's ^C hits all)
     logging.basicConfig(level=config.log_level, format="%(levelname)s %(name)s: %(message)s")
     fronts = None
@@ -206,6 +208,8 @@ def start(config: WorkerConfig, link: Link, arena_bytes: int, snapshot) -> None:
     gc.freeze()  # TensorFlow's and the front ends' objects: the cyclic collector skips them (see models.py)
     link.send(("started", os.getpid()))
     stop = threading.Event()
+    if early and not service._handle(list(early)):  # pylint: disable=protected-access
+        stop.set()
     threading.Thread(target=service.serve, args=(stop,), name="tftrt-serve-worker-receive", daemon=True).start()
     stop.wait()
     fronts.stop(grace=STOP_GRACE)
