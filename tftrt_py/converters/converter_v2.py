@@ -361,7 +361,7 @@ class TrtGraphConverterV2:
             weights = self._save(output_saved_model_dir, save_gpu_specific_engines, options, asset_dir)
         finally:
             shutil.rmtree(asset_dir, ignore_errors=True)
-        saved_weights.write_weights(output_saved_model_dir, weights)  # (the graph _save copied gone but for them)
+        saved_weights.write_weights(output_saved_model_dir, weights)  # (_save's copy of the graph gone but these)
 
     def _save(self, output_saved_model_dir, save_gpu_specific_engines, options, asset_dir):
         """Write the SavedModel; returns the weights it holds as stand-ins, for saved_weights.write_weights."""

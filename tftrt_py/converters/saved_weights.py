@@ -31,20 +31,16 @@ def stand_in_weights(graph_def, weights_function: str) -> Dict[str, Dict[str, ob
     of variables.reads_as_constants). Returns function name -> its weights by node name (the Consts themselves).
     A function the converter's own converted function shares keeps its weights: TensorFlow runs functions by name,
     and a stand-in registered under that name would replace it there."""
-    functions = list(graph_def.library.function)
-    weights, kept = {}, []
-    for fdef in functions:
-        name = fdef.signature.name
+    library = graph_def.library.function
+    weights, stand_ins = {}, []
+    for i in reversed(range(len(library))):
+        name = library[i].signature.name
         if WEIGHTS_SUFFIX in name or name == weights_function:
-            light, held = function_without_weights(fdef)
+            light, held = function_without_weights(library[i])
             if held:
-                weights[name] = held
-                kept.append(light)
-                continue
-        kept.append(fdef)
-    if weights:  # (the Consts stay alive and unchanged in `functions`' definitions, which `weights` holds)
-        del graph_def.library.function[:]
-        graph_def.library.function.extend(kept)
+                weights[name], stand_ins = held, stand_ins + [light]
+                del library[i]  # (its Consts stay as they are, held by `weights`)
+    library.extend(stand_ins)
     return weights
 
 
