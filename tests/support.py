@@ -59,6 +59,13 @@ def segment_graph_def(fn, specs):
     return out
 
 
+def saved_module(module, signature, tmp_path_factory, name: str) -> str:
+    """The directory of a SavedModel of `module` serving `signature` (its tf.function), in a new folder `name`."""
+    path = str(tmp_path_factory.mktemp(name) / "model")
+    tf.saved_model.save(module, path, signatures=signature)
+    return path
+
+
 def graph_def_dtype(graph_def, name, port):
     g = tf.Graph()
     with g.as_default():

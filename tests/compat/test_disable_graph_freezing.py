@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from harness import TOLERANCE
+from support import saved_module
 from tftrt_py import trt_convert as trt
 from tftrt_py.convert import variables
 from tftrt_py.convert.build import SegmentGraph, build_engine
@@ -53,9 +54,7 @@ def without_freezing(monkeypatch):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     model = VariableModel()
-    path = str(tmp_path_factory.mktemp("variables") / "model")
-    tf.saved_model.save(model, path, signatures=model.run)
-    return path
+    return saved_module(model, model.run, tmp_path_factory, "variables")
 
 
 def engine_nodes(converter):

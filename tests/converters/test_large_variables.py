@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from support import saved_module
 from tftrt_py import settings, trt_convert as trt
 from tftrt_py.convert import variables
 from tftrt_py.engine_op import dispatcher
@@ -44,9 +45,7 @@ def feeds(batch):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     model = LargeModel()
-    path = str(tmp_path_factory.mktemp("large") / "model")
-    tf.saved_model.save(model, path, signatures=model.serve)
-    return path
+    return saved_module(model, model.serve, tmp_path_factory, "large")
 
 
 @pytest.fixture(params=[False, True], ids=["static", "dynamic"])

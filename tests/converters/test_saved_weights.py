@@ -9,6 +9,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
+from support import saved_module
 from tftrt_py import settings, trt_convert as trt
 from tftrt_py.convert.graph import LARGE_CONST_BYTES
 from tftrt_py.convert.segment_weights import fresh_function_name
@@ -55,9 +56,7 @@ class Dense(tf.Module):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     model = Dense()
-    path = str(tmp_path_factory.mktemp("dense") / "model")
-    tf.saved_model.save(model, path, signatures=model.serve)
-    return path
+    return saved_module(model, model.serve, tmp_path_factory, "dense")
 
 
 def test_the_saved_model_holds_the_weights_once_as_constants_its_fingerprint_matches_and_it_serves(
