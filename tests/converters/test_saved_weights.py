@@ -83,7 +83,7 @@ def test_the_saved_model_holds_the_weights_once_as_constants_its_fingerprint_mat
     assert converter._converted_func(x)["y"].shape == (4, WIDTH)  # the converter's own function still runs
 
 
-def test_a_function_the_writer_did_not_write_is_an_error_that_says_how_to_save(model_dir, tmp_path):
+def test_a_function_the_writer_did_not_write_is_an_error_that_says_how_to_save(tmp_path):
     out = str(tmp_path / "plain")
     tf.saved_model.save(Dense(), out)
     graph_def = graph_pb2.GraphDef()

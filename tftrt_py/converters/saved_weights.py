@@ -38,7 +38,8 @@ def stand_in_weights(graph_def, weights_function: str) -> Dict[str, Dict[str, ob
         if WEIGHTS_SUFFIX in name or name == weights_function:
             light, held = function_without_weights(library[i])
             if held:
-                weights[name], stand_ins = held, stand_ins + [light]
+                weights[name] = held
+                stand_ins.append(light)
                 del library[i]  # (its Consts stay as they are, held by `weights`)
     library.extend(stand_ins)
     return weights
