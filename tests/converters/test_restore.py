@@ -53,6 +53,32 @@ def test_a_variable_shared_by_two_trackable_lists_is_restored_once_from_its_key(
     np.testing.assert_array_equal(loaded.used.numpy(), module.used.numpy())
 
 
+class ManyWeights(tf.Module):
+    """Variables of several sizes and dtypes, more of them than the restore's threads."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.weights = [tf.Variable(rng.standard_normal((n, 3)).astype(np.float32)) for n in (1, 40, 7, 300, 2, 9)]
+        self.offsets = tf.Variable(rng.integers(-5, 5, (3,)).astype(np.int32))
+        self.scale = tf.Variable(np.float16(0.5))
+
+    @tf.function(input_signature=[SPEC])
+    def serve(self, x):
+        y = sum(tf.reduce_sum(w) for w in self.weights) + tf.cast(tf.reduce_sum(self.offsets), tf.float32)
+        return {"y": x * y * tf.cast(self.scale, tf.float32)}
+
+
+def test_variables_read_in_several_threads_each_get_their_own_value(tmp_path, monkeypatch):
+    monkeypatch.setattr(restore, "RESTORE_THREADS", 3)
+    module = ManyWeights()
+    loaded = restore.load_for_signature(save(module, tmp_path / "m"), ["serve"], "serving_default")
+    for got, want in zip(loaded.weights + [loaded.offsets, loaded.scale],
+                         module.weights + [module.offsets, module.scale]):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 class Table(tf.Module):
     """A signature reading a MutableHashTable, whose contents only the checkpoint holds."""
 
