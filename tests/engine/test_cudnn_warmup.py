@@ -3,7 +3,7 @@ rebuilds each convolution spec as the build will see it (same signature, shapes,
 are shared out among at most WORKERS processes that are waited for and ended when late, and nothing starts when
 the driver's JIT cache is off, no spec is a convolution or the GPU has too little memory free for a worker. The
 runtime-compiled plans the workers answer with (serialized) are offered to this process's graphs, each answer's
-fields checked first."""
+fields checked first. A worker runs each candidate it built once, so cupy's kernels compile there."""
 from __future__ import annotations
 
 import io
@@ -89,6 +89,67 @@ def popen(monkeypatch):
     monkeypatch.setattr(cudnn_warmup.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: 64 << 30)
     return FakePopen
+
+
+class Candidate:
+    def __init__(self, name, ran, fails=False):
+        self.name, self.ran, self.fails, self.workspace = name, ran, fails, 64
+
+    def run(self, rc, ins, outs):
+        self.ran.append((self.name, ins, outs))
+        if self.fails:
+            raise RuntimeError("launch failed")
+
+
+class WorkerContext:
+    """A RunContext that is its own stream."""
+
+    def __init__(self):
+        self.stream, self.workspace = self, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+    def ensure_workspace(self, nbytes):
+        self.workspace = max(self.workspace, nbytes)
+
+
+class Operands:
+    """A Tuner's operands: made for a spec, released after it."""
+
+    def __init__(self, fail=False):
+        self.fail, self.held = fail, False
+
+    def operands(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
+        if self.fail:
+            raise MemoryError("out of device memory")
+        self.held = True
+        return [("in", tuple(in_shapes[0]))], [("out", tuple(out_shapes[0]))]
+
+    def release(self):
+        self.held = False
+
+
+def test_a_worker_runs_every_candidate_it_built_once_on_random_operands():
+    """Its kernels compile at that first launch, into the cache the build reads; one failing stops no other."""
+    ran, rc, operands = [], WorkerContext(), Operands()
+    candidates = [Candidate("a", ran, fails=True), Candidate("b", ran)]
+    cudnn_warmup._run_once(candidates, conv_spec(), rc, operands)
+    inputs, outputs = [("in", (4, 8, 8, 3))], [("out", (4, 8, 8, 5))]
+    assert ran == [("a", inputs, outputs), ("b", inputs, outputs)] and rc.workspace == 64
+    assert not operands.held
+
+
+def test_a_worker_without_memory_for_the_operands_runs_nothing():
+    ran = []
+    cudnn_warmup._run_once([Candidate("a", ran)], conv_spec(), WorkerContext(), Operands(fail=True))
+    assert ran == []
 
 
 def test_the_convolutions_are_shared_out_among_at_most_workers_processes(popen):

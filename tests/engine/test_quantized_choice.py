@@ -252,6 +252,29 @@ def test_the_specs_each_layer_is_timed_with_are_handed_to_the_tuner_to_build_tog
     assert [s.signature() for s in tuner.prebuilt] == [s.signature() for s in tuner.timed]
 
 
+def test_every_quantize_step_is_made_before_the_first_timing(monkeypatch):
+    """A step makes its kernel when made: all of them compile with the candidates' before the first timing
+    (tactics.Tuner._timer), rather than each alone as it is first timed."""
+    from tftrt_py.engine import Builder, BuilderConfig
+    from tftrt_py.engine.backends.cupy import quant_planning as program
+    from tftrt_py.engine.backends.cupy.ops import BuildOptions
+
+    attention_kernel_available(monkeypatch)
+    events = []
+    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: events.append("step made"))
+
+    class Recording(FlatTuner):
+        def fastest_ms(self, spec, factory):
+            events.append("timed")
+            return super().fastest_ms(spec, factory)
+
+    built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
+    program.keep_faster_quantized(built, program.quantized_layers(built, "INT8"), "INT8", Recording(0.7, 0.5),
+                                  BuildOptions(), {})
+    assert "step made" in events and "timed" in events
+    assert events.index("timed") > max(i for i, e in enumerate(events) if e == "step made")
+
+
 class KnownTactics:
     """A tuner that holds the tactics of the layers named in `known` (a plan's or the timing cache's)."""
 

@@ -77,3 +77,15 @@ def test_a_lone_kernel_compiles_at_its_launch(cupy):
     alone = kernels.raw_kernel("// alone\n", "a")
     kernels.compile_pending()
     assert alone.compiles == []
+
+
+def test_an_epilogue_told_its_shapes_makes_the_kernel_its_calls_will_launch_at_once(cupy):
+    """So it compiles with its op's other kernels: a GEMM convolution's bias-and-residual epilogue, fp16 [8, 14, 14, 64]
+    with a batch-of-one residual."""
+    from tftrt_py.engine.backends.cupy.ops.pointwise import epilogue_op
+
+    epilogue = epilogue_op("float16", True, True, {"type": "relu"}, (8, 14, 14, 64), (1, 14, 14, 64))
+    (made,) = kernels._pending
+    total = 8 * 14 * 14 * 64
+    assert epilogue._variant(64, total // 8, total, aligned=True) == (made, 8)  # 16-byte accesses of 8 halves
+    assert "#define RES_TOTAL 12544" in made.code and "#define VEC 8" in made.code

@@ -3,6 +3,7 @@ the GPU busy before timing, then times every candidate in interleaved rounds and
 clock still rising does not favour the candidates timed last; operands are random values made on the host."""
 import time
 from types import SimpleNamespace
+from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
@@ -61,3 +62,14 @@ def test_fp8_operands_are_e4m3_codes_of_both_signs_without_nan():
     codes = tactics._random_block("uint8")
     assert not np.isin(codes, [0x7f, 0xff]).any()  # E4M3's NaNs
     assert (codes >= 0x80).any() and (codes < 0x80).any()
+
+
+def test_the_kernels_made_so_far_compile_together_before_a_candidate_first_runs(monkeypatch):
+    """Candidates make their raw kernels when built; cupy would compile each alone at its first launch."""
+    events = []
+    monkeypatch.setattr(tactics.kernels, "compile_pending", lambda: events.append("compile pending"))
+    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Event=object))
+    monkeypatch.setattr(tactics._device, "require", lambda: fake_cupy)
+    op = SimpleNamespace(capturable=False, run=lambda rc, ins, outs: events.append("run"))
+    Tuner(rc=SimpleNamespace(stream=MagicMock()), options=None)._timer(op, [], [])
+    assert events == ["compile pending", "run"]

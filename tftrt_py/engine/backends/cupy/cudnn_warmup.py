@@ -9,13 +9,15 @@ with a fresh driver cache and in 1.3 s with one another process had filled. So :
 convolutions' candidates in a few worker processes (this module as ``__main__``), each with its own GIL and CUDA
 context, and the build that follows calibration finds most of its plans' machine code compiled.
 
-A worker builds what a convolution's candidates build from its geometry, never from its values: weights of the
-layer's shapes filled with ones, the quantized formats' scales as given (stand-ins while calibrating). Triton's
-kernels are not its job (the Triton compile process has them). It answers with the runtime-compiled plans it built,
-serialized by cuDNN (one JSON line each on its stdout: graph key, plan index, name, workspace, tensor uids, base64
-data); they are offered to this process's graphs (ops.conv.offer_plan), which load one in milliseconds where building
-it compiles again (a ResNet-50 3x3 convolution's plan: 1.09 s built, 0.04 s deserialized in another process on an
-H200). The offers stay in memory: a serialized plan holds machine code, so none is ever read from disk.
+A worker builds what a convolution's candidates build from its geometry, never from its values: weights of the layer's
+shapes filled with ones, the quantized formats' scales as given (stand-ins while calibrating). It runs each candidate
+once, so that the cupy kernels they launch (epilogues, im2col, channel padding), which cupy compiles at a first launch,
+are in cupy's on-disk cache (``CUPY_CACHE_DIR``, shared like the driver's) when the build times them. Triton's kernels
+are not its job (the Triton compile process has them). It answers with the runtime-compiled plans it built, serialized
+by cuDNN (one JSON line each on its stdout: graph key, plan index, name, workspace, tensor uids, base64 data); they are
+offered to this process's graphs (ops.conv.offer_plan), which load one in milliseconds where building it compiles again
+(a ResNet-50 3x3 convolution's plan: 1.09 s built, 0.04 s deserialized in another process on an H200). The offers stay
+in memory: a serialized plan holds machine code, so none is ever read from disk.
 """
 from __future__ import annotations
 
@@ -178,24 +180,30 @@ def _spec(d: dict, tuner):
 
 
 def main() -> int:
-    """Build the candidates of the specs read from stdin (describe()'s dicts, as a JSON list): cuDNN's plans only
-    (Triton is reported missing here); answer each runtime-compiled plan built, serialized, as soon as it is."""
+    """Build the candidates of the specs read from stdin (describe()'s dicts, as a JSON list), cuDNN's plans among
+    them (Triton is reported missing here), and run each once; answer each runtime-compiled plan built,
+    serialized, as soon as it is."""
     from tftrt_py.engine.backends.cupy import triton
     from tftrt_py.engine.backends.cupy.context import RunContext
     from tftrt_py.engine.backends.cupy.ops import FACTORIES, conv
+    from tftrt_py.engine.backends.cupy.tactics import Tuner
 
     os.nice(settings.COMPILE_NICENESS.get())  # calibration, running meanwhile, comes first
     answers = os.fdopen(os.dup(1), "w")  # the parent's pipe, kept for the answers alone
     os.dup2(2, 1)  # anything a library prints goes where stderr goes, never into an answer
     triton.available = lambda: False
     specs = json.load(sys.stdin)
-    tuner = RunContext(None)
+    rc = RunContext(None)
+    tuner = Tuner(rc, None)
     failed, sent = 0, set()
     for d in specs:
         try:
-            FACTORIES[d["kind"]](_spec(d, tuner))
+            spec = _spec(d, rc)
+            candidates = FACTORIES[d["kind"]](spec)
         except Exception:  # the build reports what does not build
             failed += 1
+        else:
+            _run_once(candidates, spec, rc, tuner)
         for key, index, graph in conv.built_runtime_plans():
             if (key, index) in sent:
                 continue
@@ -206,6 +214,27 @@ def main() -> int:
             except Exception:  # not serializable here: the build compiles it (its machine code is cached now)
                 pass
     return 1 if failed == len(specs) else 0
+
+
+def _run_once(candidates, spec, rc, tuner) -> None:
+    """Run each of `candidates` once on random operands (`tuner`'s): cupy compiles the kernels a candidate launches
+    at their first launch (a quantized convolution's epilogue, its im2col...) into its on-disk cache, where the
+    build's own first launches then find them. A candidate that fails to run is left to the build's timing, which
+    drops it. The operands go with the spec (a worker's memory holds one spec's at a time)."""
+    try:
+        ins, outs = tuner.operands(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
+        rc.ensure_workspace(max((c.workspace for c in candidates), default=0))
+    except Exception:  # (out of memory: the build compiles them)
+        tuner.release()
+        return
+    for op in candidates:
+        try:
+            with rc.stream:
+                op.run(rc, ins, outs)
+            rc.stream.synchronize()
+        except Exception:
+            pass
+    tuner.release()
 
 
 if __name__ == "__main__":

@@ -176,29 +176,38 @@ class _Costs:
     fp16: float
 
 
-def _measure(layer, fmt: str, quantized_out: bool, sole_reader: set, tuner: Tuner, options: BuildOptions) -> _Costs:
-    """`sole_reader`: names of float32 engine inputs only this layer reads (the fp16 kernel then pays their cast,
-    which the quantize step replaces)."""
-    factory = FACTORIES[layer.kind]
+def _quantize_steps(layer, fmt: str, sole_reader: set) -> Dict[int, Tuple[QuantizeOp, tuple, str, tuple]]:
+    """Operand index -> (the quantize step it needs, its shape, its float dtype, its quantized shape): one step per
+    tensor (an Attention's q, k, v of one projection share theirs). `sole_reader`: names of float32 engine inputs
+    only this layer reads (quantized from float32 directly)."""
     operands, _ = quant_plan(layer, fmt)
-    qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
+    steps, stepped = {}, set()
+    for i, shape, last, tr in operands:
+        if (layer.inputs[i].name, tr) in stepped:
+            continue
+        stepped.add((layer.inputs[i].name, tr))
+        src = "float32" if layer.inputs[i].name in sole_reader else "float16"
+        step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr, FORMATS[fmt].qfunc)
+        steps[i] = (step, shape, src, quantized_shape(shape, last, tr))
+    return steps
+
+
+def _measure(layer, fmt: str, quantized_out: bool, steps, sole_reader: set, tuner: Tuner,
+             options: BuildOptions) -> _Costs:
+    """`steps`: the layer's quantize steps (:func:`_quantize_steps`); `sole_reader`: names of float32 engine inputs
+    only this layer reads (the fp16 kernel then pays their cast, which the quantize step replaces)."""
+    factory = FACTORIES[layer.kind]
     q, fp16 = _specs(layer, fmt, quantized_out, options)
     try:
         q_ms = tuner.fastest_ms(q, factory)
     except BackendError as exc:  # no quantized kernel for these shapes
         logger.warning("%s layer %s runs in FP16: %s", fmt, layer.name, exc)
         return _Costs(float("inf"), {}, 0.0)
-    steps, stepped = {}, set()
-    for i, shape, last, tr in operands:
-        if (layer.inputs[i].name, tr) in stepped:  # one step per tensor (an Attention's q, k, v of one projection)
-            continue
-        stepped.add((layer.inputs[i].name, tr))
-        src = "float32" if layer.inputs[i].name in sole_reader else "float16"
-        step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr, FORMATS[fmt].qfunc)
-        steps[i] = tuner.op_ms(step, [shape], [src], [qshapes[i]], [FORMATS[fmt].storage])
+    step_ms = {i: tuner.op_ms(step, [shape], [src], [qshape], [FORMATS[fmt].storage])
+               for i, (step, shape, src, qshape) in steps.items()}
     casts = sum(tuner.op_ms(CastOp("float32", "float16"), [t.shape], ["float32"], [t.shape], ["float16"])
                 for t in layer.inputs if t.name in sole_reader)
-    return _Costs(q_ms, steps, tuner.fastest_ms(fp16, factory) + casts)
+    return _Costs(q_ms, step_ms, tuner.fastest_ms(fp16, factory) + casts)
 
 
 def _specs(layer, fmt: str, quantized_out: bool, options: BuildOptions) -> Tuple[Spec, Spec]:
@@ -298,6 +307,11 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
     tuner.prebuild([(spec, FACTORIES[layer.kind]) for layer in measured
                     for spec in _specs(layer, _quant_format(layer, precision), layer.outputs[0].name in direct,
                                        options)])
+    sole = {layer.name: {t.name for t in layer.inputs if t.producer is None and t.dtype == "float32"
+                         and len(readers.get(t.name, [])) == 1} for layer in measured}
+    # made before any timing, so that their kernels compile with the candidates' (Tuner._timer)
+    steps = {layer.name: _quantize_steps(layer, _quant_format(layer, precision), sole[layer.name])
+             for layer in measured}
     for layer in net.layers:
         if layer.name not in layers:
             continue
@@ -306,9 +320,8 @@ def keep_faster_quantized(net, layers: Dict[str, List[Tuple[int, bool]]], precis
         if choice is not None:
             recorded[layer.name] = bool(choice)
         else:
-            sole = {t.name for t in layer.inputs if t.producer is None and t.dtype == "float32"
-                    and len(readers.get(t.name, [])) == 1}
-            costs[layer.name] = _measure(layer, fmt, layer.outputs[0].name in direct, sole, tuner, options)
+            costs[layer.name] = _measure(layer, fmt, layer.outputs[0].name in direct, steps[layer.name],
+                                         sole[layer.name], tuner, options)
     normalized = normalization_duals(net, layers, precision)
     writers = {}
     for name in costs:

@@ -29,7 +29,7 @@ import numpy as np
 
 import tftrt_py
 from tftrt_py import settings
-from tftrt_py.engine.backends.cupy import _device, cudnn_warmup
+from tftrt_py.engine.backends.cupy import _device, cudnn_warmup, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.timing_cache import TimingCacheError, TimingKey
@@ -356,17 +356,18 @@ class Tuner:
         cached = self._lookup(what)
         if cached is not None and type(cached.get("ms")) is float:
             return cached["ms"]
-        ins, outs = self._io(in_shapes, in_dtypes, out_shapes, out_dtypes)
+        ins, outs = self.operands(in_shapes, in_dtypes, out_shapes, out_dtypes)
         ms = self._time(op, ins, outs)
         self._remember(what, {"ms": ms}, type(op).__name__)
         return ms
 
-    def _io(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
+    def operands(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
+        """(inputs, outputs): device arrays of these shapes and dtypes holding random values, made once a shape."""
         return ([self._buffer(s, d, f"in{i}") for i, (s, d) in enumerate(zip(in_shapes, in_dtypes))],
                 [self._buffer(s, d, f"out{i}") for i, (s, d) in enumerate(zip(out_shapes, out_dtypes))])
 
     def _time_all(self, spec: Spec, cands: List[Op]) -> List[Op]:
-        ins, outs = self._io(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
+        ins, outs = self.operands(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
         self.rc.ensure_workspace(max(c.workspace for c in cands))
         ref = self._reference(spec, ins) if (self.check and spec.quant is None) else None  # int8: see tests
         timers = []
@@ -413,8 +414,11 @@ class Tuner:
         return alive
 
     def _timer(self, op: Op, ins, outs):
-        """A function timing one replay of INNER runs of `op` (ms per run), after one checked run."""
+        """A function timing one replay of INNER runs of `op` (ms per run), after one checked run. The raw kernels
+        made since the last timing (this layer's candidates; every prebuilt layer's at the first timing) compile
+        side by side first, instead of one after another as each is first launched."""
         cupy = _device.require()
+        kernels.compile_pending()
         rc, stream = self.rc, self.rc.stream
         with stream:
             op.run(rc, ins, outs)

@@ -402,7 +402,8 @@ def im2col_kernel(geom: ConvGeom, itemsize: int):
 class GemmConvOp(Op):
     """im2col (skipped for 1x1/stride-1/unpadded) + one batched cuBLAS GEMM per group + epilogue."""
 
-    def __init__(self, geom: ConvGeom, dtype: str, w_gemm, bias32, has_residual: bool, activation, allow_tf32):
+    def __init__(self, geom: ConvGeom, dtype: str, w_gemm, bias32, has_residual: bool, activation, allow_tf32,
+                 residual_n: Optional[int] = None):
         self.geom, self.dtype, self.w, self.allow_tf32 = geom, dtype, w_gemm, allow_tf32
         self.direct = geom.pointwise_gemm()
         self.itemsize = np.dtype(dtype).itemsize
@@ -411,7 +412,9 @@ class GemmConvOp(Op):
         self.im2col = None if self.direct else im2col_kernel(geom, self.itemsize)
         self.bias = bias32
         self.has_residual = has_residual
-        self.epilogue = (epilogue_op(dtype, bias32 is not None, has_residual, activation)
+        y_shape = (geom.n, *geom.out, geom.cout)
+        self.epilogue = (epilogue_op(dtype, bias32 is not None, has_residual, activation, y_shape,
+                                     (residual_n or geom.n,) + y_shape[1:])
                          if (bias32 is not None or has_residual or activation) else None)
         self.device_bytes = int(w_gemm.nbytes) + (int(bias32.nbytes) if bias32 is not None else 0)
         self.tactic = {"op": "gemm_conv", "im2col": not self.direct, "workspace": self.workspace}
@@ -513,5 +516,5 @@ def conv_candidates(spec: Spec) -> List[Op]:
                  or not cands)
     if want_gemm and dtype in ("float16", "float32"):
         w_gemm = cupy.asarray(gemm_weights(layer.weights["kernel"], geom.groups).astype(dtype))
-        cands.append(GemmConvOp(geom, dtype, w_gemm, bias32, has_residual, activation, opts.allow_tf32))
+        cands.append(GemmConvOp(geom, dtype, w_gemm, bias32, has_residual, activation, opts.allow_tf32, residual_n))
     return cands

@@ -77,7 +77,8 @@ class MatMulOp(Op):
         self.activation = p.get("activation")
         self.residual = len(spec.in_shapes) > 2  # the third input, added before the activation
         self.bias = cupy.asarray(self.bias_np.astype(np.float32)) if self.bias_np is not None else None
-        self.epilogue = epilogue_op(self.dtype, self.bias is not None, self.residual, self.activation) if (
+        self.epilogue = epilogue_op(self.dtype, self.bias is not None, self.residual, self.activation,
+                                    spec.out_shapes[0], spec.in_shapes[2] if self.residual else None) if (
             self.bias is not None or self.activation or self.residual) else None
         self.device_bytes = int(self.bias.nbytes) if self.bias is not None else 0
         self.tactic = {"op": "cublas_gemm", "expand": len(self.expand), "workspace": self.workspace}

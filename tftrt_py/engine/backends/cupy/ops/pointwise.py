@@ -277,17 +277,34 @@ class Epilogue:
             self._kernels[key] = kernels.raw_kernel(PREAMBLE + head + _EPILOGUE, "tt_epilogue")
         return self._kernels[key]
 
+    def _variant(self, n: int, res_total: int, total: int, aligned: bool):
+        """(kernel, elements a thread moves) for a y of `total` elements whose last dim is `n`, a residual of
+        `res_total`; `aligned`: y is C-contiguous and both start on 16 bytes."""
+        vec = self.vec if (aligned and n % self.vec == 0 and res_total % self.vec == 0) else 1
+        return self._kernel(n, res_total, total, vec), vec
+
+    def expect(self, y_shape, residual_shape=None) -> "Epilogue":
+        """Make now the kernel of calls on a C-contiguous, aligned y of `y_shape` (and residual), so that it compiles
+        beside the op's other kernels (kernels.compile_pending) rather than alone at the first call."""
+        total = int(np.prod(y_shape))
+        res_total = int(np.prod(residual_shape)) if self.has_residual and residual_shape is not None else total
+        self._variant(int(y_shape[-1]), res_total, total, True)
+        return self
+
     def __call__(self, *args) -> None:
         y = args[-1]
         bias = args[0] if self.has_bias else y
         res = args[int(self.has_bias)] if self.has_residual else y
         total, n, res_total = int(y.size), int(y.shape[-1]), int(res.size)
-        vec = self.vec if (n % self.vec == 0 and res_total % self.vec == 0 and y.data.ptr % 16 == 0
-                           and res.data.ptr % 16 == 0 and y.flags.c_contiguous) else 1
+        kernel, vec = self._variant(n, res_total, total, y.data.ptr % 16 == 0 and res.data.ptr % 16 == 0
+                                    and y.flags.c_contiguous)
         index = kernels.i32 if total < 2 ** 31 else kernels.i64
-        kernels.launch(self._kernel(n, res_total, total, vec), total // vec, (bias, res, y, index(total // vec)))
+        kernels.launch(kernel, total // vec, (bias, res, y, index(total // vec)))
 
 
-def epilogue_op(dtype: str, has_bias: bool, has_residual: bool, activation) -> Epilogue:
-    """The in-place epilogue y = act(y + bias + residual); call as epilogue(*[bias][, residual], y)."""
-    return Epilogue(dtype, has_bias, has_residual, activation)
+def epilogue_op(dtype: str, has_bias: bool, has_residual: bool, activation, y_shape=None,
+                residual_shape=None) -> Epilogue:
+    """The in-place epilogue y = act(y + bias + residual); call as epilogue(*[bias][, residual], y). With `y_shape`
+    (and `residual_shape`), the kernel for those shapes is made now (Epilogue.expect)."""
+    epilogue = Epilogue(dtype, has_bias, has_residual, activation)
+    return epilogue if y_shape is None else epilogue.expect(y_shape, residual_shape)
