@@ -514,12 +514,14 @@ def test_tf_trts_test_switch_leaves_grappler_passes_out(tmp_path, disabled, erfc
     np.testing.assert_allclose(y.numpy(), tf.math.erfc(x).numpy() * 3.0, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("precision, warmed", [("FP32", 0), ("FP16", 0), ("INT8", 1)])
+@pytest.mark.parametrize("precision, warmed", [("FP32", "device"), ("FP16", "device"), ("INT8", "backend")])
 def test_only_a_calibrating_conversion_loads_the_backend_while_the_model_loads(saved_model, monkeypatch, precision,
                                                                               warmed):
+    """The others start only the GPU's driver and cupy then (warm_up_device)."""
     started = []
-    monkeypatch.setattr(converter_v2, "warm_up_backend", lambda: started.append(precision))
+    monkeypatch.setattr(converter_v2, "warm_up_backend", lambda: started.append("backend"))
+    monkeypatch.setattr(converter_v2, "warm_up_device", lambda: started.append("device"))
     converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), precision_mode=precision)
     feed = [(random_array((2, 16)),)] if precision == "INT8" else None
     converter.convert(calibration_input_fn=(lambda: iter(feed)) if feed else None)
-    assert len(started) == warmed
+    assert started == [warmed]

@@ -29,7 +29,7 @@ from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.engine_op.binding import binding_of
 from tftrt_py.engine_op.cache import engine_asset_name, write_plans
-from tftrt_py.engine_op.op import warm_up_backend
+from tftrt_py.engine_op.op import warm_up_backend, warm_up_device
 from tftrt_py.segmenter import segment_graph
 
 __all__ = ["TrtGraphConverterV2"]
@@ -144,6 +144,8 @@ class TrtGraphConverterV2:
         library.load()
         if self._need_calibration:  # (warm_up_backend says why only then)
             warm_up_backend()
+        else:
+            warm_up_device()
         saved_model, func = graph_io.load_signature(
             self._input_saved_model_dir, self._input_saved_model_tags, self._input_saved_model_signature_key)
         output_names = [t.name for t in func.outputs]

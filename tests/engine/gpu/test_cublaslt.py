@@ -271,3 +271,15 @@ def test_int8_matrix_multiply(case, lt_only):
 
     engine = test_int8.check(*test_int8.matmul_case(case, bias=False, b_range=1.0), case)
     assert engine.tactics["mm"]["op"] == "cublaslt_gemm_int8", engine.tactics
+
+
+def test_the_backend_loads_its_gemm_and_convolution_libraries_on_a_thread_of_their_own_once_created(monkeypatch):
+    import threading
+
+    from tftrt_py.engine.backends.cupy import backend as backend_mod
+
+    warmed, threads = threading.Event(), []
+    monkeypatch.setattr(backend_mod.CupyBackend, "warm_up",
+                        lambda self: threads.append(threading.current_thread().name) or warmed.set())
+    backend_mod.CupyBackend()
+    assert warmed.wait(10) and threads == ["tftrt-backend-libraries"]

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from tftrt_py.engine.backends.cupy._device import UNAVAILABLE, probe
+from tftrt_py.engine.backends.cupy._device import UNAVAILABLE, probe, start_driver
 
-__all__ = ["available", "CupyBackend", "UNAVAILABLE"]
+__all__ = ["available", "start_driver", "CupyBackend", "UNAVAILABLE"]
 
 
 def available() -> Tuple[bool, str]:

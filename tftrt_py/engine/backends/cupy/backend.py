@@ -35,13 +35,18 @@ class CupyBackend(Backend):
         self._tuning_lock = threading.Lock()
         self._tuner = None
         self.device = _device.device_name()
+        # The libraries an engine's build reaches for after its network is optimized, loaded meanwhile: their
+        # imports mostly load CUDA's libraries and hold the GIL little (beside nvmath-python's, 0.37 s on an H200
+        # machine, a Python loop kept 98% of its pace), so the builder's passes hardly slow down.
+        threading.Thread(target=self.warm_up, name="tftrt-backend-libraries", daemon=True).start()
 
     @property
     def kinds(self) -> AbstractSet[str]:
         return self._kinds
 
     def warm_up(self) -> None:
-        """Import the cuDNN frontend and nvmath-python's cuBLASLt bindings (about a second between them)."""
+        """Import the cuDNN frontend and nvmath-python's cuBLASLt bindings (about a second between them); what fails
+        is left to the build that needs them, which says why."""
         from tftrt_py.engine.backends.cupy import cublaslt
 
         _device.cudnn_module()
