@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from networks import conv_relu_pool_net
-from tftrt_py.engine.backends.cupy import cudnn_warmup
+from tftrt_py.engine.backends.cupy import _device, cudnn_warmup
 from tftrt_py.engine.backends.cupy.ops import conv
 from tftrt_py.engine.backends.cupy.ops.base import BuildOptions, Spec
 
@@ -120,35 +120,35 @@ class WorkerContext:
         self.workspace = max(self.workspace, nbytes)
 
 
-class Operands:
-    """A Tuner's operands: made for a spec, released after it."""
+class FakeCupy:
+    """cupy's zeros and empty: arrays as (kind, shape, dtype); `fail` runs out of memory."""
 
     def __init__(self, fail=False):
-        self.fail, self.held = fail, False
+        self.fail = fail
 
-    def operands(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
+    def zeros(self, shape, dtype):
         if self.fail:
             raise MemoryError("out of device memory")
-        self.held = True
-        return [("in", tuple(in_shapes[0]))], [("out", tuple(out_shapes[0]))]
+        return ("zeros", shape, dtype)
 
-    def release(self):
-        self.held = False
+    def empty(self, shape, dtype):
+        return ("empty", shape, dtype)
 
 
-def test_a_worker_runs_every_candidate_it_built_once_on_random_operands():
+def test_a_worker_runs_every_candidate_it_built_once_on_zeros(monkeypatch):
     """Its kernels compile at that first launch, into the cache the build reads; one failing stops no other."""
-    ran, rc, operands = [], WorkerContext(), Operands()
+    monkeypatch.setattr(_device, "require", lambda: FakeCupy())
+    ran, rc = [], WorkerContext()
     candidates = [Candidate("a", ran, fails=True), Candidate("b", ran)]
-    cudnn_warmup._run_once(candidates, conv_spec(), rc, operands)
-    inputs, outputs = [("in", (4, 8, 8, 3))], [("out", (4, 8, 8, 5))]
+    cudnn_warmup._run_once(candidates, conv_spec(), rc)
+    inputs, outputs = [("zeros", (4, 8, 8, 3), "float16")], [("empty", (4, 8, 8, 5), "float16")]
     assert ran == [("a", inputs, outputs), ("b", inputs, outputs)] and rc.workspace == 64
-    assert not operands.held
 
 
-def test_a_worker_without_memory_for_the_operands_runs_nothing():
+def test_a_worker_without_memory_for_the_operands_runs_nothing(monkeypatch):
+    monkeypatch.setattr(_device, "require", lambda: FakeCupy(fail=True))
     ran = []
-    cudnn_warmup._run_once([Candidate("a", ran)], conv_spec(), WorkerContext(), Operands(fail=True))
+    cudnn_warmup._run_once([Candidate("a", ran)], conv_spec(), WorkerContext())
     assert ran == []
 
 

@@ -309,7 +309,7 @@ def gpu(monkeypatch):
     monkeypatch.setattr(tactics, "device_versions", lambda: dict(H100))
     monkeypatch.setattr(tactics.Tuner, "_time_all", lambda self, spec, cands: fake.time_all(self, spec, cands))
     monkeypatch.setattr(tactics.Tuner, "_time", lambda self, op, ins, outs: fake.time_one(self, op, ins, outs))
-    monkeypatch.setattr(tactics.Tuner, "operands", lambda self, *shapes: ([], []))
+    monkeypatch.setattr(tactics.Tuner, "_io", lambda self, *shapes: ([], []))
     return fake
 
 

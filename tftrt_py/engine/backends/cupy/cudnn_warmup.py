@@ -186,7 +186,6 @@ def main() -> int:
     from tftrt_py.engine.backends.cupy import triton
     from tftrt_py.engine.backends.cupy.context import RunContext
     from tftrt_py.engine.backends.cupy.ops import FACTORIES, conv
-    from tftrt_py.engine.backends.cupy.tactics import Tuner
 
     os.nice(settings.COMPILE_NICENESS.get())  # calibration, running meanwhile, comes first
     answers = os.fdopen(os.dup(1), "w")  # the parent's pipe, kept for the answers alone
@@ -194,7 +193,6 @@ def main() -> int:
     triton.available = lambda: False
     specs = json.load(sys.stdin)
     rc = RunContext(None)
-    tuner = Tuner(rc, None)
     failed, sent = 0, set()
     for d in specs:
         try:
@@ -203,7 +201,7 @@ def main() -> int:
         except Exception:  # the build reports what does not build
             failed += 1
         else:
-            _run_once(candidates, spec, rc, tuner)
+            _run_once(candidates, spec, rc)
         for key, index, graph in conv.built_runtime_plans():
             if (key, index) in sent:
                 continue
@@ -216,16 +214,18 @@ def main() -> int:
     return 1 if failed == len(specs) else 0
 
 
-def _run_once(candidates, spec, rc, tuner) -> None:
-    """Run each of `candidates` once on random operands (`tuner`'s): cupy compiles the kernels a candidate launches
-    at their first launch (a quantized convolution's epilogue, its im2col...) into its on-disk cache, where the
-    build's own first launches then find them. A candidate that fails to run is left to the build's timing, which
-    drops it. The operands go with the spec (a worker's memory holds one spec's at a time)."""
+def _run_once(candidates, spec, rc) -> None:
+    """Run each of `candidates` once, on zeros: cupy compiles the kernels a candidate launches at their first launch
+    (a quantized convolution's epilogue, its im2col...) into its on-disk cache, where the build's own first launches
+    then find them. A candidate that fails to run is left to the build's timing, which drops it."""
+    from tftrt_py.engine.backends.cupy import _device
+
+    cupy = _device.require()
     try:
-        ins, outs = tuner.operands(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
+        ins = [cupy.zeros(tuple(s), d) for s, d in zip(spec.in_shapes, spec.in_dtypes)]
+        outs = [cupy.empty(tuple(s), d) for s, d in zip(spec.out_shapes, spec.out_dtypes)]
         rc.ensure_workspace(max((c.workspace for c in candidates), default=0))
     except Exception:  # (out of memory: the build compiles them)
-        tuner.release()
         return
     for op in candidates:
         try:
@@ -234,7 +234,6 @@ def _run_once(candidates, spec, rc, tuner) -> None:
             rc.stream.synchronize()
         except Exception:
             pass
-    tuner.release()
 
 
 if __name__ == "__main__":

@@ -356,18 +356,17 @@ class Tuner:
         cached = self._lookup(what)
         if cached is not None and type(cached.get("ms")) is float:
             return cached["ms"]
-        ins, outs = self.operands(in_shapes, in_dtypes, out_shapes, out_dtypes)
+        ins, outs = self._io(in_shapes, in_dtypes, out_shapes, out_dtypes)
         ms = self._time(op, ins, outs)
         self._remember(what, {"ms": ms}, type(op).__name__)
         return ms
 
-    def operands(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
-        """(inputs, outputs): device arrays of these shapes and dtypes holding random values, made once a shape."""
+    def _io(self, in_shapes, in_dtypes, out_shapes, out_dtypes):
         return ([self._buffer(s, d, f"in{i}") for i, (s, d) in enumerate(zip(in_shapes, in_dtypes))],
                 [self._buffer(s, d, f"out{i}") for i, (s, d) in enumerate(zip(out_shapes, out_dtypes))])
 
     def _time_all(self, spec: Spec, cands: List[Op]) -> List[Op]:
-        ins, outs = self.operands(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
+        ins, outs = self._io(spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
         self.rc.ensure_workspace(max(c.workspace for c in cands))
         ref = self._reference(spec, ins) if (self.check and spec.quant is None) else None  # int8: see tests
         timers = []
