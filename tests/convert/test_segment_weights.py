@@ -4,6 +4,7 @@ of the weights function feeding both, saved once. The saved model serves as the 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework import function_def_to_graph
 
 from tftrt_py import settings, trt_convert as trt
 from tftrt_py.convert import segment_weights, variables
@@ -133,3 +134,28 @@ def test_control_edges_from_a_read_do_not_keep_it_out_of_the_segment(tmp_path, m
     assert len(moved) == 1 and len(rewritten) == 1  # b; a stays, read by both engines
     (closing,) = [n for n in graph.node if n.name == "closing"]
     assert sorted(closing.input) == sorted(f"^{r}" for r in reads if r not in moved)
+
+
+def test_arguments_become_constants_in_one_pass_and_the_rest_keep_their_attributes_by_new_index():
+    """Arguments 1 and 3 of four become Consts: nothing reads those arguments any more, the two left are
+    renumbered 0 and 1 with their own attributes, and the function computes as before with the values given."""
+    specs = [tf.TensorSpec([2], tf.float32, name=f"a{k}") for k in range(4)]
+
+    @tf.function(input_signature=specs)
+    def f(a0, a1, a2, a3):
+        return a0 * a1 + a2, a3
+
+    fdef = f.get_concrete_function().function_def
+    names = [a.name for a in fdef.signature.input_arg]
+    values = {1: np.array([2.0, 3.0], np.float32), 3: np.array([5.0, 7.0], np.float32)}
+    segment_weights._args_to_consts(fdef, values)
+    assert [a.name for a in fdef.signature.input_arg] == [names[0], names[2]]
+    assert [fdef.arg_attr[k].attr["_user_specified_name"].s for k in (0, 1)] == [b"a0", b"a2"]
+    assert not any(ref.split(":")[0] in (names[1], names[3]) for n in fdef.node_def for ref in n.input)
+    body = function_def_to_graph.function_def_to_graph(fdef)
+    a0, a2 = np.array([1.0, -1.0], np.float32), np.array([0.5, 0.25], np.float32)
+    with tf.compat.v1.Session(graph=body) as session:
+        product, passed = session.run([t.name for t in body.outputs],
+                                      {body.inputs[0].name: a0, body.inputs[1].name: a2})
+    np.testing.assert_array_equal(product, a0 * values[1] + a2)
+    np.testing.assert_array_equal(passed, values[3])
