@@ -1,11 +1,12 @@
 """GraphView.topological_order: deterministic, leaves out a lowered loop's NextIteration -> Merge back edge,
-and still refuses real cycles."""
+and still refuses real cycles. A Const's size in bytes is read from its dtype and shape."""
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from support import frozen_graph_def
-from tftrt_py.convert.graph import GraphView, split_ref
+from tftrt_py.convert.graph import GraphView, const_nbytes, split_ref
 
 
 def lowered_loop_view():
@@ -34,3 +35,25 @@ def test_a_real_cycle_still_raises():
     graph_def.node.add(name="b", op="Identity", input=["a"])
     with pytest.raises(ValueError, match="graph has a cycle"):
         GraphView(graph_def).topological_order()
+
+
+def const_node(tensor):
+    node = tf.compat.v1.NodeDef(name="c", op="Const")
+    node.attr["value"].tensor.CopyFrom(tensor)
+    return node
+
+
+@pytest.mark.parametrize("value", [np.ones((128, 129), np.float32), np.arange(12, dtype=np.int8).reshape(3, 4),
+                                   np.ones((7,), np.float16), np.float64(2.5)])
+def test_a_constant_s_bytes_are_its_elements_times_its_dtype_s_size(value):
+    assert const_nbytes(const_node(tf.make_tensor_proto(value))) == np.asarray(value).nbytes
+
+
+def test_a_constant_of_one_repeated_value_counts_every_element():
+    tensor = tf.make_tensor_proto(0.5, shape=[64, 1024])  # one float_val for 65,536 elements
+    assert const_nbytes(const_node(tensor)) == 64 * 1024 * 4
+
+
+def test_strings_count_by_their_serialized_size():
+    tensor = tf.make_tensor_proto(np.array([b"a" * 100, b"b" * 50]))
+    assert const_nbytes(const_node(tensor)) == tensor.ByteSize()

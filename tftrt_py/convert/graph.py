@@ -13,8 +13,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2
 
-__all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr", "LARGE_CONST_BYTES", "without_weights",
-           "function_without_weights", "restore_weights"]
+__all__ = ["NodeView", "GraphView", "tensor_ref", "split_ref", "decode_attr", "LARGE_CONST_BYTES", "const_nbytes",
+           "without_weights", "function_without_weights", "restore_weights"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -35,6 +35,21 @@ def tensor_ref(name: str, port: int = 0) -> str:
 
 #: Consts of at least this many bytes (weights) stand in as Placeholders where TF only needs the graph's structure.
 LARGE_CONST_BYTES = 1 << 16
+
+
+def const_nbytes(node) -> int:
+    """Bytes of Const `node`'s values: its elements times its dtype's size, read from the tensor's shape (a
+    TensorProto's ByteSize() serializes it to count, a pass over every byte); strings by that serialized size."""
+    tensor = node.attr["value"].tensor
+    try:
+        nbytes = tf.as_dtype(tensor.dtype).size
+    except TypeError:  # not a dtype
+        nbytes = 0
+    if not nbytes:
+        return tensor.ByteSize()
+    for dim in tensor.tensor_shape.dim:
+        nbytes *= max(dim.size, 0)
+    return nbytes
 
 
 def without_weights(graph_def) -> Tuple[graph_pb2.GraphDef, Dict[str, object]]:
@@ -64,7 +79,7 @@ def _copy_standing_in(nodes, out) -> Dict[str, object]:
     """Copy `nodes` into the repeated field `out`, the large Consts as stand-ins; those Consts by name."""
     weights = {}
     for node in nodes:
-        if node.op == "Const" and node.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES:
+        if node.op == "Const" and const_nbytes(node) >= LARGE_CONST_BYTES:
             weights[node.name] = node
             stand_in = out.add(name=node.name, op="Placeholder", input=node.input, device=node.device)
             stand_in.attr["dtype"].type = node.attr["dtype"].type

@@ -25,7 +25,8 @@ from tensorflow.python.training import saver
 from tensorflow.python.util import nest
 
 from tftrt_py.convert import segment_weights
-from tftrt_py.convert.graph import LARGE_CONST_BYTES, function_without_weights, restore_weights, without_weights
+from tftrt_py.convert.graph import (LARGE_CONST_BYTES, const_nbytes, function_without_weights, restore_weights,
+                                    without_weights)
 from tftrt_py.convert.rewrite import ENGINE_OP
 from tftrt_py.converters import restore
 
@@ -386,7 +387,7 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
 
 def _holds_weights(fdef) -> bool:
     """Whether library function `fdef` holds a weight (a Const of LARGE_CONST_BYTES or more)."""
-    return any(n.op == "Const" and n.attr["value"].tensor.ByteSize() >= LARGE_CONST_BYTES for n in fdef.node_def)
+    return any(n.op == "Const" and const_nbytes(n) >= LARGE_CONST_BYTES for n in fdef.node_def)
 
 
 #: Native segment function name -> (digest of its definition, or None for a fresh name; weak reference to its
