@@ -517,11 +517,13 @@ def test_tf_trts_test_switch_leaves_grappler_passes_out(tmp_path, disabled, erfc
 @pytest.mark.parametrize("precision, warmed", [("FP32", "device"), ("FP16", "device"), ("INT8", "backend")])
 def test_only_a_calibrating_conversion_loads_the_backend_while_the_model_loads(saved_model, monkeypatch, precision,
                                                                               warmed):
-    """The others start only the GPU's driver and cupy then (warm_up_device)."""
-    started = []
-    monkeypatch.setattr(converter_v2, "warm_up_backend", lambda: started.append("backend"))
+    """The others start only the GPU's driver and cupy then (warm_up_device); the calibrating one says which timing
+    cache it builds with (the backend then knows whether its compile processes are worth starting ahead)."""
+    started, cache = [], TimingCache()
+    monkeypatch.setattr(converter_v2, "warm_up_backend", lambda timing_cache: started.append(("backend", timing_cache)))
     monkeypatch.setattr(converter_v2, "warm_up_device", lambda: started.append("device"))
-    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), precision_mode=precision)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=saved_model("mlp"), precision_mode=precision,
+                                        timing_cache=cache)
     feed = [(random_array((2, 16)),)] if precision == "INT8" else None
     converter.convert(calibration_input_fn=(lambda: iter(feed)) if feed else None)
-    assert started == [warmed]
+    assert started == [("backend", cache) if warmed == "backend" else warmed]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from networks import conv_relu_pool_net
-from tftrt_py.engine.backends.cupy import _device, cudnn_warmup
+from tftrt_py.engine.backends.cupy import _device, cudnn_warmup, helpers
 from tftrt_py.engine.backends.cupy.ops import conv
 from tftrt_py.engine.backends.cupy.ops.base import BuildOptions, Spec
 
@@ -65,7 +65,7 @@ class FakePopen:
             self.written += data
 
         def close(self):
-            FakePopen.started.append(json.loads(self.written))
+            FakePopen.started.append(json.loads(self.written) if self.written else "no work")
 
     def __init__(self, command, stdin, stdout, stderr, env):
         self.command, self.killed = command, False
@@ -80,11 +80,15 @@ class FakePopen:
     def kill(self):
         self.killed = True
 
+    def poll(self):
+        return None
+
 
 @pytest.fixture
 def popen(monkeypatch):
     FakePopen.started, FakePopen.hang, FakePopen.answers = [], False, []
-    monkeypatch.setattr(cudnn_warmup.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(helpers.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(helpers, "_waiting", {})
     monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
     monkeypatch.setattr(cudnn_warmup.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: 64 << 30)
@@ -159,6 +163,16 @@ def test_the_convolutions_are_shared_out_among_at_most_workers_processes(popen):
     assert sorted(d["name"] for part in popen.started for d in part) == sorted(s.layer.name for s in specs)
 
 
+def test_workers_started_ahead_take_the_specs_and_those_not_needed_end(popen):
+    cudnn_warmup.stand_by()
+    ahead = [proc for proc, _ in helpers._waiting[cudnn_warmup.__name__]]
+    assert len(ahead) == cudnn_warmup.WORKERS and popen.started == []
+    cudnn_warmup.warm([conv_spec(f"conv_{i}") for i in range(3)])
+    assert [[d["name"] for d in part] for part in popen.started[:3]] == [["conv_0"], ["conv_1"], ["conv_2"]]
+    assert popen.started[3:] == ["no work"] * (cudnn_warmup.WORKERS - 3)
+    assert cudnn_warmup.__name__ not in helpers._waiting
+
+
 def test_a_late_worker_is_ended(popen, monkeypatch):
     popen.hang = True
     monkeypatch.setattr(cudnn_warmup, "WAIT_S", 0.0)
@@ -170,8 +184,9 @@ def test_nothing_starts_without_the_driver_cache_or_without_a_convolution(popen,
     matmul = Spec(SimpleNamespace(kind="MatrixMultiply", name="mm"), [], [], [], [], "float16", BuildOptions())
     cudnn_warmup.warm([matmul])
     monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")
+    cudnn_warmup.stand_by()
     cudnn_warmup.warm([conv_spec()])
-    assert popen.started == []
+    assert popen.started == [] and helpers._waiting.get(cudnn_warmup.__name__, []) == []
 
 
 def test_each_worker_needs_its_share_of_free_device_memory(popen, monkeypatch):

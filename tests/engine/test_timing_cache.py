@@ -18,7 +18,7 @@ from networks import conv_relu_pool_net
 from tftrt_py.engine import Builder, BuilderConfig, BuildError, Runtime
 from tftrt_py.engine import backends, timing_cache
 from tftrt_py.engine.backends.cupy import backend as cupy_backend
-from tftrt_py.engine.backends.cupy import tactics
+from tftrt_py.engine.backends.cupy import cublaslt, cudnn_warmup, tactics, triton
 from tftrt_py.engine.backends.cupy.ops.base import BuildOptions, Spec
 from tftrt_py.engine.backends.numpy_backend import NumpyBackend
 from tftrt_py.engine.timing_cache import TimingCache, TimingCacheError, TimingKey
@@ -153,6 +153,28 @@ def test_entries_of_other_gpus_and_versions_are_kept_but_not_used(tmp_path):
     assert len(both) == 3
     assert both.lookup(key(device=H200)) == {"op": "h200_winner"}
     assert both.lookup(key(device=H100)) == {"op": "h100_winner"}
+    assert both.devices() == sorted([H100, H200, dict(H100, cudnn=90100)], key=json.dumps)
+
+
+@pytest.mark.parametrize("timed_on, stands_by", [(None, True), (H200, True), (H100, False)])
+def test_a_calibrating_conversion_starts_the_compile_processes_unless_its_cache_knows_this_gpu(monkeypatch, timed_on,
+                                                                                           stands_by):
+    """A warm cache leaves them little to compile (engine/backends/cupy/helpers.py); no cache, or one of other GPUs
+    only, leaves them everything."""
+    started = []
+    monkeypatch.setattr(cupy_backend._device, "device_name", lambda: H100["gpu"])
+    monkeypatch.setattr(cupy_backend._device, "cudnn_module", lambda: None)
+    monkeypatch.setattr(cublaslt, "available", lambda: False)
+    monkeypatch.setattr(cudnn_warmup, "stand_by", lambda: started.append("cudnn"))
+    monkeypatch.setattr(triton, "stand_by", lambda: started.append("triton"))
+    cache = TimingCache()
+    if timed_on is not None:
+        cache.record(key(device=timed_on), {"op": "winner"})
+    backend = object.__new__(cupy_backend.CupyBackend)  # (no GPU here)
+    backend.warm_up(calibrating=False, timing_cache=None)
+    assert started == []
+    backend.warm_up(calibrating=True, timing_cache=cache if timed_on else None)
+    assert started == (["cudnn", "triton"] if stands_by else [])
 
 
 def test_two_writers_merge_and_each_keeps_its_own_record(tmp_path):

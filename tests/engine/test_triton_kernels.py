@@ -12,6 +12,7 @@ import types
 import numpy as np
 import pytest
 
+from tftrt_py.engine.backends.cupy import helpers
 from tftrt_py.engine.backends.cupy import triton as kernels
 from tftrt_py.engine.backends.cupy.ops import triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
@@ -94,7 +95,7 @@ def test_kernels_prefetched_in_threads_compile_here_and_one_that_fails_compiles_
 
     monkeypatch.setattr(kernels, "artifacts", artifacts)
     monkeypatch.setattr(kernels, "_PREFETCHED", {})
-    monkeypatch.setattr(kernels.subprocess, "Popen", None)  # no compile process
+    monkeypatch.setattr(helpers.subprocess, "Popen", None)  # no compile process
     kernels._compile.cache_clear()
     try:
         kernels.prefetch([REQUEST, other, REQUEST], threads=True)
@@ -105,6 +106,38 @@ def test_kernels_prefetched_in_threads_compile_here_and_one_that_fails_compiles_
     finally:
         kernels._compile.cache_clear()
     assert compiled.count(REQUEST) == 1 and compiled.count(other) == 2
+
+
+class CompileProcess:
+    """A compile process started ahead: what it was given, whether it was polled alive."""
+
+    def __init__(self):
+        self.given = None
+        self.stdin = self
+        self.stdout = io.BytesIO()
+
+    def poll(self):
+        return None
+
+    def write(self, data):
+        self.given = data
+
+    def close(self):
+        self.given = self.given or b""
+
+    def wait(self):
+        return 0
+
+
+@pytest.mark.parametrize("requests", [[REQUEST], []])
+def test_the_compile_process_started_ahead_serves_the_first_prefetch_or_ends(monkeypatch, requests):
+    ahead = CompileProcess()
+    monkeypatch.setattr(kernels, "_PREFETCHED", {})
+    monkeypatch.setattr(helpers, "_waiting", {kernels.COMPILE_WORKER: [(ahead, helpers.time.monotonic())]})
+    monkeypatch.setattr(helpers.subprocess, "Popen", None)  # no other process starts
+    kernels.prefetch(requests)
+    assert ahead.given == (json.dumps(requests).encode() if requests else b"")
+    assert kernels.COMPILE_WORKER not in helpers._waiting
 
 
 def test_requests_are_hashable_and_order_independent():

@@ -1,7 +1,7 @@
-"""A calibrating conversion starts loading the engine backend's libraries on a background thread while it loads the
-model: once per process, on the backend the engine ops will use; a failure there is left for the engine ops to
-report. Another conversion starts only the GPU's driver and context there and imports cupy, and only where engine
-ops may run on the GPU."""
+"""A calibrating conversion starts loading the engine backend's libraries (and what its builds compile ahead in) on a
+background thread while it loads the model: once per process, on the backend the engine ops will use; a failure
+there is left for the engine ops to report. Another conversion starts only the GPU's driver and context there and
+imports cupy, and only where engine ops may run on the GPU."""
 import ctypes
 import logging
 
@@ -13,10 +13,10 @@ from tftrt_py.engine_op import op
 
 class Stub:
     def __init__(self, fail=False):
-        self.fail, self.warmed = fail, 0
+        self.fail, self.warmed = fail, []
 
-    def warm_up(self):
-        self.warmed += 1
+    def warm_up(self, calibrating=False, timing_cache=None):
+        self.warmed.append((calibrating, timing_cache))
         if self.fail:
             raise RuntimeError("no libraries here")
 
@@ -25,10 +25,11 @@ def test_the_backend_is_warmed_up_once_on_a_background_thread(monkeypatch):
     stub, asked = Stub(), []
     monkeypatch.setattr(op, "_warm_ups", {})
     monkeypatch.setattr(op, "get_backend", lambda name: asked.append(name) or stub)
-    thread = op.warm_up_backend()
+    thread = op.warm_up_backend("the conversion's timing cache")
     assert op.warm_up_backend() is thread and thread.daemon
     thread.join(10)
-    assert not thread.is_alive() and stub.warmed == 1 and asked == [op.engine_backend()]
+    assert not thread.is_alive() and asked == [op.engine_backend()]
+    assert stub.warmed == [(True, "the conversion's timing cache")]
 
 
 def test_a_failing_warm_up_is_logged_not_raised(monkeypatch, caplog):

@@ -143,7 +143,7 @@ class TrtGraphConverterV2:
             raise ValueError("Should not specify calibration_input_fn because INT8 calibration is not needed")
         library.load()
         if self._need_calibration:  # (warm_up_backend says why only then)
-            warm_up_backend()
+            warm_up_backend(self.timing_cache)
         else:
             warm_up_device()
         saved_model, func = graph_io.load_signature(

@@ -22,7 +22,7 @@ import os
 import stat
 import tempfile
 import threading
-from typing import Dict, Iterator, Mapping, NamedTuple, Optional, Union
+from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Union
 
 from tftrt_py import settings
 
@@ -263,6 +263,12 @@ class TimingCache:
         """Every entry (other GPUs' too) as the JSON bytes a cache file holds."""
         with self._lock:
             return _dump(self._entries)
+
+    def devices(self) -> List[dict]:
+        """The devices its entries were timed on (GPU and library versions, as TimingKey.of took them), each once."""
+        with self._lock:
+            found = {key.device for key in self._entries}
+        return [json.loads(device) for device in sorted(found)]
 
     def lookup(self, key: TimingKey) -> Optional[dict]:
         """A copy of the tactic recorded for `key`, or None."""

@@ -84,9 +84,10 @@ class Backend(abc.ABC):
     #: concatenated (the builder's horizontal fusion merges those only).
     horizontal_kinds: Tuple[str, ...] = ("Convolution", "MatrixMultiply")
 
-    def warm_up(self) -> None:
+    def warm_up(self, calibrating: bool = False, timing_cache=None) -> None:
         """Load the libraries this backend's builds use, ahead of them (on a background thread while a conversion
-        loads its model); nothing by default."""
+        loads its model); with `calibrating` (the conversion will calibrate, and build with `timing_cache`, a
+        TimingCache or None) also start what its anticipate() will use. Nothing by default."""
 
     #: Whether anticipate() does anything.
     anticipates = False

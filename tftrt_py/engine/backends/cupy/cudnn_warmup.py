@@ -7,7 +7,9 @@ on-disk cache (``CUDA_CACHE_PATH``, shared by the processes of a user), and a pl
 process takes its machine code from there: the FP16 ResNet-50 at batch 8 on an H200 built its candidates in 4.2 s
 with a fresh driver cache and in 1.3 s with one another process had filled. So :func:`warm` builds the
 convolutions' candidates in a few worker processes (this module as ``__main__``), each with its own GIL and CUDA
-context, and the build that follows calibration finds most of its plans' machine code compiled.
+context, and the build that follows calibration finds most of its plans' machine code compiled. A calibrating
+conversion starts them with the loading of its model (:func:`stand_by`, helpers.py), so their interpreters, imports
+and CUDA contexts are ready when the specs are known.
 
 A worker builds what a convolution's candidates build from its geometry, never from its values: weights of the layer's
 shapes filled with ones, the quantized formats' scales as given (stand-ins while calibrating). It runs each candidate
@@ -35,8 +37,9 @@ from typing import List, Sequence
 import numpy as np
 
 from tftrt_py import settings
+from tftrt_py.engine.backends.cupy import helpers
 
-__all__ = ["describe", "warm", "answer", "parse_answer", "WORKERS", "WAIT_S"]
+__all__ = ["describe", "stand_by", "warm", "answer", "parse_answer", "WORKERS", "WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,40 +75,49 @@ def describe(spec) -> dict:
                         "cudnn_runtime_plans": o.cudnn_runtime_plans, "strict_types": o.strict_types}}
 
 
+def stand_by() -> None:
+    """Start as many workers as warm() may use, ahead of it (helpers.stand_by), for a conversion that will
+    calibrate; none where the driver's JIT cache is off."""
+    if not settings.CUDA_CACHE_DISABLE.get():
+        helpers.stand_by(__name__, _workers(WORKERS))
+
+
+def _workers(jobs: int) -> int:
+    """Worker processes for `jobs` specs: WORKERS at most, one per two CPUs and per WORKER_BYTES of free device
+    memory."""
+    return min(WORKERS, max(1, (os.cpu_count() or 2) // 2), jobs, _free_device_bytes() // WORKER_BYTES)
+
+
 def warm(specs: Sequence) -> None:
     """Build the candidates of the convolutions among `specs` in worker processes, and wait for them (WAIT_S at
     most). Nothing happens where the driver's JIT cache is off (``CUDA_CACHE_DISABLE=1``): the workers' work would
-    not outlive them. A worker that fails costs nothing but its time: the build compiles what it needs."""
-    if settings.CUDA_CACHE_DISABLE.get():
-        return
+    not outlive them. A worker that fails costs nothing but its time: the build compiles what it needs. The workers
+    started ahead and not needed end."""
     todo: List[str] = []
-    for spec in specs:
+    for spec in specs if not settings.CUDA_CACHE_DISABLE.get() else ():
         if spec.layer.kind not in KINDS:
             continue
         try:
             todo.append(json.dumps(describe(spec), default=_plain))
         except (TypeError, ValueError) as exc:
             logger.debug("%s: not warmed (%s)", spec.layer.name, exc)
-    if not todo:
-        return
-    workers = min(WORKERS, max(1, (os.cpu_count() or 2) // 2), len(todo), _free_device_bytes() // WORKER_BYTES)
-    if workers < 1:
+    workers = _workers(len(todo)) if todo else 0
+    if todo and workers < 1:
         logger.debug("cuDNN plans not built ahead: under %d bytes of device memory free", WORKER_BYTES)
-        return
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's imports
     procs = []
     for i in range(workers):
         try:
-            proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-            proc.stdin.write(("[" + ",".join(todo[i::workers]) + "]").encode())
-            proc.stdin.close()
+            proc = helpers.take(__name__)
             procs.append(proc)
+            helpers.give(proc, ("[" + ",".join(todo[i::workers]) + "]").encode())
         except OSError as exc:
             logger.debug("could not start a cuDNN warm-up process: %s", exc)
+    helpers.release(__name__)
+    if not procs:
+        return
     failed = 0
-    with concurrent.futures.ThreadPoolExecutor(max(1, len(procs)), "tftrt-cudnn-warmup") as readers:
+    with concurrent.futures.ThreadPoolExecutor(len(procs), "tftrt-cudnn-warmup") as readers:
         offers = [readers.submit(_collect, proc) for proc in procs]
         for proc in procs:
             try:
@@ -191,8 +203,10 @@ def main() -> int:
     answers = os.fdopen(os.dup(1), "w")  # the parent's pipe, kept for the answers alone
     os.dup2(2, 1)  # anything a library prints goes where stderr goes, never into an answer
     triton.available = lambda: False
-    specs = json.load(sys.stdin)
-    rc = RunContext(None)
+    rc = RunContext(None)  # (the CUDA context, cuDNN's and cuBLAS's handles: made while the work is not known yet)
+    specs = helpers.wait_for_work()
+    if not specs:
+        return 0
     failed, sent = 0, set()
     for d in specs:
         try:

@@ -13,20 +13,24 @@ import base64
 import concurrent.futures
 import functools
 import importlib
+import importlib.util
 import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 import time
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["available", "request", "compile_kernel", "prefetch", "artifacts", "CompiledKernel", "Request"]
+from tftrt_py.engine.backends.cupy import helpers
+
+__all__ = ["available", "request", "compile_kernel", "prefetch", "stand_by", "artifacts", "CompiledKernel", "Request"]
 
 logger = logging.getLogger(__name__)
+
+#: The module the compile process runs.
+COMPILE_WORKER = f"{__name__}.compile_worker"
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,31 +150,39 @@ def prefetch(requests: Sequence[Request], threads: bool = False) -> None:
     process answers its first kernel after 2.6 s; for many, the Python parts would take turns). The process runs
     this package's ``compile_worker`` module (a module of our own as its ``__main__``, so a user's script is never
     re-imported by its worker processes) and answers in JSON lines; a kernel it fails to deliver is compiled here
-    when needed."""
+    when needed. A compile process started ahead (stand_by) serves the first prefetch to a process, or ends."""
     with _PREFETCH_LOCK:
         todo = [r for r in dict.fromkeys(requests) if r not in _PREFETCHED]
-        if not todo:
-            return
         futures = [concurrent.futures.Future() for _ in todo]
         _PREFETCHED.update(zip(todo, futures))
     if threads:
         pool = _threads()
         for req, future in zip(todo, futures):
             pool.submit(_deliver, req, future)
-        logger.debug("compiling %d Triton kernel(s) in threads", len(todo))
+        if todo:
+            logger.debug("compiling %d Triton kernel(s) in threads", len(todo))
         return
     try:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's imports
-        proc = subprocess.Popen([sys.executable, "-m", f"{__name__}.compile_worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        proc.stdin.write(json.dumps(todo).encode())
-        proc.stdin.close()
+        proc = helpers.take(COMPILE_WORKER) if todo else None
+        if proc is not None:
+            helpers.give(proc, json.dumps(todo).encode())
     except Exception as exc:
         for f in futures:
             f.set_exception(RuntimeError(f"could not start the Triton compile process: {exc}"))
         return
-    logger.info("compiling %d Triton kernel(s) in a separate process", len(todo))
-    threading.Thread(target=_collect, args=(proc, futures), daemon=True, name="triton-prefetch").start()
+    finally:
+        helpers.release(COMPILE_WORKER)
+    if proc is not None:
+        logger.info("compiling %d Triton kernel(s) in a separate process", len(todo))
+        threading.Thread(target=_collect, args=(proc, futures), daemon=True, name="triton-prefetch").start()
+
+
+def stand_by() -> None:
+    """Start the compile process ahead of the first prefetch (helpers.stand_by), for a conversion that will
+    calibrate: its interpreter, imports and fork server (which imports Triton) start while the model loads. Nothing
+    where Triton is not installed."""
+    if importlib.util.find_spec("triton") is not None:
+        helpers.stand_by(COMPILE_WORKER, 1)
 
 
 #: Threads compiling kernels prefetched with threads=True.

@@ -8,11 +8,12 @@ import base64
 import concurrent.futures
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
-import sys
 import time
 
 from tftrt_py import settings
+from tftrt_py.engine.backends.cupy import helpers
 from tftrt_py.engine.backends.cupy.triton import artifacts
 
 
@@ -42,11 +43,16 @@ def _context():
 
 def main() -> None:
     os.nice(settings.COMPILE_NICENESS.get())  # the build this compiles ahead for comes first (its workers inherit it)
-    requests = json.load(sys.stdin)
     answers = os.fdopen(os.dup(1), "w")  # the parent's pipe, kept for the answers alone (not inherited)
     os.dup2(2, 1)  # anything the workers or Triton print goes where stderr goes, never into an answer
+    context = _context()
+    if context.get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()  # (PRELOAD imported while the requests are not known yet)
+    requests = helpers.wait_for_work()
+    if not requests:
+        return
     workers = max(1, min(len(requests), os.cpu_count() or 1, 16))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=_context()) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         jobs = {pool.submit(_timed_artifacts, r): i for i, r in enumerate(requests)}
         for job in concurrent.futures.as_completed(jobs):
             try:
