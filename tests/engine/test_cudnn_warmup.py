@@ -173,6 +173,20 @@ def test_workers_started_ahead_take_the_specs_and_those_not_needed_end(popen):
     assert cudnn_warmup.__name__ not in helpers._waiting
 
 
+def test_a_worker_started_ahead_that_ended_meanwhile_is_replaced(popen):
+    """Its pipe is broken: its share of the specs goes to a new process."""
+    cudnn_warmup.stand_by()
+    (ended, _), *_ = helpers._waiting[cudnn_warmup.__name__]
+
+    def broken(data):
+        raise BrokenPipeError("the helper ended")
+
+    ended.stdin.write = broken
+    popen.started.clear()
+    cudnn_warmup.warm([conv_spec("conv_0")])
+    assert [d["name"] for part in popen.started if part != "no work" for d in part] == ["conv_0"]
+
+
 def test_a_late_worker_is_ended(popen, monkeypatch):
     popen.hang = True
     monkeypatch.setattr(cudnn_warmup, "WAIT_S", 0.0)

@@ -107,12 +107,16 @@ def warm(specs: Sequence) -> None:
     start = time.perf_counter()
     procs = []
     for i in range(workers):
-        try:
-            proc = helpers.take(__name__)
+        work = ("[" + ",".join(todo[i::workers]) + "]").encode()
+        for _ in range(2):  # a helper that ended meanwhile (its pipe broken): the next one
+            try:
+                proc = helpers.take(__name__)
+                helpers.give(proc, work)
+            except OSError as exc:
+                logger.debug("could not start a cuDNN warm-up process: %s", exc)
+                continue
             procs.append(proc)
-            helpers.give(proc, ("[" + ",".join(todo[i::workers]) + "]").encode())
-        except OSError as exc:
-            logger.debug("could not start a cuDNN warm-up process: %s", exc)
+            break
     helpers.release(__name__)
     if not procs:
         return
