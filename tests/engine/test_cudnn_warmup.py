@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from networks import conv_relu_pool_net
-from tftrt_py.engine.backends.cupy import _device, cudnn_warmup, helpers
+from tftrt_py.engine.backends.cupy import _device, cudnn_warmup, helper_processes
 from tftrt_py.engine.backends.cupy.ops import conv
 from tftrt_py.engine.backends.cupy.ops.base import BuildOptions, Spec
 
@@ -87,8 +87,8 @@ class FakePopen:
 @pytest.fixture
 def popen(monkeypatch):
     FakePopen.started, FakePopen.hang, FakePopen.answers = [], False, []
-    monkeypatch.setattr(helpers.subprocess, "Popen", FakePopen)
-    monkeypatch.setattr(helpers, "_waiting", {})
+    monkeypatch.setattr(helper_processes.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(helper_processes, "_waiting", {})
     monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
     monkeypatch.setattr(cudnn_warmup.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(cudnn_warmup, "_free_device_bytes", lambda: 64 << 30)
@@ -165,18 +165,18 @@ def test_the_convolutions_are_shared_out_among_at_most_workers_processes(popen):
 
 def test_workers_started_ahead_take_the_specs_and_those_not_needed_end(popen):
     cudnn_warmup.stand_by()
-    ahead = [proc for proc, _ in helpers._waiting[cudnn_warmup.__name__]]
+    ahead = [proc for proc, _ in helper_processes._waiting[cudnn_warmup.__name__]]
     assert len(ahead) == cudnn_warmup.WORKERS and popen.started == []
     cudnn_warmup.warm([conv_spec(f"conv_{i}") for i in range(3)])
     assert [[d["name"] for d in part] for part in popen.started[:3]] == [["conv_0"], ["conv_1"], ["conv_2"]]
     assert popen.started[3:] == ["no work"] * (cudnn_warmup.WORKERS - 3)
-    assert cudnn_warmup.__name__ not in helpers._waiting
+    assert cudnn_warmup.__name__ not in helper_processes._waiting
 
 
 def test_a_worker_started_ahead_that_ended_meanwhile_is_replaced(popen):
     """Its pipe is broken: its share of the specs goes to a new process."""
     cudnn_warmup.stand_by()
-    (ended, _), *_ = helpers._waiting[cudnn_warmup.__name__]
+    (ended, _), *_ = helper_processes._waiting[cudnn_warmup.__name__]
 
     def broken(data):
         raise BrokenPipeError("the helper ended")
@@ -200,7 +200,7 @@ def test_nothing_starts_without_the_driver_cache_or_without_a_convolution(popen,
     monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")
     cudnn_warmup.stand_by()
     cudnn_warmup.warm([conv_spec()])
-    assert popen.started == [] and helpers._waiting.get(cudnn_warmup.__name__, []) == []
+    assert popen.started == [] and helper_processes._waiting.get(cudnn_warmup.__name__, []) == []
 
 
 def test_each_worker_needs_its_share_of_free_device_memory(popen, monkeypatch):

@@ -159,8 +159,8 @@ def test_entries_of_other_gpus_and_versions_are_kept_but_not_used(tmp_path):
 @pytest.mark.parametrize("timed_on, stands_by", [(None, True), (H200, True), (H100, False)])
 def test_a_calibrating_conversion_starts_the_compile_processes_unless_its_cache_knows_this_gpu(monkeypatch, timed_on,
                                                                                            stands_by):
-    """A warm cache leaves them little to compile (engine/backends/cupy/helpers.py); no cache, or one of other GPUs
-    only, leaves them everything."""
+    """A warm cache leaves them little to compile (engine/backends/cupy/helper_processes.py); no cache, or one of
+    other GPUs only, leaves them everything."""
     started = []
     monkeypatch.setattr(cupy_backend._device, "device_name", lambda: H100["gpu"])
     monkeypatch.setattr(cupy_backend._device, "cudnn_module", lambda: None)

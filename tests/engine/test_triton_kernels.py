@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from tftrt_py.engine.backends.cupy import helpers
+from tftrt_py.engine.backends.cupy import helper_processes
 from tftrt_py.engine.backends.cupy import triton as kernels
 from tftrt_py.engine.backends.cupy.ops import triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
@@ -95,7 +95,7 @@ def test_kernels_prefetched_in_threads_compile_here_and_one_that_fails_compiles_
 
     monkeypatch.setattr(kernels, "artifacts", artifacts)
     monkeypatch.setattr(kernels, "_PREFETCHED", {})
-    monkeypatch.setattr(helpers.subprocess, "Popen", None)  # no compile process
+    monkeypatch.setattr(helper_processes.subprocess, "Popen", None)  # no compile process
     kernels._compile.cache_clear()
     try:
         kernels.prefetch([REQUEST, other, REQUEST], threads=True)
@@ -133,11 +133,12 @@ class CompileProcess:
 def test_the_compile_process_started_ahead_serves_the_first_prefetch_or_ends(monkeypatch, requests):
     ahead = CompileProcess()
     monkeypatch.setattr(kernels, "_PREFETCHED", {})
-    monkeypatch.setattr(helpers, "_waiting", {kernels.COMPILE_WORKER: [(ahead, helpers.time.monotonic())]})
-    monkeypatch.setattr(helpers.subprocess, "Popen", None)  # no other process starts
+    waiting = {kernels.COMPILE_WORKER: [(ahead, helper_processes.time.monotonic())]}
+    monkeypatch.setattr(helper_processes, "_waiting", waiting)
+    monkeypatch.setattr(helper_processes.subprocess, "Popen", None)  # no other process starts
     kernels.prefetch(requests)
     assert ahead.given == (json.dumps(requests).encode() if requests else b"")
-    assert kernels.COMPILE_WORKER not in helpers._waiting
+    assert kernels.COMPILE_WORKER not in helper_processes._waiting
 
 
 def test_requests_are_hashable_and_order_independent():

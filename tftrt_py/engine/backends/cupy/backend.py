@@ -47,9 +47,9 @@ class CupyBackend(Backend):
     def warm_up(self, calibrating: bool = False, timing_cache=None) -> None:
         """Import the cuDNN frontend and nvmath-python's cuBLASLt bindings (about a second between them); what fails
         is left to the build that needs them, which says why. `calibrating`: first start the processes anticipate()
-        compiles in (cuDNN plans, Triton kernels; helpers.py), so they are ready when it gives them work, unless
-        `timing_cache` holds tactics timed on this GPU: the builds would then mostly take their tactics from it and
-        leave the processes little to do, while starting them slowed a warm ResNet50 INT8 conversion on an H200
+        compiles in (cuDNN plans, Triton kernels; helper_processes.py), so they are ready when it gives them work,
+        unless `timing_cache` holds tactics timed on this GPU: the builds would then mostly take their tactics from it
+        and leave the processes little to do, while starting them slowed a warm ResNet50 INT8 conversion on an H200
         machine (5.6 -> 6.2 s, four alternating runs each; fresh: 17.4-20.2 -> 13.8-18.3 s)."""
         from tftrt_py.engine.backends.cupy import cublaslt, cudnn_warmup, triton
 

@@ -8,8 +8,8 @@ process takes its machine code from there: the FP16 ResNet-50 at batch 8 on an H
 with a fresh driver cache and in 1.3 s with one another process had filled. So :func:`warm` builds the
 convolutions' candidates in a few worker processes (this module as ``__main__``), each with its own GIL and CUDA
 context, and the build that follows calibration finds most of its plans' machine code compiled. A calibrating
-conversion starts them with the loading of its model (:func:`stand_by`, helpers.py), so their interpreters, imports
-and CUDA contexts are ready when the specs are known.
+conversion starts them with the loading of its model (:func:`stand_by`, helper_processes.py), so their interpreters,
+imports and CUDA contexts are ready when the specs are known.
 
 A worker builds what a convolution's candidates build from its geometry, never from its values: weights of the layer's
 shapes filled with ones, the quantized formats' scales as given (stand-ins while calibrating). It runs each candidate
@@ -37,7 +37,7 @@ from typing import List, Sequence
 import numpy as np
 
 from tftrt_py import settings
-from tftrt_py.engine.backends.cupy import helpers
+from tftrt_py.engine.backends.cupy import helper_processes
 
 __all__ = ["describe", "stand_by", "warm", "answer", "parse_answer", "WORKERS", "WAIT_S"]
 
@@ -76,10 +76,10 @@ def describe(spec) -> dict:
 
 
 def stand_by() -> None:
-    """Start as many workers as warm() may use, ahead of it (helpers.stand_by), for a conversion that will
+    """Start as many workers as warm() may use, ahead of it (helper_processes.stand_by), for a conversion that will
     calibrate; none where the driver's JIT cache is off."""
     if not settings.CUDA_CACHE_DISABLE.get():
-        helpers.stand_by(__name__, _workers(WORKERS))
+        helper_processes.stand_by(__name__, _workers(WORKERS))
 
 
 def _workers(jobs: int) -> int:
@@ -110,14 +110,14 @@ def warm(specs: Sequence) -> None:
         work = ("[" + ",".join(todo[i::workers]) + "]").encode()
         for _ in range(2):  # a helper that ended meanwhile (its pipe broken): the next one
             try:
-                proc = helpers.take(__name__)
-                helpers.give(proc, work)
+                proc = helper_processes.take(__name__)
+                helper_processes.give(proc, work)
             except OSError as exc:
                 logger.debug("could not start a cuDNN warm-up process: %s", exc)
                 continue
             procs.append(proc)
             break
-    helpers.release(__name__)
+    helper_processes.release(__name__)
     if not procs:
         return
     failed = 0
@@ -208,7 +208,7 @@ def main() -> int:
     os.dup2(2, 1)  # anything a library prints goes where stderr goes, never into an answer
     triton.available = lambda: False
     rc = RunContext(None)  # (the CUDA context, cuDNN's and cuBLAS's handles: made while the work is not known yet)
-    specs = helpers.wait_for_work()
+    specs = helper_processes.wait_for_work()
     if not specs:
         return 0
     failed, sent = 0, set()

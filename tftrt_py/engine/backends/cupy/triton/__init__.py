@@ -23,7 +23,7 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from tftrt_py.engine.backends.cupy import helpers
+from tftrt_py.engine.backends.cupy import helper_processes
 
 __all__ = ["available", "request", "compile_kernel", "prefetch", "stand_by", "artifacts", "CompiledKernel", "Request"]
 
@@ -163,26 +163,26 @@ def prefetch(requests: Sequence[Request], threads: bool = False) -> None:
             logger.debug("compiling %d Triton kernel(s) in threads", len(todo))
         return
     try:
-        proc = helpers.take(COMPILE_WORKER) if todo else None
+        proc = helper_processes.take(COMPILE_WORKER) if todo else None
         if proc is not None:
-            helpers.give(proc, json.dumps(todo).encode())
+            helper_processes.give(proc, json.dumps(todo).encode())
     except Exception as exc:
         for f in futures:
             f.set_exception(RuntimeError(f"could not start the Triton compile process: {exc}"))
         return
     finally:
-        helpers.release(COMPILE_WORKER)
+        helper_processes.release(COMPILE_WORKER)
     if proc is not None:
         logger.info("compiling %d Triton kernel(s) in a separate process", len(todo))
         threading.Thread(target=_collect, args=(proc, futures), daemon=True, name="triton-prefetch").start()
 
 
 def stand_by() -> None:
-    """Start the compile process ahead of the first prefetch (helpers.stand_by), for a conversion that will
+    """Start the compile process ahead of the first prefetch (helper_processes.stand_by), for a conversion that will
     calibrate: its interpreter, imports and fork server (which imports Triton) start while the model loads. Nothing
     where Triton is not installed."""
     if importlib.util.find_spec("triton") is not None:
-        helpers.stand_by(COMPILE_WORKER, 1)
+        helper_processes.stand_by(COMPILE_WORKER, 1)
 
 
 #: Threads compiling kernels prefetched with threads=True.

@@ -13,7 +13,7 @@ import os
 import time
 
 from tftrt_py import settings
-from tftrt_py.engine.backends.cupy import helpers
+from tftrt_py.engine.backends.cupy import helper_processes
 from tftrt_py.engine.backends.cupy.triton import artifacts
 
 
@@ -48,7 +48,7 @@ def main() -> None:
     context = _context()
     if context.get_start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()  # (PRELOAD imported while the requests are not known yet)
-    requests = helpers.wait_for_work()
+    requests = helper_processes.wait_for_work()
     if not requests:
         return
     workers = max(1, min(len(requests), os.cpu_count() or 1, 16))
