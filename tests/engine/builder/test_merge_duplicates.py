@@ -101,3 +101,22 @@ def test_empty_and_scalar_constants_are_compared_by_value_too():
                                       {"axis": 0} if c.shape == (0, 3) else {"op": "prod"}, name=f"use{i}").outputs[0])
     assert merge_common_subexpressions(net)
     assert [l.name for l in net.layers if l.kind == "Constant"] == ["c0", "c2", "c4"]
+
+
+def test_constants_alike_where_their_hash_samples_them_but_not_whole_stay_apart():
+    """Constants are keyed by a hash of evenly spaced elements (passes.SAMPLED_ELEMENTS), then compared whole."""
+    from tftrt_py.engine import Network
+    from tftrt_py.engine.builder import passes
+
+    size = passes.SAMPLED_ELEMENTS * 4
+    same = rand(size)
+    differs = same.copy()
+    differs[1] += 1.0  # between the sampled elements 0 and 4
+    net = Network("consts")
+    x = net.add_input("x", "float32", (size,))
+    for i, value in enumerate([same, same.copy(), differs]):
+        c = net.add_constant(value, name=f"c{i}")
+        net.mark_output(net.add_layer("ElementWise", [x, c], {"op": "sum"}, name=f"use{i}").outputs[0])
+    assert passes._digest(same) == passes._digest(differs)
+    assert passes.merge_common_subexpressions(net)
+    assert [l.name for l in net.layers if l.kind == "Constant"] == ["c0", "c2"]
