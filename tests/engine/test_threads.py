@@ -1,6 +1,7 @@
 """CPU backends use as many threads as the process allows: TFTRT_PY_CPU_THREADS, then OpenMP/OpenBLAS/MKL's
 variables, then TensorFlow's intra-op setting, then the CPUs the process may run on; BLAS is held to that
-count while an engine runs on the numpy backend, and gets its own setting back after."""
+count while an engine runs on the numpy backend, and gets its own setting back after. Work on large arrays (weights
+cast to fp16) runs in that many threads."""
 import sys
 import threading
 import types
@@ -147,3 +148,17 @@ def test_an_older_threadpoolctl_still_caps_from_the_running_thread(process, monk
     with blas_limit(1):
         out = engine.create_execution_context().execute_v2([x])[0]
     np.testing.assert_allclose(out, x @ weight, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nbytes, threaded", [(threads.PARALLEL_BYTES, False), (threads.PARALLEL_BYTES + 1, True)])
+def test_array_work_runs_in_threads_only_above_its_size_and_keeps_the_order(monkeypatch, nbytes, threaded):
+    monkeypatch.setattr(threads, "cpu_threads", lambda: 3)
+    ran_on = []
+
+    def work(i):
+        ran_on.append(threading.current_thread().name)
+        return i * i
+
+    assert threads.map_arrays(work, list(range(7)), nbytes, "tftrt-test") == [i * i for i in range(7)]
+    assert all(name.startswith("tftrt-test") for name in ran_on) == threaded
+    assert threaded or set(ran_on) == {threading.current_thread().name}

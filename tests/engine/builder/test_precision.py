@@ -9,6 +9,7 @@ from fusion_nets import add, const, conv, rand
 from networks import quantized_attention_net
 from tftrt_py.engine import Builder, BuilderConfig, Network, Runtime
 from tftrt_py.engine import quantization
+from tftrt_py.engine.backends import threads
 from tftrt_py.engine.builder import precision
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.plan import read_header
@@ -283,8 +284,8 @@ def test_saturating_keeps_weights_inside_the_fp16_range_as_they_are_without_a_co
 
 def test_large_fp16_weights_are_rounded_in_threads_to_the_same_values(monkeypatch):
     one_thread = build(classifier(), "FP16")
-    monkeypatch.setattr(precision, "PARALLEL_HALF_BYTES", 0)
-    monkeypatch.setattr(precision, "cpu_threads", lambda: 3)
+    monkeypatch.setattr(threads, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(threads, "cpu_threads", lambda: 3)
     threaded = build(classifier(), "FP16")
     for a, b in zip(one_thread.network.layers, threaded.network.layers):
         assert a.name == b.name and a.weights.keys() == b.weights.keys()

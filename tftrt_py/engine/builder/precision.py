@@ -25,14 +25,13 @@ meets a layer of another precision (the numpy backend rounds on read, the cupy b
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import re
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from tftrt_py.engine.backends.threads import cpu_threads
+from tftrt_py.engine.backends.threads import map_arrays
 from tftrt_py.engine.builder.fusions.match import gemm_residual
 from tftrt_py.engine.errors import MissingDynamicRangeError
 from tftrt_py.engine.network import Layer, Network, Tensor
@@ -208,23 +207,11 @@ def _half(weights: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     return {k: _saturate(v).astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()}
 
 
-#: float32 weights of FP16 layers up to this many bytes in all are rounded on the calling thread; more in threads.
-PARALLEL_HALF_BYTES = 32 << 20
-
-
 def _halve(layers: List[Layer]) -> None:
-    """Give each FP16 layer of `layers` its weights as _half makes them, in cpu_threads() threads when they are
-    large: numpy releases the GIL while it reduces and casts, and a transformer's weights (BERT-base: 0.44 GB)
-    take a second to round on one core."""
+    """Give each FP16 layer of `layers` its weights as _half makes them (in threads where they are large)."""
     size = sum(v.nbytes for layer in layers for v in layer.weights.values() if v.dtype == np.float32)
-    workers = cpu_threads() if size > PARALLEL_HALF_BYTES else 1
-    if workers == 1:
-        for layer in layers:
-            layer.weights = _half(layer.weights)
-        return
-    with concurrent.futures.ThreadPoolExecutor(workers, "tftrt-fp16-weights") as pool:
-        for layer, weights in zip(layers, pool.map(lambda l: _half(l.weights), layers)):
-            layer.weights = weights
+    for layer, weights in zip(layers, map_arrays(lambda l: _half(l.weights), layers, size, "tftrt-fp16-weights")):
+        layer.weights = weights
 
 
 def _saturate_fp16_constants(network: Network) -> None:

@@ -26,6 +26,7 @@ from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, QuantizeOp, quantiz
 from tftrt_py.engine.backends.cupy.quant_planning import QuantPlan, plan_quantization, quant_plan, quant_scale
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.backends.cupy.views import is_view
+from tftrt_py.engine.backends.threads import map_arrays
 from tftrt_py.engine.errors import BackendError
 from tftrt_py.engine.types import FLOATS
 
@@ -106,6 +107,20 @@ def storage_dtype(tensor, layer, precision: str) -> str:
     return compute_dtype(layer, precision) if tensor.dtype in FLOATS else tensor.dtype
 
 
+def _stored_constants(net, precision: str) -> Dict[str, np.ndarray]:
+    """Each Constant layer's value as the program stores it (its storage dtype, contiguous), cast in threads where
+    they are large: an FP16 transformer's weights are the Constants its matrix multiplies read, and keras-hub
+    BERT-base's 0.41 GB took 0.2 s to cast to fp16 on one core of an H200 machine."""
+    layers = [layer for layer in net.layers if layer.kind == "Constant"]
+
+    def stored(layer) -> np.ndarray:
+        dtype = storage_dtype(layer.outputs[0], layer, precision)
+        return np.ascontiguousarray(layer.weights["value"].astype(dtype, copy=False))
+
+    values = map_arrays(stored, layers, sum(layer.weights["value"].nbytes for layer in layers), "tftrt-constants")
+    return {layer.name: value for layer, value in zip(layers, values)}
+
+
 # -- building ------------------------------------------------------------------------------------------------
 class _Builder:
     """A program being built, layer by layer: its slots' dtypes, the cast and quantized copies made so far (one per
@@ -123,6 +138,7 @@ class _Builder:
         self.tensors = {t.name: t for t in net.inputs}
         self.tensors.update({t.name: t for l in net.layers for t in l.outputs})
         self.groups: Optional[Dict[str, List]] = None
+        self.constants = _stored_constants(net, precision)
         self.in_group: Dict[str, str] = {}
 
     # -- slots -------------------------------------------------------------------------------------------------
@@ -196,7 +212,7 @@ class _Builder:
             self.add_step(layer, out_dtypes)
 
     def add_constant(self, layer, dtype: str) -> None:
-        arr = _device.require().asarray(np.ascontiguousarray(layer.weights["value"].astype(dtype)))
+        arr = _device.require().asarray(self.constants.pop(layer.name))
         self.weights.append(arr)
         self.add_slot(layer.outputs[0].name, layer.outputs[0].shape, dtype, "const", array=arr)
 
