@@ -1,11 +1,8 @@
 """What the cupy backend's program stores for an engine's constants, without a GPU (engine/backends/cupy/program.py):
-each Constant as the program stores it, its storage dtype and contiguous, cast in threads when they are large, with
-the values a cast on one thread gives."""
+each Constant in its storage dtype, contiguous (its upload is tests/engine/gpu's)."""
 import numpy as np
-import pytest
 
 from tftrt_py.engine import Network
-from tftrt_py.engine.backends import threads
 from tftrt_py.engine.backends.cupy import program
 from tftrt_py.engine.builder.precision import assign_precisions
 
@@ -22,14 +19,16 @@ def fp16_network() -> Network:
     return net
 
 
-@pytest.mark.parametrize("in_threads", [False, True])
-def test_constants_are_stored_in_their_storage_dtype_contiguous(monkeypatch, in_threads):
-    if in_threads:
-        monkeypatch.setattr(threads, "PARALLEL_BYTES", 0)
-        monkeypatch.setattr(threads, "cpu_threads", lambda: 2)
-    net = fp16_network()
-    stored = program._stored_constants(net, "FP16")
-    w = next(l for l in net.layers if l.name == "w").weights["value"]
-    assert stored["w"].dtype == np.float16 and stored["w"].flags.c_contiguous
-    np.testing.assert_array_equal(stored["w"], w.astype(np.float16))
-    assert stored["index"].dtype == np.int32 and np.array_equal(stored["index"], np.arange(4))
+def test_constants_are_stored_in_their_storage_dtype_contiguous():
+    layers = {layer.name: layer for layer in fp16_network().layers}
+    w, index = (program._stored(layers[name], "FP16") for name in ("w", "index"))
+    assert w.dtype == np.float16 and w.flags.c_contiguous
+    np.testing.assert_array_equal(w, layers["w"].weights["value"].astype(np.float16))
+    assert index.dtype == np.int32 and np.array_equal(index, np.arange(4))
+
+
+def test_a_constant_already_stored_as_its_dtype_is_not_copied():
+    net = Network("n")
+    value = np.arange(6, dtype="int32")
+    net.add_constant(value, name="c")
+    assert program._stored(net.layers[0], "FP16") is value

@@ -113,12 +113,14 @@ blas_limit = _BlasLimit()
 PARALLEL_BYTES = 32 << 20
 
 
-def map_arrays(fn: Callable[[T], R], items: Sequence[T], nbytes: int, name: str) -> List[R]:
-    """``[fn(item) for item in items]``, in cpu_threads() threads named `name` where the arrays it reads hold more
-    than PARALLEL_BYTES in all (`nbytes`): numpy releases the GIL while it casts and reduces, and a transformer's
-    weights (keras-hub BERT-base: 0.44 GB) take a second to round to fp16 on one core."""
+def map_arrays(fn: Callable[[T], R], items: Sequence[T], nbytes: int, name: str,
+               initializer: Optional[Callable[..., object]] = None, initargs: tuple = ()) -> List[R]:
+    """``[fn(item) for item in items]``, in cpu_threads() threads named `name` (each first running `initializer`)
+    where the arrays it reads hold more than PARALLEL_BYTES in all (`nbytes`): numpy releases the GIL while it
+    casts and reduces, and a transformer's weights (keras-hub BERT-base: 0.44 GB) take a second to round to fp16
+    on one core."""
     workers = min(cpu_threads(), len(items)) if nbytes > PARALLEL_BYTES else 1
     if workers <= 1:
         return [fn(item) for item in items]
-    with concurrent.futures.ThreadPoolExecutor(workers, name) as pool:
+    with concurrent.futures.ThreadPoolExecutor(workers, name, initializer, initargs) as pool:
         return list(pool.map(fn, items))
