@@ -251,9 +251,13 @@ def test_fp16_overflow_gives_inf_as_on_the_gpu():
     assert np.isinf(got[0]) and got[1] == 3.0
 
 
-def test_fp16_saturates_weights_and_constants_beyond_its_range():
+@pytest.mark.parametrize("in_threads", [False, True])
+def test_fp16_saturates_weights_and_constants_beyond_its_range(monkeypatch, in_threads):
     """An additive attention mask (1 - mask) * -1e9: in fp16 -1e9 saturates to -65504 (as TensorRT clamps
-    weights), so unmasked positions get 0 x -65504 = 0, not 0 x -inf = NaN."""
+    weights), so unmasked positions get 0 x -65504 = 0, not 0 x -inf = NaN; in threads (large weights) alike."""
+    if in_threads:
+        monkeypatch.setattr(threads, "PARALLEL_BYTES", 0)
+        monkeypatch.setattr(threads, "cpu_threads", lambda: 3)
     net = Network("n")
     keep = net.add_input("keep", "float32", (2, 4))
     scores = net.add_input("scores", "float32", (2, 4))

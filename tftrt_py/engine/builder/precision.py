@@ -215,14 +215,22 @@ def _halve(layers: List[Layer]) -> None:
 
 
 def _saturate_fp16_constants(network: Network) -> None:
-    """Constants read only by reduced-precision layers hold values inside the fp16 range."""
+    """Constants read only by reduced-precision layers hold values inside the fp16 range (scanned in threads where
+    they are large)."""
     users = network.consumers()
-    for layer in network.layers:
+
+    def saturated(layer) -> bool:
         value = layer.weights.get("value") if layer.kind == "Constant" else None
         readers = users.get(layer.outputs[0].name, []) if value is not None else []
-        if (value is not None and value.dtype == np.float32 and readers and not network.is_output(layer.outputs[0])
-                and all(r.precision in ("FP16",) + QUANTIZED for r in readers)):
-            layer.weights["value"] = _saturate(value)
+        return (value is not None and value.dtype == np.float32 and bool(readers)
+                and not network.is_output(layer.outputs[0])
+                and all(r.precision in ("FP16",) + QUANTIZED for r in readers))
+
+    layers = [layer for layer in network.layers if saturated(layer)]
+    values = map_arrays(lambda layer: _saturate(layer.weights["value"]), layers,
+                        sum(layer.weights["value"].nbytes for layer in layers), "tftrt-fp16-constants")
+    for layer, value in zip(layers, values):
+        layer.weights["value"] = value
 
 
 def _share_max_pool_ranges(network: Network) -> None:
