@@ -69,6 +69,33 @@ def test_epilogues(dtype, epilogue):
     np.testing.assert_array_equal(replay, eager)
 
 
+def test_plans_of_the_same_gemm_share_one_heuristic_query_and_compute_alike(monkeypatch):
+    """A transformer's layers repeat their GEMMs: the heuristics' algorithms are asked for once per GEMM (operand
+    addresses aside), and each plan computes with them as a plan asking itself would."""
+    import cupy
+    from nvmath.bindings import cublasLt as lt
+
+    from tftrt_py.engine.backends.cupy import cublaslt
+
+    monkeypatch.setattr(cublaslt, "_HEURISTICS", {})
+    queries = []
+    query = lt.matmul_algo_get_heuristic
+    monkeypatch.setattr(lt, "matmul_algo_get_heuristic", lambda *args: queries.append(1) or query(*args))
+    rng = np.random.default_rng(5)
+    m, n, k = 64, 48, 32
+    a = rng.standard_normal((m, k)).astype("float16")
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float16")
+    biases = [cupy.asarray(rng.standard_normal(n).astype("float16")) for _ in range(3)]
+    plans = [cublaslt.LtGemm(m, n, k, "float16", epilogue="BIAS", bias=bias) for bias in biases]
+    assert len(queries) == 1 and len({len(p.algos) for p in plans}) == 1
+    cublaslt.LtGemm(m, n, 2 * k, "float16", epilogue="BIAS", bias=biases[0])  # another GEMM: its own query
+    assert len(queries) == 2
+    for plan, bias in zip(plans, biases):
+        got = lt_run(plan, cupy.asarray(a), cupy.asarray(b), cupy.full((m, n), np.nan, "float16"))
+        ref = a.astype(np.float64) @ b.astype(np.float64) + cupy.asnumpy(bias).astype(np.float64)
+        assert rel_err(got, ref) < TOL["float16"]
+
+
 @pytest.mark.parametrize("epilogue", ["BIAS", "GELU", "GELU_BIAS"])
 def test_fused_epilogues_keep_nan(epilogue):
     """A NaN in A makes its output row NaN, as in TF (cuBLASLt's ReLU gives 0 there: it is not fused)."""
