@@ -1,4 +1,5 @@
-"""How many threads a CPU backend may use, and a cap on BLAS's threads while an engine runs.
+"""How many threads a CPU backend may use, a cap on BLAS's threads while an engine runs, and work on large arrays
+(weights cast or scanned while an engine builds) spread over that many threads.
 
 An engine shares the process's cores with TensorFlow and whatever else runs there: a BLAS that spawns a
 thread per core beside them oversubscribes the machine (a ResNet-18 engine took 326-904 ms per run instead
