@@ -5,16 +5,21 @@ The digest must not change under transformations that keep the computation: ``tf
 functions and may reorder a function's nodes, and ``convert_variables_to_constants_v2`` (the user guide's freeze
 step) re-serializes the library with nodes in another order and other names. So the segment is hashed as a
 dataflow graph (a Merkle digest): each node's digest is its op, the digests of its attributes (a weight's bytes are
-hashed where they lie, never copied into text) and the digests of its inputs, in input order; names, node order, devices and framework annotations (attributes starting with ``_``) take no part.
+hashed where they lie, never copied into text) and the digests of its inputs, in input order; names, node order,
+devices and framework annotations (attributes starting with ``_``) take no part. Nor does how TensorFlow happens to
+write an equal node: saving a model drops attributes at their op's default (loading puts them back) and compresses
+constants (a run of equal values dropped, ``tensor_content`` turned into a value list), so an attribute at its
+default counts as absent and a tensor counts by its dtype, shape and values.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 from typing import Dict, Mapping, Optional
 
-from tensorflow.core.framework import function_pb2
+from tensorflow.core.framework import function_pb2, types_pb2
 
 from tftrt_py.convert.graph import NodeView
 from tftrt_py.engine.plan import MAGIC as PLAN_MAGIC
@@ -93,10 +98,11 @@ def _node_digest(node, digests: Mapping[str, str], callees: Mapping[str, object]
         head, sep, port = ref.partition(":")
         data.append(f"{digests.get(head, '?')}{sep}{port}")
     attrs = {}
+    defaults = _defaults(node.op)
     for key in sorted(node.attr):
-        if key.startswith("_"):
-            continue
         value = node.attr[key]
+        if key.startswith("_") or (key in defaults and value.SerializeToString(deterministic=True) == defaults[key]):
+            continue
         if value.HasField("func"):
             attrs[key] = ["func", _callee(value.func, callees, seen)]
         elif value.HasField("list") and value.list.func:
@@ -122,7 +128,37 @@ def _callee_digest(name: str, callees, seen) -> str:
 
 
 def _attr_digest(value) -> str:
+    if value.HasField("tensor") and value.tensor.dtype not in OPAQUE_DTYPES:
+        return _tensor_digest(value.tensor)
     return hashlib.sha256(value.SerializeToString(deterministic=True)).hexdigest()
+
+
+#: Tensors of these dtypes count by their serialization (TensorFlow does not compress them).
+OPAQUE_DTYPES = frozenset({types_pb2.DT_STRING, types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT})
+
+
+def _tensor_digest(tensor) -> str:
+    """A TensorProto by its dtype, shape and values, whichever way they are written."""
+    digest = hashlib.sha256(f"{tensor.dtype}:{[d.size for d in tensor.tensor_shape.dim]}".encode())
+    if tensor.tensor_content:
+        digest.update(tensor.tensor_content)
+    else:
+        from tensorflow.python.framework import tensor_util  # pylint: disable=import-outside-toplevel
+
+        digest.update(tensor_util.MakeNdarray(tensor).tobytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults(op: str) -> Dict[str, bytes]:
+    """The serialized default of each attribute of `op` that has one (none for an op not registered here)."""
+    from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
+
+    op_def = op_def_registry.get(op)
+    if op_def is None:
+        return {}
+    return {a.name: a.default_value.SerializeToString(deterministic=True) for a in op_def.attr
+            if a.HasField("default_value")}
 
 
 def _sha(text: str) -> str:
