@@ -6,7 +6,7 @@
 Models (random weights, nothing downloaded): the demo CNN, Keras ResNet50 and MobileNetV2, a keras-hub BERT-base
 encoder (sequence 128, padded masks), ViT-B/16, keras-hub DeepLabV3 on a ResNet-18, an MLP (Dense 64 -> 64
 relu -> 10) so small that its times are the per-call cost of a converted call against native TF's, and a Keras
-LSTM text classifier (128 steps of 256 units; its loop stays native). ``zoo:NAME``
+LSTM text classifier (128 steps of 256 units; its loop is unrolled into the engine). ``zoo:NAME``
 is a model of the zoo the tests hold to their targets (tests/zoo/models.py REQUIRED: its builder, exporter and
 feeds, at its own input sizes with the batch replaced), ``zoo`` all of them; the default leaves the zoo out.
 Each is exported, converted (engines built for every batch), saved; a fresh process per engine backend
@@ -106,7 +106,7 @@ def _mlp(size):
 
 def _lstm(size):
     """A text classifier as users build one: 10,000-token embeddings of 128 wide, an LSTM of 256 units over 128
-    steps (its loop stays native), a softmax over 2 classes."""
+    steps (a fixed length: its loop is unrolled), a softmax over 2 classes."""
     import keras
 
     tokens = keras.Input((128,), dtype="int32", name="token_ids")

@@ -11,12 +11,13 @@ constants, variable reads, identities, no-ops). Inside engines: the compute ops 
 that ran an engine when serving, and never their native segment. Outside: the compute ops of the converted graph outside engine
 ops, plus those of the functions they call (loop bodies and conditions, branches).
 
-Loops (While, StatelessWhile) stay native by design, as in TF-TRT, and variant or resource tensors (TensorLists,
-variable handles) can never be engine tensors. Native by design, and held to no target: loop nodes and the
-functions they call, nodes reading or producing a variant or resource tensor (a variable the model writes as it
-serves: DeepLabV3's AssignVariableOps), and shape computations left native as known when building (their copies
-serve in engines) whose every consumer is native by design (the LSTM's Shape -> StridedSlice -> Pack -> Fill
-sizing its TensorListReserve). Every other compute op must serve in an engine.
+Loops (While, StatelessWhile) whose trip count is known only when they run stay native by design, as in TF-TRT
+(the others are unrolled: the LSTM's), and variant or resource tensors (TensorLists, variable handles) can never be
+engine tensors. Native by design, and held to no target: loop nodes and the functions they call, nodes reading or
+producing a variant or resource tensor (a variable the model writes as it serves: DeepLabV3's AssignVariableOps),
+and shape computations left native as known when building (their copies serve in engines) whose every consumer is
+native by design (a Shape -> StridedSlice -> Pack -> Fill sizing a TensorListReserve). Every other compute op must
+serve in an engine.
 
 Batch 1: an engine op serves it with its engine when that is row-wise (padded, or a copy re-batched: see
 engine_op.buckets), else builds another engine when its ``_allow_build_at_runtime`` attribute allows (the

@@ -11,8 +11,9 @@ each must match native TF run at batch 1 on those inputs within the same targets
 serve batch 1 (a row-wise engine, or one allowed to build at run time: the converter's default) must not fall
 back to its native segment there; other engine ops' native runs at batch 1 are reported, not failed.
 
-Models with loops (RetinaNet's NMS, the LSTM): loops stay native (as in TF-TRT) and TensorLists (variant tensors)
-can never be engine tensors; every other compute op serves in an engine (100%), the raw network outputs match
+Models with loops whose trip count is known only when they run (RetinaNet's NMS): those loops stay native (as in
+TF-TRT) and TensorLists (variant tensors) can never be engine tensors; every other compute op serves in an engine
+(100%), the raw network outputs match
 (FP32 1e-4, FP16 1e-2 of their scale) and FP32's decoded detections are within 1e-5 of their scale; FP16's
 are not compared, since NMS on FP16 scores rightly picks other boxes among near-ties (tests/zoo/measure.py).
 

@@ -1,4 +1,5 @@
-"""Control flow stays native: tf.while_loop and tf.cond, functional (While, If) or lowered (TF1 frames).
+"""Control flow stays native: tf.while_loop and tf.cond, functional (While, If) or lowered (TF1 frames). (Loops of a
+trip count known before they run reach the segmenter unrolled: converters/unroll.py.)
 
 A lowered loop is a frame entered through Enter and left through Exit; a lowered conditional routes
 each branch through a Switch output up to a Merge. A node inside either may receive dead tensors or run
