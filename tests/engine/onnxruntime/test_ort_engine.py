@@ -213,3 +213,46 @@ def test_a_call_runs_the_engine_as_execute_v2_does(network):
         for got, again, ref in zip(into, mine, want):
             np.testing.assert_array_equal(got, ref)
             np.testing.assert_array_equal(again, ref)
+
+
+def _session_threads(program) -> int:
+    return program.steps[0].session.get_session_options().intra_op_num_threads
+
+
+def _timed_by_threads(monkeypatch, many_ms, one_ms, threads=2):
+    """Programs time as given by their sessions' intra-op threads, with `threads` allowed; returns the thread counts
+    of the programs timed, in order."""
+    timed = []
+
+    def run_ms(program, feed):
+        timed.append(_session_threads(program))
+        return one_ms if timed[-1] == 1 else many_ms
+
+    monkeypatch.setattr(ort_module, "_run_ms", run_ms)
+    monkeypatch.setattr(ort_module.OnnxRuntimeBackend, "threads", lambda self: threads)
+    return timed
+
+
+@pytest.mark.parametrize("one_ms, kept", [(0.5, 1), (0.95, 2)])
+def test_a_short_engine_runs_on_one_thread_where_that_is_clearly_faster(monkeypatch, one_ms, kept):
+    timed = _timed_by_threads(monkeypatch, 1.0, one_ms)
+    engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(conv_relu_pool_net())
+    ctx = engine.create_execution_context()
+    assert timed == [2, 1] and _session_threads(engine.ort_program) == kept
+    x = {"TensorRTInputPH_0": np.random.default_rng(2).standard_normal((2, 8, 8, 3)).astype(np.float32)}
+    want = Builder().build_engine(conv_relu_pool_net()).create_execution_context().execute(x)
+    assert_close(ctx.execute(x)["TensorRTOutputPH_0"], want["TensorRTOutputPH_0"], "FP32")
+
+
+def test_an_engine_running_longer_than_the_trial_bound_keeps_its_threads_untried(monkeypatch):
+    timed = _timed_by_threads(monkeypatch, ort_module.ONE_THREAD_TRIAL_MS, 0.1)
+    engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(conv_relu_pool_net())
+    engine.create_execution_context()
+    assert timed == [2] and _session_threads(engine.ort_program) == 2
+
+
+def test_with_one_thread_allowed_nothing_is_timed(monkeypatch):
+    timed = _timed_by_threads(monkeypatch, 1.0, 0.1, threads=1)
+    engine = Builder(BuilderConfig(backend="onnxruntime")).build_engine(conv_relu_pool_net())
+    engine.create_execution_context()
+    assert timed == [] and _session_threads(engine.ort_program) == 1

@@ -196,8 +196,10 @@ def test_the_signed_kernel_is_taken_only_where_it_sums_exactly():
 
 
 def _timed(monkeypatch, int8_ms, fp16_ms):
-    """Lowerings time as given (the INT8 one is timed first); returns the list of timings asked for."""
+    """Lowerings time as given (the INT8 one is timed first); returns the list of timings asked for. Sessions get
+    one thread, so the choice of thread count (test_ort_engine.py) times nothing here."""
     asked = []
+    monkeypatch.setattr(ort_backend.OnnxRuntimeBackend, "threads", lambda self: 1)
 
     def run_ms(program, feed):
         asked.append(program)

@@ -52,6 +52,11 @@ RECORDING_LAYERS = 24
 #: 16.7 ms instead of 11.9 beside a process holding one of 2 CPUs, for 8.8 instead of 9.3 on idle ones.
 SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 
+#: Engines whose run takes less than this (ms, with every thread allowed) are also made with one intra-op thread,
+#: kept where it runs in under ONE_THREAD_GAIN of the time (see OnnxRuntimeBackend._keep_fewer_threads).
+ONE_THREAD_TRIAL_MS = 25.0
+ONE_THREAD_GAIN = 0.9
+
 
 class _Session:
     """One ONNX Runtime session over consecutive lowered layers: engine tensors in, engine tensors out."""
@@ -139,9 +144,11 @@ class OnnxRuntimeBackend(Backend):
         """Intra-op threads of the sessions this backend makes: what the process allows (threads.cpu_threads)."""
         return cpu_threads()
 
-    def session(self, model, external: Optional[dict] = None, shared: Sequence[np.ndarray] = ()):
+    def session(self, model, external: Optional[dict] = None, shared: Sequence[np.ndarray] = (),
+                threads: Optional[int] = None):
         """An InferenceSession of ONNX `model` (pruned, from its bytes: no file), every graph optimization on but
-        those DISABLED_OPTIMIZERS names, with SESSION_CONFIG; `external` gives the arrays of the initializers the
+        those DISABLED_OPTIMIZERS names, with SESSION_CONFIG and `threads` intra-op threads (default:
+        :meth:`threads`); `external` gives the arrays of the initializers the
         model names as external data (see lowering.lower). Of those, the ones among `shared` (arrays that live
         while the session does: the layers' own weights) are the session's initializers themselves
         (``SessionOptions.add_initializer``: no copy kept, and none made beside the one that prepacking packs
@@ -153,7 +160,7 @@ class OnnxRuntimeBackend(Backend):
         options.add_session_config_entry("optimization.disable_specified_optimizers", ";".join(DISABLED_OPTIMIZERS))
         for key, value in SESSION_CONFIG.items():
             options.add_session_config_entry(key, value)
-        threads = self.threads()
+        threads = threads or self.threads()
         if threads:
             options.intra_op_num_threads = int(threads)
         model = prune(model)
@@ -177,10 +184,11 @@ class OnnxRuntimeBackend(Backend):
         runs the FP32 network through them, recording each step's tensors (calibration.collector)."""
         return self._program(network, every_tensor=True).steps
 
-    def _program(self, network: Network, per_layer: bool = False, every_tensor: bool = False) -> Program:
+    def _program(self, network: Network, per_layer: bool = False, every_tensor: bool = False,
+                 threads: Optional[int] = None) -> Program:
         """The sessions and numpy steps running `network`: one session per run of consecutive lowered layers, or
         one per layer (`per_layer`); with `every_tensor`, runs of at most RECORDING_LAYERS layers whose sessions
-        return all the tensors they compute."""
+        return all the tensors they compute; `threads`: the sessions' intra-op threads (default: :meth:`threads`)."""
         users: Dict[str, int] = {}  # tensor -> the last layer reading it (past the end: returned)
         if every_tensor:
             users = dict.fromkeys((t.name for layer in network.layers for t in layer.outputs), len(network.layers))
@@ -211,7 +219,8 @@ class OnnxRuntimeBackend(Backend):
                 external = {}
                 model = lower(network, run, inputs, outputs, external=external)
                 weights = [w for layer in run for w in layer.weights.values()]
-                steps.append(_Session(self.session(model, external, weights), inputs, outputs, run, weights))
+                steps.append(_Session(self.session(model, external, weights, threads), inputs, outputs, run,
+                                      weights))
             start = end
         return Program(steps)
 
@@ -225,6 +234,7 @@ class OnnxRuntimeBackend(Backend):
             engine.ort_program = self._program(engine.network)
             if not strict:
                 self._keep_faster(engine)
+            self._keep_fewer_threads(engine)
         except BackendError:
             raise
         except Exception as exc:
@@ -261,6 +271,31 @@ class OnnxRuntimeBackend(Backend):
         for layer in int8:
             layer.precision = "INT8"
 
+    def _keep_fewer_threads(self, engine) -> None:
+        """ONNX Runtime splits an op over its intra-op threads by the op's size; threads that sleep when idle
+        (SESSION_CONFIG) take tens of microseconds to wake, more than a small op gains from them. An engine of many
+        small layers (an unrolled LSTM: 2,200 layers of at most 0.5 MFLOP at batch 1) ran 1.5-1.8x faster on one
+        thread than on two. So an engine running in under ONE_THREAD_TRIAL_MS is also made with one thread, both
+        run on zeros, and one thread kept where it takes under ONE_THREAD_GAIN of the time."""
+        net = engine.network
+        if (self.threads() or 1) <= 1 or any(d < 0 for t in net.inputs for d in t.shape):
+            return
+        feed = {t.name: np.zeros(t.shape, t.dtype) for t in net.inputs}
+        try:
+            many_ms = _run_ms(engine.ort_program, feed)
+            if many_ms >= ONE_THREAD_TRIAL_MS:
+                return
+            one = self._program(net, threads=1)
+            one_ms = _run_ms(one, feed)
+        except Exception as exc:  # (zeros may not suit a numpy step): the threads stay
+            logger.debug("engine %s: threads kept untimed: %s: %s", engine.name, type(exc).__name__, exc)
+            return
+        logger.debug("engine %s: %d threads %.3f ms, one %.3f ms", engine.name, self.threads(), many_ms, one_ms)
+        if one_ms < ONE_THREAD_GAIN * many_ms:
+            engine.ort_program, engine.ort_threads = one, 1
+            logger.info("engine %s runs on one thread, faster on this CPU (%.3f against %.3f ms)", engine.name,
+                        one_ms, many_ms)
+
     @property
     def kinds(self) -> AbstractSet[str]:
         """Every reference kind: those without a lowering run on numpy between sessions."""
@@ -272,7 +307,8 @@ class OnnxRuntimeBackend(Backend):
         run of the engine's program takes."""
         program = getattr(engine, "ort_profiling_program", None)
         if program is None:
-            program = engine.ort_profiling_program = self._program(engine.network, per_layer=True)
+            program = engine.ort_profiling_program = self._program(engine.network, per_layer=True,
+                                                                   threads=getattr(engine, "ort_threads", None))
         return program
 
     # -- run ------------------------------------------------------------------------------------------------
