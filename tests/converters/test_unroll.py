@@ -66,6 +66,23 @@ def test_a_keras_rnn_with_a_fixed_length_becomes_one_engine_computing_as_keras(t
             np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_stacked_rnns_over_masked_token_ids_become_one_engine_computing_as_keras(tmp_path):
+    """Embedding(mask_zero) -> LSTM(return_sequences) -> GRU(reset_after=False): each step's mask is a slice of the
+    unstacked mask, as its inputs are."""
+    keras.utils.set_random_seed(5)
+    ids = keras.Input((SEQ,), dtype="int32", name="ids")
+    x = keras.layers.Embedding(20, 6, mask_zero=True)(ids)
+    x = keras.layers.GRU(4, reset_after=False)(keras.layers.LSTM(5, return_sequences=True)(x))
+    src = export(keras.Model(ids, keras.layers.Dense(3)(x)), tmp_path / "masked")
+    tokens = np.random.default_rng(0).integers(1, 20, (4, SEQ)).astype("int32")
+    tokens[:, -2:], tokens[1, :3] = 0, 0  # padding at the end, and inside one row
+    converter, func = convert(src, feed=tf.constant(tokens))
+    assert not loops_in(converter._converted_graph_def)
+    assert ops_of(converter._converted_graph_def).count("TRTEngineOp") == 1
+    want = tf.saved_model.load(src).signatures["serving_default"](ids=tf.constant(tokens))["output_0"].numpy()
+    np.testing.assert_allclose(func(ids=tf.constant(tokens))["output_0"].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_nan_and_inf_inputs_reach_the_outputs_as_in_tensorflow(tmp_path):
     keras.utils.set_random_seed(2)
     src = export(rnn_model(keras.layers.GRU(4, return_sequences=True)), tmp_path / "gru")
