@@ -170,11 +170,12 @@ def test_a_counted_loop_is_unrolled_and_computes_as_the_loop(loops):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_a_loop_running_more_often_than_the_bound_stays_a_loop(loops, monkeypatch):
+@pytest.mark.parametrize("bound, stays", [(7, True), (8, False)])
+def test_a_loop_running_more_often_than_the_bound_stays_a_loop(loops, monkeypatch, bound, stays):
     module, src = loops
-    monkeypatch.setattr(unroll, "MAX_ITERATIONS", 7)
+    monkeypatch.setattr(unroll, "MAX_ITERATIONS", bound)
     converter, func = convert_signature(src, "eight_steps")
-    assert loops_in(converter._converted_graph_def)
+    assert bool(loops_in(converter._converted_graph_def)) == stays
     x = random_array((3, 4))
     np.testing.assert_allclose(func(x=tf.constant(x))["output_0"].numpy(), module.eight_steps(x).numpy(),
                                rtol=1e-5, atol=1e-6)

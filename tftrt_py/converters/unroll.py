@@ -143,11 +143,12 @@ class _Unroller:
     def apply(self) -> int:
         """Unroll the loop into the graph; how many iterations it had. Nothing changes where it is refused."""
         values = [self._initial(ref) for ref in self.loop.input]
-        limit = min(MAX_ITERATIONS, MAX_NODES // max(1, len(self.body.graph.node)))
+        size = sum(n.op != "Placeholder" for n in self.body.graph.node)
+        limit = min(MAX_ITERATIONS, MAX_NODES // max(1, size))
         iteration = 0
         while self._condition(values):
             if iteration == limit:
-                raise _Refused(f"it runs more than {limit} times ({len(self.body.graph.node)} nodes a body)")
+                raise _Refused(f"it runs more than {limit} times ({size} nodes a body)")
             values = self._iterate(values, iteration)
             iteration += 1
         self._rewire(values)
