@@ -63,7 +63,7 @@ class _Refused(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class _Known:
-    """An int or bool scalar computed here."""
+    """An int or bool value computed here: a counter, a bound, a condition, an index or shape constant."""
     value: np.ndarray
 
 
