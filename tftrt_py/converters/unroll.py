@@ -29,7 +29,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework import function_def_to_graph, op_def_registry
 
-from tftrt_py.convert.graph import split_ref
+from tftrt_py.convert.graph import GraphView, split_ref
 
 __all__ = ["unroll_loops", "MAX_ITERATIONS", "MAX_NODES"]
 
@@ -331,25 +331,7 @@ class _Function:
     @functools.cached_property
     def ordered(self) -> List[node_def_pb2.NodeDef]:
         """The nodes, each after its inputs."""
-        nodes = {n.name: n for n in self.graph.node}
-        done, order = set(), []
-
-        def visit(name):
-            stack = [(name, False)]
-            while stack:
-                current, expanded = stack.pop()
-                if current in done:
-                    continue
-                if expanded:
-                    done.add(current)
-                    order.append(nodes[current])
-                    continue
-                stack.append((current, True))
-                stack.extend((split_ref(r.lstrip("^"))[0], False) for r in nodes[current].input
-                             if split_ref(r.lstrip("^"))[0] not in done)
-        for name in nodes:
-            visit(name)
-        return order
+        return [view.def_ for view in GraphView(self.graph).topological_order()]
 
 
 def _ref(ref: str, index: Optional[int] = None) -> str:
