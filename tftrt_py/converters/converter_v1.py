@@ -22,7 +22,7 @@ from tftrt_py.convert.graph import GraphView, split_ref, tensor_ref
 from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtConversionParams, TrtPrecisionMode,
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite, segment_max_batch_size
-from tftrt_py.converters import graph_io, unroll
+from tftrt_py.converters import graph_io
 from tftrt_py.engine import BuilderConfig
 from tftrt_py.engine_op import dispatcher, library
 from tftrt_py.segmenter import segment_graph
@@ -122,10 +122,8 @@ class TrtGraphConverter:
         fetches = [tensor_ref(*split_ref(_node_name(n))) for n in protected]
         optimizers = graph_io.PRUNING_ONLY if self._test_only_disable_non_trt_optimizers else \
             graph_io.GRAPPLER_OPTIMIZERS
-        graph_def = graph_io.optimize(graph.as_graph_def(), graph, [_node_name(n) for n in protected], optimizers)
-        if unroll.unroll_loops(graph_def, [_node_name(n) for n in protected]):
-            # the copies' arithmetic on constants (a GRU's bias split) folds once
-            graph_def = graph_io.optimize(graph_def, graph, [_node_name(n) for n in protected], optimizers)
+        graph_def = graph_io.optimize_and_unroll(graph.as_graph_def(), graph, [_node_name(n) for n in protected],
+                                                 optimizers)
         view = GraphView(graph_def)
         params = self._params
         result = segment_graph(view, minimum_segment_size=params.minimum_segment_size,

@@ -24,7 +24,6 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, saved_weights, summary as summary_lib
-from tftrt_py.converters import unroll
 from tftrt_py.converters.memory import MemoryReturn, frees_its_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
@@ -174,10 +173,7 @@ class TrtGraphConverterV2:
         graph_def = graph_io.inline_calls(graph_def, keep={n.split(":")[0] for n in output_names})
         optimizers = graph_io.PRUNING_ONLY if self._test_only_disable_non_trt_optimizers else \
             graph_io.GRAPPLER_OPTIMIZERS
-        graph_def = graph_io.optimize(graph_def, graph, self._input_names + output_names, optimizers)
-        if unroll.unroll_loops(graph_def, output_names):
-            # the copies' arithmetic on constants (a GRU's bias split) folds once
-            graph_def = graph_io.optimize(graph_def, graph, self._input_names + output_names, optimizers)
+        graph_def = graph_io.optimize_and_unroll(graph_def, graph, self._input_names + output_names, optimizers)
         self._variable_reads = variables.variable_reads(graph_def, captured)
         variables.read_directly(graph_def, self._variable_reads)
         view = variables.WeightsView(graph_def, self._variable_reads) if self._variable_reads else GraphView(graph_def)

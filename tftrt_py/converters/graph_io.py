@@ -28,10 +28,10 @@ from tftrt_py.convert import segment_weights
 from tftrt_py.convert.graph import (LARGE_CONST_BYTES, const_nbytes, function_without_weights, restore_weights,
                                     without_weights)
 from tftrt_py.convert.rewrite import ENGINE_OP
-from tftrt_py.converters import restore
+from tftrt_py.converters import restore, unroll
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
-           "function_from_graph_def", "grappler_off", "SavedModelError"]
+           "optimize_and_unroll", "function_from_graph_def", "grappler_off", "SavedModelError"]
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +311,15 @@ def optimize(graph_def, graph, fetch_names: Sequence[str], optimizers: Sequence[
             node.input.extend(kept)
     restore_weights(optimized.node, weights)
     return optimized
+
+
+def optimize_and_unroll(graph_def, graph, fetch_names: Sequence[str], optimizers: Sequence[str] = GRAPPLER_OPTIMIZERS):
+    """:func:`optimize`, then the loops of a trip count known before they run unrolled (converters/unroll.py) and,
+    where any was, :func:`optimize` again: the copies' arithmetic on constants (a GRU's bias split) folds once."""
+    graph_def = optimize(graph_def, graph, fetch_names, optimizers)
+    if unroll.unroll_loops(graph_def, fetch_names):
+        graph_def = optimize(graph_def, graph, fetch_names, optimizers)
+    return graph_def
 
 
 @contextlib.contextmanager
