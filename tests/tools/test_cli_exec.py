@@ -59,6 +59,13 @@ def test_plan_inputs_from_files_and_shape_overrides(cnn_plans, tmp_path, capsys)
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_plan_runs_on_the_backend_asked_for(cnn_plans, capsys, backend):
+    pytest.importorskip(backend)
+    assert cli_exec.main([cnn_plans[0][0], "--backend", backend, "--iterations", "2", "--warmup", "0"]) == 0
+    assert f"FP32, {backend} backend on cpu" in capsys.readouterr().out
+
+
 def test_plan_errors(cnn_plans, tmp_path, capsys):
     plan = cnn_plans[0][0]
     damaged = tmp_path / "damaged.plan"
@@ -71,6 +78,7 @@ def test_plan_errors(cnn_plans, tmp_path, capsys):
         ([str(tmp_path / "missing.plan")], "does not exist"),
         ([str(damaged)], "PlanError: plan checksum mismatch: the file is truncated"),
         ([plan, "--inputs", str(tmp_path / "missing.npz")], "input file"),
+        ([plan, "--backend", "tpu"], "unknown backend 'tpu' (known: cupy, numpy, onnxruntime)"),
     ]
     for args, message in cases:
         assert cli_exec.main(args) == 1, args
@@ -97,6 +105,8 @@ def test_saved_model_report_and_profile(cnn_trt, cnn_plans, run_cli, tmp_path):
     engine = Runtime().deserialize_cuda_engine(open(cnn_plans[0][0], "rb").read())
     check_report(report, 3, 10, [l.name for l in engine.network.layers])
     assert "Engine op TRTEngineOp_000_000: 1 engine(s), 22 engine runs, native-segment runs: none" in proc.stdout
+    proc = run_cli("cli_exec", cnn_trt.dir, "--backend", "numpy")
+    assert proc.returncode == 1 and "--backend applies to .plan files" in proc.stderr
 
 
 def test_latency_summary():

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--signature-key", default="serving_default", help="SavedModel signature (default: %(default)s)")
     p.add_argument("--tags", default="serve", help="SavedModel tags, comma-separated (default: %(default)s)")
+    p.add_argument("--backend", metavar="NAME", help="plan: the backend that runs it (numpy, onnxruntime or cupy; "
+                                                     "default: the one it was built for); SavedModel: set "
+                                                     "TFTRT_PY_BACKEND instead")
     add_common_flags(p)
     return p
 
@@ -88,7 +91,7 @@ def _plan_target(args) -> Target:
     from tftrt_py.engine import Profiler, Runtime
 
     with open(args.target, "rb") as f:
-        engine = Runtime().deserialize_cuda_engine(f.read())
+        engine = Runtime(args.backend).deserialize_cuda_engine(f.read())
     names = [t.name for t in engine.inputs]
     shapes = {t.name: t.shape for t in engine.inputs}
     if args.batch is not None:
@@ -310,6 +313,8 @@ def format_report(report: dict) -> List[str]:
 
 def _run(args) -> int:
     if os.path.isdir(args.target):
+        if args.backend is not None:
+            raise ToolError("--backend applies to .plan files; a SavedModel's engine ops run on TFTRT_PY_BACKEND")
         target = _saved_model_target(args)
     elif os.path.isfile(args.target):
         target = _plan_target(args)
