@@ -103,6 +103,32 @@ def test_smaller_batch_and_device_arrays(fp16_engine, reference):
     assert_close(cupy.asnumpy(out), reference.execute(x)["logits"], "FP16")
 
 
+def test_device_arrays_at_changing_batches_strides_and_bad_inputs(fp16_engine, reference):
+    """Device inputs are checked whenever their shapes or dtypes change: a full batch, a smaller one, a
+    strided view and a full batch again each compute their own rows, and a bad call is refused with a clear
+    error and leaves the context serving."""
+    import cupy
+
+    ctx = fp16_engine.create_execution_context()
+    x = images(np.random.default_rng(9))["input"]
+    want = reference.execute({"input": x})["logits"]
+    wide = cupy.asarray(np.concatenate([x, x], axis=1))  # rows 0..SIZE-1 of each image's columns: a view
+    calls = [(cupy.asarray(x), want), (cupy.asarray(x[:1]), want[:1]),
+             (wide[:, :SIZE], want), (cupy.asarray(x), want)]
+    for src, expected in calls:
+        got = ctx.execute({"input": src})["logits"]
+        assert got.shape == expected.shape
+        assert_close(cupy.asnumpy(got), expected, "FP16")
+    bad = [({}, "missing input bindings ['input']"),
+           ({"input": cupy.asarray(x.astype(np.float16))}, "input 'input' has dtype float16, the engine expects "
+                                                           "float32"),
+           ({"input": cupy.asarray(np.concatenate([x, x]))}, "cannot be served by this engine")]
+    for bindings, message in bad:
+        with pytest.raises(RuntimeExecutionError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            ctx.execute(bindings)
+        assert_close(cupy.asnumpy(ctx.execute({"input": cupy.asarray(x)})["logits"]), want, "FP16")
+
+
 def test_profiler_and_memory_report(fp16_engine):
     from tftrt_py.engine.backends import get_backend
 
