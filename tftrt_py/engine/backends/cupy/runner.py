@@ -61,6 +61,7 @@ class Runner(base.Runner):
         self._pinned: Optional[Dict[str, np.ndarray]] = None
         self._last = None  # the stream this context's last run went to (kept alive here)
         self._ran = cupy.cuda.Event(disable_timing=True)  # recorded after each run on a caller's stream
+        self._input_slots = [dict(program.inputs)[t.name] for t in engine.inputs]  # binding buffers, in input order
         self._device_key = None  # the (shape, dtype) of each device input of the last checked call
         self._device_rows: Optional[int] = None  # its rows, when fewer than a row-wise engine's batch
 
@@ -331,7 +332,7 @@ class Runner(base.Runner):
                 self._follow(stream)
                 if stream is not caller:  # the inputs come from the caller's stream
                     stream.wait_event(caller.record())
-                for (_, slot), src in zip(self.program.inputs, arrays):
+                for slot, src in zip(self._input_slots, arrays):
                     dst = self.views[slot]
                     _copy_device(cupy, dst[:src.shape[0]] if src.shape != dst.shape else dst, src, stream)
                 if graph is not None:
