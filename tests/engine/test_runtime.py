@@ -3,8 +3,11 @@ re-batch."""
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Builder, Engine, Network, NetworkError, Profiler, RuntimeExecutionError
+from tftrt_py.engine import Builder, BuilderConfig, Engine, Network, NetworkError, Profiler, RuntimeExecutionError
+from tftrt_py.engine.backends import onnxruntime as ort_backend
 from tftrt_py.engine.runtime import rebatched
+
+CPU_BACKENDS = ["numpy"] + (["onnxruntime"] if ort_backend.available()[0] else [])
 
 
 def test_smaller_batch_is_served_and_matches(conv_engine):
@@ -14,6 +17,29 @@ def test_smaller_batch_is_served_and_matches(conv_engine):
     part = ctx.execute_v2([x[:3]])[0]
     assert conv_engine.rowwise and part.shape == (3, 5)
     np.testing.assert_allclose(part, full[:3], rtol=1e-6)
+
+
+def test_smaller_batches_in_turn_each_match_and_earlier_outputs_stay(conv_engine):
+    """A context pads smaller batches in buffers it reuses: each call's rows are its own, and outputs already
+    returned do not change when the next call writes the buffers."""
+    x = np.random.default_rng(3).standard_normal((4, 8, 8, 3)).astype("float32")
+    ctx = conv_engine.create_execution_context()
+    full = ctx.execute_v2([x])[0].copy()
+    kept = [(rows, ctx.execute_v2([x[4 - rows:]])[0]) for rows in (3, 1, 2, 3)]
+    for rows, out in kept:
+        np.testing.assert_allclose(out, full[4 - rows:], rtol=1e-6)
+    np.testing.assert_allclose(ctx.execute_v2([x])[0], full, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_an_input_handed_through_at_a_smaller_batch_is_not_overwritten_by_the_next_call(backend):
+    net = Network("through")
+    x = net.add_input("x", "float32", (4, 3))
+    net.mark_output(net.add_layer("Identity", [x]).outputs[0])
+    ctx = Builder(BuilderConfig(backend=backend)).build_engine(net).create_execution_context()
+    first = ctx.execute_v2([np.full((2, 3), 1.0, np.float32)])[0]
+    second = ctx.execute_v2([np.full((3, 3), 2.0, np.float32)])[0]
+    assert first.shape == (2, 3) and (first == 1.0).all() and second.shape == (3, 3) and (second == 2.0).all()
 
 
 def test_larger_batch_or_other_dims_are_refused(conv_engine):

@@ -60,7 +60,7 @@ class NumpyRunner(Runner):
                 out = values[t.name]
                 if batch is not None and eng.rowwise and batch < eng.max_batch_size:
                     out = out[:batch]
-                outs[t.name] = deliver(out, i, outputs)
+                outs[t.name] = deliver(out, i, outputs, copy=ctx.padded_view(out))
             return outs
 
 

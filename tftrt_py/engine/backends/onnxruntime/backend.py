@@ -347,9 +347,10 @@ class Runner(base.Runner):
         except Exception as exc:
             raise RuntimeExecutionError(f"engine {eng.name!r} failed in ONNX Runtime: {type(exc).__name__}: "
                                         f"{exc}") from exc
-        partial = batch is not None and eng.rowwise and batch < eng.max_batch_size
-        return {t.name: deliver(values[t.name][:batch] if partial else values[t.name], i, outputs)
-                for i, t in enumerate(eng.outputs)}
+        if not (batch is not None and eng.rowwise and batch < eng.max_batch_size):
+            return {t.name: deliver(values[t.name], i, outputs) for i, t in enumerate(eng.outputs)}
+        return {t.name: deliver(out, i, outputs, copy=ctx.padded_view(out))
+                for i, t in enumerate(eng.outputs) for out in [values[t.name][:batch]]}
 
     def call(self, ctx) -> Call:
         """The program's run on inputs in binding order (its sessions are shared, so any thread may call it);
