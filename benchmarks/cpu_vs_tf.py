@@ -181,14 +181,15 @@ def signature_specs(directory: str) -> dict:
     return dict(tf.saved_model.load(directory).signatures["serving_default"].structured_input_signature[1])
 
 
-def convert(native_dir: str, out_dir: str, feeds, precision="FP32", calibration=None) -> float:
-    """Convert, build an engine per feed, save; returns the seconds it took."""
+def convert(native_dir: str, out_dir: str, feeds, precision="FP32", calibration=None, loops=False) -> float:
+    """Convert (`loops`: compile_native_loops), build an engine per feed, save; returns the seconds it took."""
     from tftrt_py import trt_convert as trt
 
     start = time.perf_counter()
     params = trt.DEFAULT_TRT_CONVERSION_PARAMS._replace(precision_mode=precision,
                                                         maximum_cached_engines=len(feeds) + 1)
-    converter = trt.TrtGraphConverterV2(input_saved_model_dir=native_dir, conversion_params=params)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=native_dir, conversion_params=params,
+                                        compile_native_loops=loops)
     if calibration is not None:
         converter.convert(calibration_input_fn=lambda: iter(calibration))
     else:
@@ -225,7 +226,7 @@ def prepare(args, work: str) -> dict:
                            for _ in range(max(2, 16 // min(args.batches)))] if precision == "INT8" else None
             out = os.path.join(work, name, precision.lower())
             job["convert_s"][f"{name}/{precision}"] = convert(native, out, list(feeds.values()), precision,
-                                                              calibration)
+                                                              calibration, args.compile_native_loops)
             for b, feed in feeds.items():
                 arrays = os.path.join(work, name, f"batch{b}.npz")
                 if precision == "FP32":
@@ -449,6 +450,8 @@ def main():
     parser.add_argument("--iters", type=int, default=5, help="fewest timed calls per measurement")
     parser.add_argument("--no-int8", dest="int8", action="store_false", help="skip the INT8 and digits parts")
     parser.add_argument("--no-openvino", dest="openvino", action="store_false")
+    parser.add_argument("--compile-native-loops", action="store_true",
+                        help="convert with compile_native_loops: loops left native are compiled by XLA")
     parser.add_argument("--workdir", default=os.path.join(ROOT, "out", "cpu_vs_tf"))
     parser.add_argument("--json")
     parser.add_argument("--serve", choices=BACKENDS, help=argparse.SUPPRESS)  # a serving process (see serve)

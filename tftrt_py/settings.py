@@ -56,6 +56,14 @@ class Setting:
         """Set the variable for this process (and the libraries it loads) unless it is set already."""
         os.environ.setdefault(self.name, value)
 
+    def add_flag(self, flag: str) -> None:
+        """Add `flag` ("--name=value") to this variable of space-separated flags, for this process (and the
+        libraries it loads), unless the variable names that flag already."""
+        text = os.environ.get(self.name, "")
+        name = flag.split("=", 1)[0]
+        if not any(part.split("=", 1)[0] == name for part in text.split()):
+            os.environ[self.name] = f"{text} {flag}".strip()
+
 
 @functools.lru_cache(maxsize=None)
 def _warn_once(message: str, default) -> None:
@@ -191,6 +199,9 @@ CUDA_CACHE_DISABLE = Setting("CUDA_CACHE_DISABLE", False, "the CUDA driver's: 1 
                              lambda text: text not in ("", "0"))
 FORCE_GPU_ALLOW_GROWTH = Setting("TF_FORCE_GPU_ALLOW_GROWTH", None, "TensorFlow's: read to decide how engines share a "
                                                                     "GPU with TensorFlow")
+XLA_FLAGS = Setting("XLA_FLAGS", None, "XLA's: loading the op library adds --xla_cpu_enable_fast_min_max=false unless "
+                    "it names that flag, so XLA's Max and Min on the CPU propagate NaN as TensorFlow's kernels do (in "
+                    "loops compiled by XLA, see compile_native_loops); read at XLA's first compile in the process")
 
 # -- logging ----------------------------------------------------------------------------------------------------------
 VMODULE = Setting("TFTRT_VMODULE", "", "per-module log levels: segmenter=1,convert=2")

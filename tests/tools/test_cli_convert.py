@@ -90,7 +90,7 @@ def test_conversion_errors_exit_1_without_traceback(saved_model, run_cli, tmp_pa
     assert "has no signature 'nope'" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_dynamic_shape_and_calibration_flags_pass_through():
+def test_dynamic_shape_calibration_and_loop_flags_pass_through():
     parser = cli_convert.build_parser()
     args = parser.parse_args(["--input-dir", "a", "--output-dir", "b", "--use-dynamic-shape",
                               "--profile-strategy", "Optimal", "--calibration-data", "c.npz", "--tags", "serve,gpu"])
@@ -101,6 +101,9 @@ def test_dynamic_shape_and_calibration_flags_pass_through():
     assert "use_dynamic_shape" not in plain and "dynamic_shape_profile_strategy" not in plain
     assert plain["allow_build_at_runtime"] is True and plain["precision_mode"] == "FP32"
     assert plain["calibration_algorithm"] is None  # the precision's default calibrator
+    assert plain["compile_native_loops"] is False
+    looped = parser.parse_args(["--input-dir", "a", "--output-dir", "b", "--compile-native-loops"])
+    assert cli_convert.converter_kwargs(looped)["compile_native_loops"] is True
     chosen = parser.parse_args(["--input-dir", "a", "--output-dir", "b", "--calibration-algorithm", "MinMax"])
     assert cli_convert.converter_kwargs(chosen)["calibration_algorithm"] == "minmax"
 

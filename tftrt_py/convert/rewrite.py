@@ -14,7 +14,7 @@ from tftrt_py.convert.build import INPUT_PREFIX, OUTPUT_PREFIX
 from tftrt_py.convert.graph import GraphView, restore_weights, split_ref, tensor_ref, without_weights
 
 __all__ = ["ENGINE_OP", "ALLOW_BUILD_ATTR", "MAX_BATCH_SIZE_ANNOTATION", "EngineOpAttrs", "engine_name",
-           "native_segment_name", "rewrite", "native_segment_function", "segment_max_batch_size"]
+           "native_segment_name", "rewrite", "replace", "native_segment_function", "segment_max_batch_size"]
 
 ENGINE_OP = "TRTEngineOp"
 #: TF-TRT's internal (unregistered) attr: whether the op may build an engine at run time (absent: True).
@@ -113,26 +113,38 @@ def _engine_node(name: str, segment, view: GraphView, attrs: EngineOpAttrs, func
 
 def rewrite(graph_def, view: GraphView, segments: Sequence, attrs: EngineOpAttrs, fetches: Sequence[str] = (),
             graph_index: int = None) -> Tuple[graph_pb2.GraphDef, Dict[str, str]]:
-    """The GraphDef with every segment replaced by an engine op, and the renamed fetches.
-
-    Consumers of a segment output read the engine op's output instead; control edges
-    into and out of members move to the engine op; the copied nodes (Consts, shape computations) that
-    only segments read go.
-    """
+    """The GraphDef with every segment replaced by an engine op (its native segment a function of the library),
+    and the renamed fetches (see :func:`replace`)."""
     graph_index = next(_GRAPH_COUNTER) if graph_index is None else graph_index
+    replacements = []
+    for i, seg in enumerate(segments):
+        name = engine_name(graph_index, i)
+        fname = native_segment_name(name)
+        replacements.append((seg, _engine_node(name, seg, view, attrs, fname),
+                             [native_segment_function(seg.graph_def(view), fname)]))
+    return replace(graph_def, replacements, fetches)
+
+
+def replace(graph_def, replacements: Sequence[Tuple[object, node_def_pb2.NodeDef, Sequence[object]]],
+            fetches: Sequence[str] = ()) -> Tuple[graph_pb2.GraphDef, Dict[str, str]]:
+    """The GraphDef with each (segment, node, functions) replacement made, and the renamed fetches.
+
+    The node takes the segment's place: consumers of a segment output read the node's output of that index
+    instead; control edges into and out of members move to the node; the copied nodes (Consts, shape
+    computations) that only segments read go. The functions (FunctionDefs) join the library.
+    """
     refmap: Dict[str, str] = {}
     owner: Dict[str, str] = {}
     engines: List = []
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
-    for i, seg in enumerate(segments):
-        name = engine_name(graph_index, i)
-        fname = native_segment_name(name)
-        out.library.function.add().CopyFrom(native_segment_function(seg.graph_def(view), fname))
-        engines.append(_engine_node(name, seg, view, attrs, fname))
-        refmap.update({ref: tensor_ref(name, k) for k, ref in enumerate(seg.outputs)})
-        owner.update({member: name for member in seg.nodes})
+    segments = [seg for seg, _, _ in replacements]
+    for seg, node, functions in replacements:
+        out.library.function.extend(functions)
+        engines.append(node)
+        refmap.update({ref: tensor_ref(node.name, k) for k, ref in enumerate(seg.outputs)})
+        owner.update({member: node.name for member in seg.nodes})
 
     def remap(ref: str) -> str:
         if ref.startswith("^"):

@@ -24,6 +24,7 @@ from tftrt_py.convert.params import (DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, TrtCo
                                      parse_conversion_params)
 from tftrt_py.convert.rewrite import ALLOW_BUILD_ATTR, ENGINE_OP, EngineOpAttrs, rewrite
 from tftrt_py.converters import graph_io, profiles as profiles_lib, restore, saved_weights, summary as summary_lib
+from tftrt_py.converters import xla_loops
 from tftrt_py.converters.memory import MemoryReturn, frees_its_memory
 from tftrt_py.engine.timing_cache import TimingCache, default_timing_cache
 from tftrt_py.engine_op import dispatcher, library
@@ -68,7 +69,7 @@ class TrtGraphConverterV2:
                  max_workspace_size_bytes=DEFAULT_TRT_MAX_WORKSPACE_SIZE_BYTES, precision_mode=TrtPrecisionMode.FP32,
                  minimum_segment_size=3, maximum_cached_engines=1, use_calibration=True, allow_build_at_runtime=True,
                  conversion_params: Optional[TrtConversionParams] = None, calibration_algorithm=None,
-                 timing_cache=None):
+                 timing_cache=None, compile_native_loops=False):
         if not tf.executing_eagerly():
             raise RuntimeError("TrtGraphConverterV2 needs eager execution (TF2 behaviour); use TrtGraphConverter "
                                "in tf.compat.v1 graph mode")
@@ -80,6 +81,7 @@ class TrtGraphConverterV2:
                 calibration_algorithm=calibration_algorithm)
         self._params = parse_conversion_params(conversion_params)
         self._timing_cache = _timing_cache(timing_cache)
+        self._compile_native_loops = bool(compile_native_loops)  # see converters.xla_loops (our addition)
         self._input_saved_model_dir = input_saved_model_dir
         self._input_saved_model_tags = input_saved_model_tags or [tag_constants.SERVING]
         self._input_saved_model_signature_key = (input_saved_model_signature_key
@@ -189,6 +191,9 @@ class TrtGraphConverterV2:
         if self._use_dynamic_shape:
             attrs.profile_strategy = self._profile_strategy
         converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
+        if self._compile_native_loops:
+            converted, renamed, _ = xla_loops.compile_loops(converted, list(fetch_map.values()))
+            fetch_map = {name: renamed[ref] for name, ref in fetch_map.items()}
         engine_ops = len(segments)
         values = view.values if self._variable_reads else {}
         del graph_def, view, result, segments  # the converted graph and kept variables hold the weights now

@@ -11,10 +11,11 @@ from tftrt_py.convert.build import OUTPUT_PREFIX
 from tftrt_py.convert.graph import split_ref
 from tftrt_py.convert.rewrite import ENGINE_OP
 from tftrt_py.convert.variables import weight_inputs
+from tftrt_py.converters.xla_loops import MUST_COMPILE_ATTR
 from tftrt_py.engine_op import dispatcher
 
 __all__ = ["print_summary", "engine_op_counts", "weight_feeds", "conversion_ratio", "native_runs", "engine_ratio",
-           "describe_native_runs"]
+           "describe_native_runs", "xla_loop_counts"]
 
 COLUMNS = [("TRTEngineOP Name", .20), ("Device", .09), ("# Nodes", .05), ("# Inputs", .09), ("# Outputs", .09),
            ("Input DTypes", .12), ("Output Dtypes", .12), ("Input Shapes", .12), ("Output Shapes", .12)]
@@ -150,6 +151,18 @@ def print_summary(graph_def, report, line_length, detailed, print_fn, built=Fals
         print_fn(f"[*] OPs left native: {total - inside}, by op type and reason:")
         for line in table:
             print_fn(line)
+    loops = xla_loop_counts(graph_def)
+    if loops:
+        print_fn(f"[*] Native loops compiled by XLA: {len(loops)} (" +
+                 ", ".join(f"{name}: {n} nodes" for name, n in sorted(loops.items())) + ")")
+
+
+def xla_loop_counts(graph_def):
+    """Call node name -> the nodes of its function, for the native loops compiled by XLA (converters.xla_loops)."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    return {node.name: len(functions[node.attr["f"].func.name].node_def) for node in graph_def.node
+            if MUST_COMPILE_ATTR in node.attr and node.attr[MUST_COMPILE_ATTR].b and "f" in node.attr
+            and node.attr["f"].func.name in functions}
 
 
 def _print_native_runs(graph_def, print_fn):

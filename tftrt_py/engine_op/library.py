@@ -251,11 +251,16 @@ def prebuilt() -> Optional[Path]:
     return path
 
 
+#: What makes XLA's Max and Min on the CPU propagate NaN, as TensorFlow's kernels do (XLA ignores NaN there otherwise).
+NAN_MIN_MAX = "--xla_cpu_enable_fast_min_max=false"
+
+
 def load():
     """The loaded op library module (with ``trt_engine_op``), built on first use; memoized."""
     global _module
     with _lock:
         if _module is None:
+            settings.XLA_FLAGS.add_flag(NAN_MIN_MAX)  # before the process's first XLA compile (loops compiled by XLA)
             path = prebuilt() or build()
             try:
                 _module = tf.load_op_library(str(path))

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build engines with shape profiles (passed to TrtGraphConverterV2(use_dynamic_shape))")
     p.add_argument("--profile-strategy", default=None,
                    help="shape profile strategy (passed to dynamic_shape_profile_strategy), e.g. Range, Optimal")
+    p.add_argument("--compile-native-loops", action="store_true",
+                   help="loops left native (their trip count known only when they run) are compiled by XLA "
+                        "(TrtGraphConverterV2(compile_native_loops=True))")
     p.add_argument("--no-summary", dest="summary", action="store_false", help="do not print the summary")
     add_common_flags(p)
     return p
@@ -84,7 +87,8 @@ def converter_kwargs(args: argparse.Namespace) -> dict:
                   max_workspace_size_bytes=args.max_workspace_size_bytes,
                   maximum_cached_engines=args.maximum_cached_engines, use_calibration=args.use_calibration,
                   allow_build_at_runtime=args.allow_build_at_runtime,
-                  calibration_algorithm=args.calibration_algorithm)
+                  calibration_algorithm=args.calibration_algorithm,
+                  compile_native_loops=args.compile_native_loops)
     if args.use_dynamic_shape:
         kwargs["use_dynamic_shape"] = True
     if args.profile_strategy is not None:
