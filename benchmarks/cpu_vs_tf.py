@@ -1,12 +1,15 @@
 """Native TensorFlow against converted models on the CPU, per engine backend, in one run.
 
-    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit,mlp,lstm,zoo] [--batches 1,8]
-                                   [--backends onnxruntime,numpy] [--json out.json]
+    python benchmarks/cpu_vs_tf.py [--models cnn,resnet50,mobilenetv2,bert,vit,mlp,lstm,lstm_any_length,zoo]
+                                   [--batches 1,8] [--backends onnxruntime,numpy] [--compile-native-loops]
+                                   [--json out.json]
 
 Models (random weights, nothing downloaded): the demo CNN, Keras ResNet50 and MobileNetV2, a keras-hub BERT-base
 encoder (sequence 128, padded masks), ViT-B/16, keras-hub DeepLabV3 on a ResNet-18, an MLP (Dense 64 -> 64
 relu -> 10) so small that its times are the per-call cost of a converted call against native TF's, and a Keras
-LSTM text classifier (128 steps of 256 units; its loop is unrolled into the engine). ``zoo:NAME``
+LSTM text classifier (128 steps of 256 units; its loop is unrolled into the engine), the same over sequences of any
+length (``lstm_any_length``, fed 128 steps: its loop stays a loop, compiled by XLA with ``--compile-native-loops``,
+which passes compile_native_loops=True to the converter). ``zoo:NAME``
 is a model of the zoo the tests hold to their targets (tests/zoo/models.py REQUIRED: its builder, exporter and
 feeds, at its own input sizes with the batch replaced), ``zoo`` all of them; the default leaves the zoo out.
 Each is exported, converted (engines built for every batch), saved; a fresh process per engine backend
@@ -104,20 +107,27 @@ def _mlp(size):
     return keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
 
 
-def _lstm(size):
-    """A text classifier as users build one: 10,000-token embeddings of 128 wide, an LSTM of 256 units over 128
-    steps (a fixed length: its loop is unrolled), a softmax over 2 classes."""
-    import keras
+def _lstm_classifier(steps):
+    """A text classifier as users build one: 10,000-token embeddings of 128 wide, an LSTM of 256 units over `steps`
+    steps, a softmax over 2 classes."""
+    def build(size):
+        import keras
 
-    tokens = keras.Input((128,), dtype="int32", name="token_ids")
-    x = keras.layers.LSTM(256)(keras.layers.Embedding(10000, 128)(tokens))
-    return keras.Model(tokens, keras.layers.Dense(2, activation="softmax")(x))
+        tokens = keras.Input((steps,), dtype="int32", name="token_ids")
+        x = keras.layers.LSTM(256)(keras.layers.Embedding(10000, 128)(tokens))
+        return keras.Model(tokens, keras.layers.Dense(2, activation="softmax")(x))
+    return build
+
+
+#: The sequence length fed where a model takes any (lstm_any_length).
+SEQUENCE = 128
 
 
 def token_feed(batch: int, rng, specs) -> dict:
-    """The lone integer input: `batch` rows of token ids below 10,000."""
+    """The lone integer input: `batch` rows of token ids below 10,000 (SEQUENCE of them where any length goes)."""
     (name, spec), = specs.items()
-    return {name: rng.integers(0, 10000, (batch, *spec.shape.as_list()[1:])).astype(np.int32)}
+    shape = [SEQUENCE if d is None else d for d in spec.shape.as_list()[1:]]
+    return {name: rng.integers(0, 10000, (batch, *shape)).astype(np.int32)}
 
 
 def uniform_feed(batch: int, rng, specs) -> dict:
@@ -134,7 +144,8 @@ MODELS = {
     "vit": dict(export=_keras_export(_vit), feed=uniform_feed),
     "deeplabv3": dict(export=_keras_export(_deeplabv3), feed=uniform_feed),
     "mlp": dict(export=_keras_export(_mlp), feed=uniform_feed),
-    "lstm": dict(export=_keras_export(_lstm), feed=token_feed),
+    "lstm": dict(export=_keras_export(_lstm_classifier(SEQUENCE)), feed=token_feed),
+    "lstm_any_length": dict(export=_keras_export(_lstm_classifier(None)), feed=token_feed),
 }
 #: What --models means without it: the models above, the zoo's left out.
 DEFAULT_MODELS = tuple(MODELS)

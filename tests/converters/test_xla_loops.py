@@ -124,6 +124,33 @@ def test_a_loop_xla_cannot_compile_stays_tensorflows_and_says_why(tmp_path, capl
     assert_computes_as_native(func, tf.saved_model.load(src).signatures["serving_default"])
 
 
+@pytest.mark.slow
+def test_a_keras_lstm_over_sequences_of_any_length_compiles_and_computes_as_keras(tmp_path):
+    """Its loop cannot be unrolled (the length is known only when it runs); its kernel's weights are loop inputs, so
+    the compiled function holds them, and it calls its own body and condition."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((None, FEATURES), name="x")
+    src = str(tmp_path / "native")
+    keras.Model(inputs, keras.layers.Dense(3)(keras.layers.LSTM(7)(inputs))).export(src, verbose=False)
+    converter = trt.TrtGraphConverterV2(input_saved_model_dir=src, compile_native_loops=True)
+    func = converter.convert()
+    converter.build(input_fn=lambda: [tf.constant(random_array((4, 6, FEATURES)))])
+    graph = converter._converted_graph_def
+    assert len(compiled_calls(graph)) == 1 and not top_level_loops(graph)
+    converter.save(str(tmp_path / "converted"))
+    loaded = tf.saved_model.load(str(tmp_path / "converted")).signatures["serving_default"]
+    native = tf.saved_model.load(src).signatures["serving_default"]
+    for shape in ((4, 6, FEATURES), (4, 11, FEATURES), (2, 3, FEATURES)):
+        x = tf.constant(random_array(shape))
+        want = native(x=x)
+        for served in (func, loaded):
+            got = served(x=x)
+            for key in want:
+                np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-6)
+
+
 NAN_IGNORED = """
 import json, logging, sys
 sys.path[:0] = ["tests", "tests/converters"]

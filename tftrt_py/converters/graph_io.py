@@ -31,7 +31,7 @@ from tftrt_py.convert.rewrite import ENGINE_OP
 from tftrt_py.converters import restore, unroll
 
 __all__ = ["load_signature", "freeze", "frozen_graph_def", "signature_of", "Signature", "inline_calls", "optimize",
-           "optimize_and_unroll", "function_from_graph_def", "grappler_off", "SavedModelError"]
+           "optimize_and_unroll", "function_from_graph_def", "grappler_off", "prune_library", "SavedModelError"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,11 +201,9 @@ def inline_calls(graph_def, keep: AbstractSet[str] = frozenset()):
         node.input.extend([r for r in inputs if not r.startswith("^")]
                           + list(dict.fromkeys(r for r in inputs if r.startswith("^"))))
         out.node.add().CopyFrom(node)
-    used = _called_functions(out.node, library)
-    out.library.function.extend(f for name, f in library.items() if name in used)
-    out.library.gradient.extend(g for g in graph_def.library.gradient if g.function_name in used)
+    _keep_called(out, library, graph_def.library.gradient)
     if waits:
-        logger.info("inlined %d function call(s); %d library function(s) left", len(waits), len(used))
+        logger.info("inlined %d function call(s); %d library function(s) left", len(waits), len(out.library.function))
     return out
 
 
@@ -273,6 +271,21 @@ def _resolve(ref: str, results, waits) -> List[str]:
     name, _, port = ref.partition(":")
     key = f"{name}:{port or 0}"
     return _resolve(results[key], results, waits) if key in results else [ref]
+
+
+def prune_library(graph_def):
+    """`graph_def` without the library functions none of its nodes calls, directly or through others."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    out = graph_pb2.GraphDef(versions=graph_def.versions, node=graph_def.node)
+    _keep_called(out, library, graph_def.library.gradient)
+    return out
+
+
+def _keep_called(out, library, gradients) -> None:
+    """Put into `out`'s library the functions of `library` (and their `gradients`) that its nodes call."""
+    used = _called_functions(out.node, library)
+    out.library.function.extend(f for name, f in library.items() if name in used)
+    out.library.gradient.extend(g for g in gradients if g.function_name in used)
 
 
 def _called_functions(nodes, library) -> set:
@@ -359,9 +372,17 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
     the graph.
     """
     ctx = context.context()
+    library = {f.signature.name: f for f in graph_def.library.function}
     segment_names = {n.attr["segment_func"].func.name for n in graph_def.node if n.op == ENGINE_OP}
-    segment_names |= {f.signature.name for f in graph_def.library.function if _holds_weights(f)}
-    segments = [_segment_function(f) for f in graph_def.library.function if f.signature.name in segment_names]
+    segment_names |= {name for name, f in library.items() if _holds_weights(f)}
+    # with the functions they call (a loop holding weights calls its body and condition), each made after those
+    # it calls: a function's graph is made where every function it calls is defined
+    segment_names |= _called_functions([n for name in segment_names for n in library[name].node_def], library)
+    made: Dict[str, object] = {}
+    for name in _callees_first(segment_names, library):
+        called = _called_functions(library[name].node_def, library)
+        made[name] = _segment_function(library[name], [made[c] for c in sorted(called)])
+    segments = list(made.values())
     rest = graph_pb2.GraphDef(versions=graph_def.versions, node=graph_def.node)
     rest.library.function.extend(f for f in graph_def.library.function if f.signature.name not in segment_names)
     rest.library.gradient.extend(graph_def.library.gradient)
@@ -394,6 +415,24 @@ def function_from_graph_def(func, graph_def, input_names, output_names, captures
     return pruned
 
 
+def _callees_first(names, library) -> List[str]:
+    """`names` (library functions, closed under calls) ordered so that each comes after the functions it calls."""
+    order: List[str] = []
+    seen: set = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for callee in sorted(_called_functions(library[name].node_def, library) & set(names)):
+            visit(callee)
+        order.append(name)
+
+    for name in sorted(names):
+        visit(name)
+    return order
+
+
 def _holds_weights(fdef) -> bool:
     """Whether library function `fdef` holds a weight (a Const of LARGE_CONST_BYTES or more)."""
     return any(n.op == "Const" and const_nbytes(n) >= LARGE_CONST_BYTES for n in fdef.node_def)
@@ -404,10 +443,10 @@ def _holds_weights(fdef) -> bool:
 _SEGMENTS: Dict[str, Tuple[bytes, weakref.ref]] = {}
 
 
-def _segment_function(fdef):
+def _segment_function(fdef, children=()):
     """The AtomicFunction of native segment function `fdef`, registered in the eager context once per definition:
     functions made from the same definition share it, and the last of them to go takes it out of the context
-    (TensorFlow counts the AtomicFunctions of each name)."""
+    (TensorFlow counts the AtomicFunctions of each name). `children`: the AtomicFunctions of those it calls."""
     name = fdef.signature.name
     digest = None  # a name of fresh_function_name has no other definition (a 0.4 GB one takes 1.2 s to digest)
     if segment_weights.WEIGHTS_SUFFIX not in name:
@@ -426,8 +465,9 @@ def _segment_function(fdef):
     # its FuncGraph (TF builds one to save a function that has none) from the definition without the weights: the
     # same inputs and outputs, without importing every weight into a graph
     light = types.SimpleNamespace(definition=function_without_weights(fdef)[0], function_type=function_type,
-                                  children=[], call_options=atomic_function.CallOptions())
-    atomic = atomic_function.AtomicFunction(name, ctx, function_type, cached_graph=atomic_function.to_func_graph(light))
+                                  children=list(children), call_options=atomic_function.CallOptions())
+    atomic = atomic_function.AtomicFunction(name, ctx, function_type, children=list(children),
+                                            cached_graph=atomic_function.to_func_graph(light))
     for gone in [n for n, (_, ref) in _SEGMENTS.items() if ref() is None]:  # functions dropped since
         del _SEGMENTS[gone]
     _SEGMENTS[name] = (digest, weakref.ref(atomic))

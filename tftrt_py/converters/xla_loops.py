@@ -31,6 +31,7 @@ from tensorflow.python.ops import gen_functional_ops
 
 from tftrt_py.convert.graph import GraphView, split_ref
 from tftrt_py.convert.rewrite import ENGINE_OP, native_segment_function, replace
+from tftrt_py.converters import graph_io
 from tftrt_py.engine_op.library import NAN_MIN_MAX
 from tftrt_py.segmenter.segment import Segment, build_segment
 
@@ -110,7 +111,8 @@ def compile_loops(graph_def, fetches: Sequence[str]) -> Tuple[graph_pb2.GraphDef
         return graph_def, {f: f for f in fetches}, 0
     converted, fetch_map = replace(graph_def, replacements, fetches)
     logger.info("%d native loop(s) compiled by XLA", len(replacements))
-    return converted, fetch_map, len(replacements)
+    # the loops' own bodies and conditions, now called only through the copies, go (with the weights they hold)
+    return graph_io.prune_library(converted), fetch_map, len(replacements)
 
 
 def _propagates_nan() -> bool:
