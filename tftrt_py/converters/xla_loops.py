@@ -6,7 +6,9 @@ loop becomes a function call that TensorFlow compiles with XLA (``_XlaMustCompil
 jit_compile=True)`` marks one): the loop, the TensorList ops that fill and read its lists (a ``tf.map_fn``'s) and
 the constants they read, outlined into one function. XLA fuses the body's element-wise work and runs the loop
 without TensorFlow's executor around each op; keras-hub RetinaNet's decoding (NMS loops under a ``tf.map_fn``) at
-batch 8 took 6.5 ms instead of 16-19 on a 2-vCPU Xeon, its outputs unchanged.
+batch 8 took 6.5 ms instead of 16-19 on a 2-vCPU Xeon, its outputs unchanged. XLA runs the iterations one after
+another, though, where TensorFlow runs a tf.map_fn's independent iterations on several cores: on 16 cores the same
+decoding was slower compiled at batch 8 (benchmarks/native_loops.py), which is one reason the option is a choice.
 
 XLA compiles the function again for each new input shape (the first call at a batch size waits for it: about 1 s
 for that decoding). A loop is compiled only where XLA compiles its function at conversion, with its unknown
