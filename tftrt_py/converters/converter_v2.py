@@ -192,7 +192,7 @@ class TrtGraphConverterV2:
             attrs.profile_strategy = self._profile_strategy
         converted, fetch_map = rewrite(graph_def, view, segments, attrs, fetches=output_names)
         if self._compile_native_loops:
-            converted, renamed, _ = xla_loops.compile_loops(converted, list(fetch_map.values()))
+            converted, renamed = xla_loops.compile_loops(converted, list(fetch_map.values()))
             fetch_map = {name: renamed[ref] for name, ref in fetch_map.items()}
         engine_ops = len(segments)
         values = view.values if self._variable_reads else {}

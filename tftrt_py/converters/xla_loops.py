@@ -88,9 +88,9 @@ def _variant_region(view: GraphView, start: str) -> set:
     return region
 
 
-def compile_loops(graph_def, fetches: Sequence[str]) -> Tuple[graph_pb2.GraphDef, Dict[str, str], int]:
+def compile_loops(graph_def, fetches: Sequence[str]) -> Tuple[graph_pb2.GraphDef, Dict[str, str]]:
     """The GraphDef with each native loop that XLA compiles (:func:`loop_segments`) replaced by a call of its
-    function marked for XLA; the renamed fetches; how many loops were replaced."""
+    function marked for XLA, and the renamed fetches."""
     view = GraphView(graph_def)
     segments = loop_segments(view, fetches)
     if segments and not _propagates_nan():
@@ -110,11 +110,11 @@ def compile_loops(graph_def, fetches: Sequence[str]) -> Tuple[graph_pb2.GraphDef
             continue
         replacements.append((segment, _call_node(name, segment, view, function.signature.name), functions))
     if not replacements:
-        return graph_def, {f: f for f in fetches}, 0
+        return graph_def, {f: f for f in fetches}
     converted, fetch_map = replace(graph_def, replacements, fetches)
     logger.info("%d native loop(s) compiled by XLA", len(replacements))
     # the loops' own bodies and conditions, now called only through the copies, go (with the weights they hold)
-    return graph_io.prune_library(converted), fetch_map, len(replacements)
+    return graph_io.prune_library(converted), fetch_map
 
 
 def _propagates_nan() -> bool:
