@@ -280,7 +280,8 @@ def e4m3_values(codes):
     return np.where(codes & 0x80, -magnitude, magnitude)
 
 
-def test_fp8_max_pool_takes_the_largest_e4m3_value_of_each_window():
+@pytest.mark.parametrize("channels", [16, 12])  # sixteen channels a thread, or four
+def test_fp8_max_pool_takes_the_largest_e4m3_value_of_each_window(channels):
     """Pooling E4M3 bytes four channels a word: order by value (negative codes reversed, -0 below +0), NaN
     skipped as the float kernel skips it."""
     import types
@@ -292,12 +293,13 @@ def test_fp8_max_pool_takes_the_largest_e4m3_value_of_each_window():
 
     layer = types.SimpleNamespace(name="pool", weights={}, params=dict(
         type="max", window=[2, 2], strides=[2, 2], pre_padding=[0, 0], post_padding=[0, 0]))
-    codes = np.random.default_rng(25).integers(0, 256, (3, 8, 8, 16), dtype=np.uint8)
+    codes = np.random.default_rng(25).integers(0, 256, (3, 8, 8, channels), dtype=np.uint8)
     codes[0, 0, 0, :4], codes[0, 0, 1, :4], codes[0, 1, 0, :4], codes[0, 1, 1, :4] = 0x80, 0x00, 0xff, 0x7f
-    op = PoolOp(Spec(layer, [codes.shape], ["uint8"], [(3, 4, 4, 16)], ["uint8"], "float16", None))
-    y = cupy.zeros((3, 4, 4, 16), cupy.uint8)
+    op = PoolOp(Spec(layer, [codes.shape], ["uint8"], [(3, 4, 4, channels)], ["uint8"], "float16", None))
+    y = cupy.zeros((3, 4, 4, channels), cupy.uint8)
     op.run(None, [cupy.asarray(codes)], [y])
-    windows = e4m3_values(codes).reshape(3, 4, 2, 4, 2, 16).transpose(0, 1, 3, 5, 2, 4).reshape(3, 4, 4, 16, 4)
+    windows = e4m3_values(codes).reshape(3, 4, 2, 4, 2, channels).transpose(0, 1, 3, 5, 2, 4).reshape(
+        3, 4, 4, channels, 4)
     assert not np.isnan(windows).all(axis=-1).any()
     got = e4m3_values(y.get())
     np.testing.assert_array_equal(got, np.nanmax(windows, axis=-1))

@@ -343,13 +343,54 @@ def test_int8_residual_of_odd_channels_is_rounded_in_the_epilogue(variant, monke
 
 
 def test_max_pool_between_int8_convolutions_pools_int8_values(monkeypatch):
-    """c1 -> max pool -> c2: c1 writes int8, the pool takes the max of the int8 values (four channels a word) and
+    """c1 -> max pool -> c2: c1 writes int8, the pool takes the max of the int8 values (sixteen channels a thread) and
     writes int8 for c2: no float tensor and no quantize step between them."""
     pool = dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1])
     engine = two_convolutions(None, monkeypatch, pool=pool)
     prog = engine.cupy_program
     assert prog.slots["c1:0"].dtype == "int8" and prog.slots["pool:0"].dtype == "int8", prog.slots
     assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 6, 3), (1, 5, 5, 3)])  # four pixels a thread, or one
+def test_an_rgb_image_is_quantized_to_four_bytes_a_pixel_like_numpy(shape):
+    """The quantize step of a stem's float32 image of 3 channels: each pixel's bytes rounded half to even and
+    clamped, as quantization.round_int8, the fourth byte 0; NaN gives -127 (the clamp's fmaxf takes -127)."""
+    import cupy
+
+    from tftrt_py.engine.backends.cupy.ops.quant import QuantizeOp
+    from tftrt_py.engine.quantization import round_int8
+
+    scale = np.float32(0.5)
+    x = (np.random.default_rng(27).standard_normal(shape) * 40).astype(np.float32)
+    x.reshape(-1)[:7] = [np.nan, np.inf, -np.inf, 0.25, 0.75, -1.25, 63.5]  # ties at half steps
+    q = cupy.full(shape[:3] + (4,), 99, cupy.int8)
+    QuantizeOp(shape, "float32", scale, 4).run(None, [cupy.asarray(x)], [q])
+    want = round_int8(np.nan_to_num(x, nan=-1e9) / scale).astype(np.int8)
+    np.testing.assert_array_equal(q.get()[..., :3], want)
+    assert not q.get()[..., 3].any()
+
+
+@pytest.mark.parametrize("channels", [32, 20])  # sixteen channels a thread, or four
+def test_int8_max_pool_takes_the_largest_value_of_each_window_inside_the_image(channels):
+    """A 3x3 / 2 max pool of int8 values padded by one: each output the largest of its window's values inside
+    the image (padding is not a value), -128 and 127 included."""
+
+    import cupy
+
+    from tftrt_py.engine.backends.cupy.ops.base import Spec
+    from tftrt_py.engine.backends.cupy.ops.pooling import PoolOp
+
+    layer = types.SimpleNamespace(name="pool", weights={}, params=dict(
+        type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1], post_padding=[1, 1]))
+    x = np.random.default_rng(26).integers(-128, 128, (2, 9, 9, channels), dtype=np.int8)
+    x[0, 0, 0, :2] = -128
+    op = PoolOp(Spec(layer, [x.shape], ["int8"], [(2, 5, 5, channels)], ["int8"], "float16", None))
+    y = cupy.zeros((2, 5, 5, channels), cupy.int8)
+    op.run(None, [cupy.asarray(x)], [y])
+    padded = np.pad(x.astype(np.int16), ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-1000)
+    windows = np.stack([padded[:, i:i + 9:2, j:j + 9:2] for i in range(3) for j in range(3)], axis=-1)
+    np.testing.assert_array_equal(y.get(), windows.max(axis=-1))
 
 
 #: The int8 GEMM ops (cuBLAS, cuBLASLt or our Triton kernel, whichever was faster).

@@ -1,6 +1,7 @@
-"""Pooling: one generated kernel per configuration, one thread per output element (four int8 or E4M3 channels,
-or eight fp16 ones, in a max pool), channels last (consecutive threads read consecutive channels); 32-bit
-indices where the tensors allow. Up to three spatial dims."""
+"""Pooling: one generated kernel per configuration, one thread per output element (sixteen int8 or E4M3
+channels, or four where sixteen do not divide them, or eight fp16 ones, in a max pool), channels last
+(consecutive threads read consecutive channels); 32-bit indices where the tensors allow. Up to three spatial
+dims."""
 from __future__ import annotations
 
 from typing import List
@@ -26,29 +27,47 @@ __device__ __forceinline__ T finish(A acc, bool padded, int count) {
   return st<T>(acc);
 }
 """
-#: Max pooling of int8 values four channels at a time (T int: one word holds four; C counts words).
-_INT8X4_MAX = r"""
-typedef int A;
-#define INIT ((int)0x80808080)  // -128 in each byte
-__device__ __forceinline__ void take(A& acc, T v) { acc = __vmaxs4(acc, v); }
-__device__ __forceinline__ T finish(A acc, bool padded, int count) {
+#: Max pooling of int8 values four channels a word: the word's start, taking one, and the stored word.
+_INT8_WORD = r"""
+#define WORD_INIT ((int)0x80808080)  // -128 in each byte
+__device__ __forceinline__ int take_word(int acc, int v) { return __vmaxs4(acc, v); }
+__device__ __forceinline__ int finish_word(int acc, bool padded) {
   return INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc;
 }
 """
-#: Max pooling of E4M3 bytes (stored as uint8) four channels at a time: each byte's sign and magnitude mapped to
-#: an ordered signed byte (negative magnitudes reversed; an involution), the max taken as int8, mapped back. NaN
+#: Max pooling of E4M3 bytes (stored as uint8) four channels a word: each byte's sign and magnitude mapped to an
+#: ordered signed byte (negative magnitudes reversed; an involution), the max taken as int8, mapped back. NaN
 #: (+NaN ordered highest, -NaN lowest) is skipped, as the float kernel skips it.
-_E4M3X4_MAX = r"""
-typedef int A;
-#define INIT ((int)0x80808080)  // below every ordered byte but -NaN's
+_E4M3_WORD = r"""
+#define WORD_INIT ((int)0x80808080)  // below every ordered byte but -NaN's
 __device__ __forceinline__ int ordered(int v) { return v ^ (__vcmplts4(v, 0) & 0x7f7f7f7f); }
-__device__ __forceinline__ void take(A& acc, T v) {
+__device__ __forceinline__ int take_word(int acc, int v) {
   int o = ordered(v);
   int nan = __vcmpeq4(o, 0x7f7f7f7f);
-  acc = __vmaxs4(acc, (o & ~nan) | (INIT & nan));
+  return __vmaxs4(acc, (o & ~nan) | (WORD_INIT & nan));
+}
+__device__ __forceinline__ int finish_word(int acc, bool padded) {
+  return ordered(INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc);
+}
+"""
+#: A thread's channels as one word (T int: four bytes) or four (T int4: sixteen, one 16-byte load a window element:
+#: ResNet-50's int8 max pool at batch 128 on an H200 is bound by its load instructions).
+_ONE_WORD = r"""
+typedef int A;
+#define INIT WORD_INIT
+__device__ __forceinline__ void take(A& acc, T v) { acc = take_word(acc, v); }
+__device__ __forceinline__ T finish(A acc, bool padded, int count) { return finish_word(acc, padded); }
+"""
+_FOUR_WORDS = r"""
+typedef int4 A;
+#define INIT make_int4(WORD_INIT, WORD_INIT, WORD_INIT, WORD_INIT)
+__device__ __forceinline__ void take(A& acc, T v) {
+  acc.x = take_word(acc.x, v.x); acc.y = take_word(acc.y, v.y); acc.z = take_word(acc.z, v.z);
+  acc.w = take_word(acc.w, v.w);
 }
 __device__ __forceinline__ T finish(A acc, bool padded, int count) {
-  return ordered(INCLUDE_PAD && padded ? __vmaxs4(acc, 0) : acc);
+  return make_int4(finish_word(acc.x, padded), finish_word(acc.y, padded), finish_word(acc.z, padded),
+                   finish_word(acc.w, padded));
 }
 """
 #: Max pooling of fp16 values eight channels at a time (T uint4: 16 bytes; C counts them) by max.f16x2, which
@@ -67,9 +86,10 @@ __device__ __forceinline__ T finish(A acc, bool padded, int count) {
   return acc;
 }
 """
-#: in dtype of a max pool -> (its policy, storage type and channels of one thread)
-_PACKED_MAX = {"int8": (_INT8X4_MAX, "int", 4), "uint8": (_E4M3X4_MAX, "int", 4),
-               "float16": (_HALFX8_MAX, "uint4", 8)}
+#: in dtype of a max pool -> its policies (storage type, channels of one thread), widest first
+_PACKED_MAX = {"int8": ((_INT8_WORD + _FOUR_WORDS, "int4", 16), (_INT8_WORD + _ONE_WORD, "int", 4)),
+               "uint8": ((_E4M3_WORD + _FOUR_WORDS, "int4", 16), (_E4M3_WORD + _ONE_WORD, "int", 4)),
+               "float16": ((_HALFX8_MAX, "uint4", 8),)}
 _POOL = kernels.source("pool.cu")
 
 
@@ -78,11 +98,9 @@ class PoolOp(Op):
         p = spec.params
         shape, out = spec.in_shapes[0], spec.out_shapes[0]
         dtype = spec.in_dtypes[0]
-        packed = _PACKED_MAX.get(dtype)
-        if packed and p["type"] == "max" and shape[-1] % packed[2] == 0 and (dtype != "float16" or _has_f16x2_max()):
-            policy, storage, lanes = packed
-        else:
-            policy, storage, lanes = _FLOAT, kernels.raw_type(dtype), 1
+        packed = [(policy, storage, lanes) for policy, storage, lanes in _PACKED_MAX.get(dtype, ())
+                  if p["type"] == "max" and shape[-1] % lanes == 0 and (dtype != "float16" or _has_f16x2_max())]
+        policy, storage, lanes = packed[0] if packed else (_FLOAT, kernels.raw_type(dtype), 1)
         small = max(int(np.prod(shape)), int(np.prod(out))) // lanes < 2 ** 30  # (a grid's stride past the end too)
         defs = {"T": storage, "C": shape[-1] // lanes, "IDX": "int" if small else "long long",
                 "IS_MAX": int(p["type"] == "max"), "INCLUDE_PAD": int(bool(p.get("count_include_pad", False)))}

@@ -155,16 +155,17 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     res = 0 if residual is None else 2 if residual[1] not in _FLOATS else 3 if residual_scaled else 1
     params = {"x": q, "w": q, "dq": "*fp32", "bias": "*fp32",
               "res": _pointer(residual[1] if residual else "float16", fmt), "y": _pointer(out_dtype, fmt), "yq": q,
-              "M": "i32", "H": "i32", "W": "i32", "OH": "i32", "OW": "i32", "C": "i32", "COUT": "i32",
+              "M": "i32",
               "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
-    constexprs = dict(KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, HAS_BIAS=bool(has_bias), RES=res,
-                      ACT=_act_code(activation), OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8,
+    (h, w), (oh, ow) = geom.spatial, geom.out
+    constexprs = dict(C=geom.c, COUT=geom.cout, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
+                      HAS_BIAS=bool(has_bias), RES=res, ACT=_act_code(activation), OUT=out, FP8=fmt == "FP8", BM=bm,
+                      BN=bn, BK=bk, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0,
                       SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22,
                       CLAMP16=out != 0 and clamps_in_fp16(fmt, out_scale))
-    multiples = tuple(name for name, v in (("C", geom.c), ("COUT", geom.cout)) if v % 16 == 0)
-    return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, multiples, warps, stages)
+    return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, (), warps, stages)
 
 
 def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability: int):
@@ -198,7 +199,7 @@ class TritonConvOp(Op):
     def __init__(self, fmt: str, geom: ConvGeom, w, deq: Dequant, kernel, tile, sms: int):
         bm, bn, _, _, _, per_sm = tile
         self.w, self.deq, self.kernel = w, deq, kernel
-        self.scalars = [np.int32(v) for v in (geom.rows, *geom.spatial, *geom.out, geom.c, geom.cout)] + [
+        self.scalars = [np.int32(geom.rows)] + [
             np.float32(deq.res_scale or 1.0), np.float32(1.0) / np.float32(deq.requant_scale or 1.0)]
         tiles = -(-geom.rows // bm) * -(-geom.cout // bn)
         self.grid = min(tiles, per_sm * sms) if per_sm else tiles

@@ -154,9 +154,10 @@ def _epilogue(acc, offs_m, offs_n, dq, bias, res, y, yq, M, COUT, res_scale, inv
 
 
 @triton.jit
-def conv_quantized(x, w, dq, bias, res, y, yq, M, H, W, OH, OW, C, COUT, res_scale, inv_out,
-                   KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr,
-                   PW: tl.constexpr, HAS_BIAS: tl.constexpr, RES: tl.constexpr, ACT: tl.constexpr,
+def conv_quantized(x, w, dq, bias, res, y, yq, M, res_scale, inv_out, C: tl.constexpr, COUT: tl.constexpr,
+                   H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr, KH: tl.constexpr,
+                   KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, RES: tl.constexpr, ACT: tl.constexpr,
                    OUT: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    GROUP: tl.constexpr, SMALL_C: tl.constexpr, SMALL_SUMS: tl.constexpr, CLAMP16: tl.constexpr):
     # FP8: x, w (and quantized residuals and outputs) hold E4M3 values, summed in fp32; else int8, summed in int32.
@@ -165,6 +166,8 @@ def conv_quantized(x, w, dq, bias, res, y, yq, M, H, W, OH, OW, C, COUT, res_sca
     # SMALL_C: the channel count C when it is below BK (a stem's image): a step then spans BK // C filter taps.
     # SMALL_SUMS: int8 sums stay below 2**22 in magnitude (K * 127 * 127 does), so they are summed from _OFFSET.
     # CLAMP16: int8 outputs are clamped in fp16 (_requantize; their scale allows it).
+    # Shapes bar the row count M are compiled in: a row's pixel and image come from divisions by them, which by a
+    # runtime value are about twenty integer instructions each, and integer instructions bound this kernel.
     POINTWISE: tl.constexpr = KH == 1 and KW == 1 and SH == 1 and SW == 1 and PH == 0 and PW == 0
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
