@@ -176,8 +176,8 @@ CUDNN_PLANS = Setting("TFTRT_PY_CUDNN_PLANS", 2, "cuDNN plans built and timed pe
                       expect="a whole number of at least 1")
 CUDNN_RUNTIME_PLANS = Setting("TFTRT_PY_CUDNN_RUNTIME_PLANS", 1, "of those, how many cuDNN may compile at run time",
                               whole(0), strict=True, expect="a whole number")
-TRITON_TILES = Setting("TFTRT_PY_TRITON_TILES", 3, "Triton kernels compiled and timed per quantized convolution, of "
-                       "those that suit its size (8: every tile)", whole(1), strict=True,
+TRITON_TILES = Setting("TFTRT_PY_TRITON_TILES", 3, "Triton kernels compiled and timed per INT8, FP8 or FP16 "
+                       "convolution, of those that suit its size (8: every tile)", whole(1), strict=True,
                        expect="a whole number of at least 1")
 TIMING_CACHE = Setting("TFTRT_PY_TIMING_CACHE", os.path.join("~", ".cache", "tftrt_py", "timing_cache.json"),
                        "the cupy backend's timing cache file (0/off: none)", path_or_off)

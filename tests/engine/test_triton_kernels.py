@@ -327,3 +327,34 @@ def test_a_stride_2_image_of_4_channels_runs_as_pairs_of_pixels_with_the_same_su
 def test_other_convolutions_keep_their_geometry(fmt, spatial, c, strides):
     geom = ConvGeom(2, spatial, c, 8, (3, 3), 1, strides, (1, 1), (1, 1), (1, 1), (6, 10))
     assert triton_conv.pixel_pairs(fmt, geom) is geom
+
+
+def test_an_fp16_convolution_compiles_with_fp16_operands_summed_in_fp32_and_a_float_epilogue():
+    request = triton_conv.kernel_request("FP16", geom(64), True, {"type": "relu"}, (8, "float16"), False, "float16",
+                                         False, triton_conv.TILES[0], 90)
+    params, constexprs = dict(request[2]), dict(request[3])
+    assert params["x"] == params["w"] == params["res"] == params["y"] == "*fp16"
+    assert constexprs["FP8"] and (constexprs["RES"], constexprs["OUT"], constexprs["SMALL_SUMS"]) == (1, 0, False)
+
+
+def fp16_spec(c=64, in_dtype="float16", prefer=None):
+    conv = geom(c)
+    layer = types.SimpleNamespace(params={"activation": {"type": "relu"}},
+                                  weights={"kernel": np.zeros((3, 3, c, 64), np.float32)})
+    shape = (conv.n, *conv.spatial, c)
+    spec = types.SimpleNamespace(layer=layer, prefer=prefer, in_shapes=[shape], in_dtypes=[in_dtype],
+                                 out_dtypes=["float16"], options=types.SimpleNamespace(triton_tiles=3))
+    return spec, conv
+
+
+@pytest.mark.parametrize("spec, offered", [(fp16_spec(), True), (fp16_spec(16), False),
+                                           (fp16_spec(in_dtype="float32"), False),
+                                           (fp16_spec(prefer={"op": "cudnn_conv"}), False)])
+def test_fp16_convolutions_of_32_channels_or_more_are_offered_to_our_kernel_unless_a_plan_chose_another(
+        monkeypatch, spec, offered):
+    fake_gpu(monkeypatch)
+    fake = triton_conv._device.require()
+    fake.asarray, fake.ones = np.asarray, np.ones
+    ops = triton_conv.fp16_conv_candidates(*spec)
+    assert bool(ops) == offered
+    assert all(op.tactic["op"] == "triton_conv_fp16" and op.tactic["tile"][2] <= 64 for op in ops)

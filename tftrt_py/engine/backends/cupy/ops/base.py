@@ -81,7 +81,7 @@ class BuildOptions:
     #: How many of those may be runtime-compiled (cuDNN's runtime fusion engine: 0.2-0.8 s of NVRTC and ptxas per
     #: plan on an H100, against milliseconds for its precompiled engines); the rest come from precompiled engines.
     cudnn_runtime_plans: int = 1
-    #: How many Triton kernels (triton_conv.conv_tiles) are compiled and timed per quantized convolution.
+    #: How many Triton kernels (triton_conv.conv_tiles) are compiled and timed per INT8, FP8 or FP16 convolution.
     triton_tiles: int = 3
     #: INT8 layers stay int8 even where the fp16 kernel is faster (TensorRT's strict types).
     strict_types: bool = False

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import threading
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -487,6 +487,11 @@ def _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_
     return []
 
 
+#: More candidate factories of a float16 convolution, each (spec, geom) -> ops, timed beside cuDNN's plans:
+#: our Triton kernel's (ops/triton_conv.py registers it).
+FLOAT16_FACTORIES: List[Callable[[Spec, ConvGeom], List[Op]]] = []
+
+
 @register("Convolution")
 def conv_candidates(spec: Spec) -> List[Op]:
     if spec.quant is not None:  # an INT8 or FP8 layer
@@ -512,6 +517,9 @@ def conv_candidates(spec: Spec) -> List[Op]:
         for cp in pads:
             cands += _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_n, activation,
                                        opts, prefer)
+    if dtype == "float16":
+        for factory in FLOAT16_FACTORIES:
+            cands += factory(spec, geom)
     want_gemm = (prefer.get("op") == "gemm_conv" or (not prefer and (geom.pointwise_gemm() or geom.patches()))
                  or not cands)
     if want_gemm and dtype in ("float16", "float32"):

@@ -17,12 +17,12 @@ import numpy as np
 from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device, triton
 from tftrt_py.engine.backends.cupy.cublaslt import REDUCED_GELU
-from tftrt_py.engine.backends.cupy.ops.base import Op
-from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
+from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
+from tftrt_py.engine.backends.cupy.ops.conv import FLOAT16_FACTORIES, ConvGeom
 from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
 __all__ = ["TILES", "TILE_ORDERS", "size_class", "conv_tiles", "GEMM_TILES", "GRIDS", "TritonConvOp",
-           "triton_conv_candidates", "triton_matmul_candidates", "gemm_geom", "prefetch_requests", "kernel_request",
+           "triton_conv_candidates", "fp16_conv_candidates", "triton_matmul_candidates", "gemm_geom", "prefetch_requests", "kernel_request",
            "clamps_in_fp16", "QUANTIZED_POINTERS"]
 
 logger = logging.getLogger(__name__)
@@ -59,8 +59,9 @@ GEMM_TILES = ((128, 128, 128, 4, 3), (128, 256, 128, 8, 3), (256, 128, 128, 8, 3
 GRIDS = (0, 1, 2, 4)
 _SOURCE = "tftrt_py.engine.backends.cupy.triton.quantized_conv"
 _I32 = 2 ** 31
-#: Triton's type of a quantized operand (E4M3 bytes are stored as uint8 here).
-QUANTIZED_POINTERS = {"INT8": "*i8", "FP8": "*fp8e4nv"}
+#: Triton's type of an operand of each format the kernel runs (E4M3 bytes are stored as uint8 here; FP16: fp16
+#: operands summed in fp32, as FP8's, with the float epilogue).
+QUANTIZED_POINTERS = {"INT8": "*i8", "FP8": "*fp8e4nv", "FP16": "*fp16"}
 _FLOATS = ("float16", "float32")
 #: The kernel's ACT code of each activation type it applies. GELU is computed in the tanh form (the erf GELU too), as
 #: cuBLASLt's epilogue computes it for FP16 engines (cublaslt.REDUCED_GELU).
@@ -160,7 +161,7 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
     (h, w), (oh, ow) = geom.spatial, geom.out
     constexprs = dict(C=geom.c, COUT=geom.cout, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
-                      HAS_BIAS=bool(has_bias), RES=res, ACT=_act_code(activation), OUT=out, FP8=fmt == "FP8", BM=bm,
+                      HAS_BIAS=bool(has_bias), RES=res, ACT=_act_code(activation), OUT=out, FP8=fmt != "INT8", BM=bm,
                       BN=bn, BK=bk, GROUP=8,
                       SMALL_C=geom.c if geom.c < 32 else 0,
                       SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22,
@@ -250,6 +251,50 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
             op = TritonConvOp(fmt, geom, w, deq, kernels[t[:5]], t, sms)
             ops.setdefault((t[:5], op.grid), op)
     return list(ops.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatEpilogue:
+    """The epilogue of an FP16 convolution in the kernel: per-channel factors of 1 (nothing to dequantize), bias,
+    activation, a float residual as it is, a float16 output."""
+
+    dq: object
+    bias: object
+    activation: Optional[dict]
+    out_dtype: str = "float16"
+    res_scale = None
+    dual_scale = None
+    requant_scale = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.dq.nbytes) + (int(self.bias.nbytes) if self.bias is not None else 0)
+
+
+def fp16_conv_candidates(spec: Spec, geom: ConvGeom) -> List[Op]:
+    """The kernel's tiles as an FP16 convolution (float16 in and out; products summed in fp32 on the tensor
+    cores), timed beside cuDNN's plans: memory bounds ResNet-50's 1x1 convolutions with a residual at batch 128,
+    and cuDNN's run them at about half their DRAM rate on an H200 (docs/performance). BK is capped at 64
+    elements (128 bytes, as the quantized kernels' widest step)."""
+    layer, prefer = spec.layer, spec.prefer or {}
+    residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if len(spec.in_shapes) > 1 else None
+    activation = layer.params.get("activation")
+    if (prefer.get("op") not in (None, "triton_conv_fp16") or not triton.available() or geom.c < 32
+            or spec.in_dtypes[0] != "float16" or spec.out_dtypes[0] != "float16"
+            or not fits(geom, activation, residual)):
+        return []
+    cupy = _device.require()
+    bias = layer.weights.get("bias")
+    w = cupy.asarray(np.ascontiguousarray(np.moveaxis(layer.weights["kernel"], -1, 0)).astype(np.float16))
+    deq = FloatEpilogue(cupy.ones(geom.cout, np.float32),
+                        cupy.asarray(bias.astype(np.float32)) if bias is not None else None, activation)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    tiles = dict.fromkeys((bm, bn, min(bk, 64), warps, stages)
+                          for bm, bn, bk, warps, stages in conv_tiles(geom, sms, spec.options.triton_tiles))
+    return triton_conv_candidates("FP16", geom, w, deq, residual, prefer, spec.options.triton_tiles, list(tiles))
+
+
+FLOAT16_FACTORIES.append(fp16_conv_candidates)
 
 
 def gemm_geom(rows: int, k: int, n: int) -> ConvGeom:
