@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "engine", "gpu"))
 
 import gpu_bert as bert  # noqa: E402
 import gpu_resnet50 as resnet50  # noqa: E402
+import gpu_vs_torch  # noqa: E402
 from gpu_calibrate import apply_ranges, max_abs_ranges  # noqa: E402
 
 SIDE = 8192
@@ -44,17 +45,18 @@ def _time(torch, fn, runs: int = 10) -> float:
 
 
 def ceilings(torch) -> dict:
-    """Measured rates: multiply-add ops a second by precision (a square GEMM of SIDE), device copy bytes a second."""
-    a16 = torch.randn(SIDE, SIDE, device="cuda", dtype=torch.float16)
+    """Measured rates: multiply-add ops a second by precision (gpu_vs_torch's fp16 GEMM; an int8 and an E4M3 GEMM
+    of SIDE), device copy bytes a second."""
+    tflops, tbs = gpu_vs_torch.ceilings(torch)
+    rates = {"FP16": tflops * 1e12, "copy": tbs * 1e12}
     ops = 2 * SIDE ** 3
-    rates = {"FP16": ops / _time(torch, lambda: a16 @ a16)}
     try:
         a8 = torch.randint(-127, 127, (SIDE, SIDE), device="cuda", dtype=torch.int8)
         rates["INT8"] = ops / _time(torch, lambda: torch._int_mm(a8, a8.t()))
     except Exception as exc:
         print(f"no int8 GEMM rate: {exc}")
     try:
-        f8 = a16.to(torch.float8_e4m3fn)
+        f8 = torch.randn(SIDE, SIDE, device="cuda", dtype=torch.float16).to(torch.float8_e4m3fn)
         one = torch.tensor(1.0, device="cuda")
         rates["FP8"] = ops / _time(torch, lambda: torch._scaled_mm(f8, f8.t(), scale_a=one, scale_b=one,
                                                                   out_dtype=torch.float16))
@@ -62,9 +64,6 @@ def ceilings(torch) -> dict:
         print(f"no FP8 GEMM rate: {exc}")
     if "FP8" in rates:
         rates["INT8"] = max(rates.get("INT8", 0.0), rates["FP8"])
-    x = torch.empty(1 << 28, device="cuda", dtype=torch.float32)
-    y = torch.empty_like(x)
-    rates["copy"] = 2 * x.numel() * 4 / _time(torch, lambda: y.copy_(x))
     return rates
 
 
@@ -151,11 +150,6 @@ def profiled(engine, feed: dict, runs: int, calls: int = 50):
 
 
 def main(argv=None):
-    import cupy
-    import torch
-
-    from tftrt_py.engine import Builder, BuilderConfig
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=["resnet50", "bert"])
     p.add_argument("--precisions", nargs="+", default=["FP16", "INT8", "FP8"])
@@ -163,6 +157,11 @@ def main(argv=None):
     p.add_argument("--bert-batch", type=int, default=32)
     p.add_argument("--top", type=int, default=14, help="steps shown one by one, the longest first")
     args = p.parse_args(argv)
+    import cupy
+    import torch
+
+    from tftrt_py.engine import Builder, BuilderConfig
+
     rates = ceilings(torch)
     print(f"GPU {torch.cuda.get_device_name()}; measured: " + ", ".join(
         f"{k} GEMM {v / 1e12:.0f} TOP/s" for k, v in rates.items() if k != "copy") +

@@ -3,7 +3,8 @@ tensor cores, dequantization, bias, residual (fp16, quantized with its scale, or
 grid), ReLU and the output's requantization in one kernel, so a quantized layer between quantized layers reads
 and writes bytes only. Written because cuDNN's int8 and FP8 graphs on Hopper are runtime-fusion kernels no
 faster than its fp16 ones wherever memory bounds a layer (README "Where the time goes"); chosen per layer by
-timing, like every tactic.
+timing, like every tactic. The same kernel on fp16 operands is a candidate for FP16 convolutions too
+(fp16_conv_candidates), beside cuDNN's plans.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tftrt_py.engine.backends.cupy.ops.conv import FLOAT16_FACTORIES, ConvGeom
 from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
 __all__ = ["TILES", "TILE_ORDERS", "size_class", "conv_tiles", "GEMM_TILES", "GRIDS", "TritonConvOp",
-           "triton_conv_candidates", "fp16_conv_candidates", "triton_matmul_candidates", "gemm_geom", "prefetch_requests", "kernel_request",
-           "clamps_in_fp16", "QUANTIZED_POINTERS"]
+           "triton_conv_candidates", "fp16_conv_candidates", "triton_matmul_candidates", "gemm_geom",
+           "prefetch_requests", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -162,11 +163,11 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     (h, w), (oh, ow) = geom.spatial, geom.out
     constexprs = dict(C=geom.c, COUT=geom.cout, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
                       HAS_BIAS=bool(has_bias), RES=res, ACT=_act_code(activation), OUT=out, FP8=fmt != "INT8", BM=bm,
-                      BN=bn, BK=bk, GROUP=8,
-                      SMALL_C=geom.c if geom.c < 32 else 0,
+                      BN=bn, BK=bk, GROUP=8, SMALL_C=geom.c if geom.c < 32 else 0,
                       SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22,
                       CLAMP16=out != 0 and clamps_in_fp16(fmt, out_scale))
-    return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, (), warps, stages)
+    return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, num_warps=warps,
+                          num_stages=stages)
 
 
 def _request(fmt: str, geom: ConvGeom, deq: Dequant, residual, tile, capability: int):

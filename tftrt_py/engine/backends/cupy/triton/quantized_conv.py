@@ -1,4 +1,5 @@
-"""The Triton source of the int8 and FP8 implicit-GEMM convolution (imported only when Triton is installed).
+"""The Triton source of the int8 and FP8 implicit-GEMM convolution, also run on fp16 operands for FP16 layers
+(imported only when Triton is installed).
 
 NHWC image [N, H, W, C] (C a multiple of BK, or below it) times filters [COUT, KH, KW, C], both int8 (or E4M3
 with FP8): output tiles [BM pixels, BN channels], int32 (fp32) sums from Triton's tensor-core dot over
@@ -160,7 +161,8 @@ def conv_quantized(x, w, dq, bias, res, y, yq, M, res_scale, inv_out, C: tl.cons
                    HAS_BIAS: tl.constexpr, RES: tl.constexpr, ACT: tl.constexpr,
                    OUT: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    GROUP: tl.constexpr, SMALL_C: tl.constexpr, SMALL_SUMS: tl.constexpr, CLAMP16: tl.constexpr):
-    # FP8: x, w (and quantized residuals and outputs) hold E4M3 values, summed in fp32; else int8, summed in int32.
+    # FP8: x, w (and quantized residuals and outputs) hold E4M3 values (or x and w fp16 ones: an FP16 layer), summed
+    # in fp32; else int8, summed in int32.
     # RES: 0 none, 1 float, 2 quantized (scale res_scale), 3 float rounded to the quantized grid of res_scale.
     # ACT: 0 none, 1 ReLU, 2 GELU (tanh form). OUT: 0 float y, 1 quantized y (scale 1 / inv_out), 2 both (y and yq).
     # SMALL_C: the channel count C when it is below BK (a stem's image): a step then spans BK // C filter taps.
