@@ -76,13 +76,18 @@ FORCE = {"INT8": ("TFTRT_PY_INT8_CONV", "gemm"), "FP8": ("TFTRT_PY_FP8_CONV", "c
 def quantized_spec(layer, shape, out, residual, fmt, opts, prefer=None, residual_dtype=None):
     """The Spec of `layer` in the quantized data flow of format `fmt` (the residual quantized unless
     `residual_dtype` says otherwise)."""
-    from tftrt_py.engine.backends.cupy.ops import Spec
+    from tftrt_py.engine.backends.cupy.ops import Spec, conv_fold
+    from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 
     s = fmt.scale(RANGE)
     qshape = shape[:3] + (fmt.channels(shape[3]),)
+    folded = fmt.name == "INT8" and conv_fold.foldable(ConvGeom.of(layer, qshape, out))  # as the engine's stem
+    if folded:
+        qshape = conv_fold.folded_shape(qshape)
     return Spec(layer, [qshape] + ([out] if residual else []),
                 [fmt.storage] + ([residual_dtype or fmt.storage] if residual else []), [out], [fmt.storage],
-                "float16", opts, prefer, quant={"format": fmt.name, "in_scale": float(s), "res_scale": float(s)})
+                "float16", opts, prefer, quant={"format": fmt.name, "in_scale": float(s), "res_scale": float(s),
+                                                "folded": folded})
 
 
 def run_one(layer, shape, out, residual, fmt, tile, opts, tuner, runs: int = 3):

@@ -165,7 +165,7 @@ def main():
     shape = (args.rows, 768)
     for p in args.precisions:  # the quantize step a LayerNorm's output takes before a quantized GEMM
         f = FORMATS[p]
-        step = QuantizeOp(shape, "float16", f.scale(RANGE), shape[-1], False, f.qfunc)
+        step = QuantizeOp(shape, "float16", f.scale(RANGE), shape[-1], qfunc=f.qfunc)
         print(f"{p} quantize step of a [{shape[0]}, 768] fp16 tensor: "
               f"{tuner.op_ms(step, [shape], ['float16'], [shape], [f.storage]) * 1e3:.1f} us")
 

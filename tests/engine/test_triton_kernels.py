@@ -14,9 +14,8 @@ import pytest
 
 from tftrt_py.engine.backends.cupy import helper_processes
 from tftrt_py.engine.backends.cupy import triton as kernels
-from tftrt_py.engine.backends.cupy.ops import triton_conv
+from tftrt_py.engine.backends.cupy.ops import conv_fold, triton_conv
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.reference import conv_sums
 
 REQUEST = ("some.module", "kernel", (("x", "*i8"),), (("BM", 64),), (), 4, 3, 90)
 
@@ -300,26 +299,11 @@ def test_other_products_keep_the_library_gemms(a_shape, b_shape, params, b_const
     assert gemm_operands(a_shape, b_shape, params, b_constant) is None
 
 
-def sums(x, w, geom):
-    """The numpy backend's convolution sums of NHWC x with filters [COUT, KH, KW, C] in `geom`'s strides and
-    padding (before and after: its output size comes from them)."""
-    params = dict(strides=geom.strides, dilations=(1, 1), pre_padding=geom.pre, post_padding=geom.post, groups=1)
-    return conv_sums(x.astype(np.float64), np.moveaxis(w, 0, -1).astype(np.float64), params)
-
-
-@pytest.mark.parametrize("kernel, pad, width", [(7, 3, 20), (7, 2, 20), (5, 2, 14), (3, 1, 8), (7, 0, 22)])
-def test_a_stride_2_image_of_4_channels_runs_as_pairs_of_pixels_with_the_same_sums(kernel, pad, width):
-    rng = np.random.default_rng(kernel * 10 + pad)
-    out = ((12 + 2 * pad - kernel) // 2 + 1, (width + 2 * pad - kernel) // 2 + 1)
-    geom = ConvGeom(2, (12, width), 4, 5, (kernel, kernel), 1, (2, 2), (1, 1), (pad, pad), (pad, pad), out)
-    paired = triton_conv.pixel_pairs("INT8", geom)
-    assert paired.spatial == (12, width // 2) and paired.c == 8 and paired.strides == (2, 1)
-    x = rng.integers(-127, 128, (2, 12, width, 4), dtype=np.int8)
-    w = rng.integers(-127, 128, (5, kernel, kernel, 4), dtype=np.int8)
-    pw = triton_conv.pixel_pair_weights(w, geom, paired)
-    expected = sums(x, w, geom)
-    assert expected.shape == (2, *out, 5)
-    assert np.array_equal(sums(x.reshape(2, 12, width // 2, 8), pw, paired), expected)
+def test_an_int8_stride_2_image_of_4_channels_the_quantize_step_did_not_fold_runs_as_pairs_of_pixels():
+    geom = ConvGeom(2, (12, 20), 4, 5, (7, 7), 1, (2, 2), (1, 1), (3, 3), (3, 3), (6, 10))
+    paired = triton_conv.pixel_pairs("INT8", geom)  # the same sums: tests/engine/test_conv_fold.py
+    assert paired == conv_fold.fold(geom, conv_fold.WIDTH)
+    assert paired.spatial == (12, 10) and paired.c == 8 and paired.strides == (2, 1) and paired.kernel == (7, 4)
 
 
 @pytest.mark.parametrize("fmt, spatial, c, strides", [("FP8", (12, 20), 4, (2, 2)), ("INT8", (12, 21), 4, (2, 2)),

@@ -135,6 +135,10 @@ def kernel(*shape):
 CONV_CASES = {
     "3x3_bias_relu": ((2, 9, 9, 16), conv_params(act={"type": "relu"}), (3, 3, 16, 32), False),
     "stem_c3_stride2": ((2, 20, 20, 3), conv_params(k=7, stride=2, pad=3, act={"type": "relu"}), (7, 7, 3, 16), False),
+    "stem_same_odd_pairs": ((1, 14, 22, 3), {**conv_params(k=7, stride=2), "pre_padding": [2, 2],
+                                             "post_padding": [3, 3]}, (7, 7, 3, 8), False),  # TF's SAME; 22 % 4 == 2
+    "stem_3x3_same": ((2, 16, 16, 3), {**conv_params(stride=2, act={"type": "relu"}), "pre_padding": [0, 0],
+                                       "post_padding": [1, 1]}, (3, 3, 3, 32), False),
     "1x1": ((2, 7, 7, 64), conv_params(k=1, pad=0), (1, 1, 64, 48), False),
     "residual_relu": ((2, 8, 8, 32), conv_params(act={"type": "relu"}), (3, 3, 32, 32), True),
     "odd_cout_sigmoid": ((1, 6, 6, 24), conv_params(act={"type": "sigmoid"}), (3, 3, 24, 10), False),
@@ -177,11 +181,21 @@ def test_int8_convolution(case):
     print(case, tactic)
 
 
+@pytest.mark.parametrize("case", ["stem_c3_stride2", "stem_same_odd_pairs", "stem_3x3_same"])
+def test_an_int8_stem_reads_its_image_quantized_and_folded_by_2x2_pixel_blocks(case):
+    build, inputs, emulated = conv_case(case)
+    engine = check(build, inputs, emulated, case)
+    n, h, w, _ = CONV_CASES[case][0]
+    steps = engine.cupy_program.steps
+    assert "quantize" in steps[0].layer and steps[1].layer == "conv", [s.layer for s in steps]
+    assert engine.cupy_program.slots[steps[0].outputs[0]].shape == (n, h // 2, w // 2, 16)
+
+
 @pytest.mark.parametrize("variant", ["fused", "fused_i32", "fused_nr", "conv", "gemm", "triton"])
-@pytest.mark.parametrize("case", ["residual_relu", "stem_c3_stride2", "1x1", "same_stride2"])
+@pytest.mark.parametrize("case", ["residual_relu", "stem_c3_stride2", "stem_same_odd_pairs", "1x1", "same_stride2"])
 def test_int8_convolution_each_path(case, variant, monkeypatch):
     """Every cuDNN int8 graph variant, the cuBLAS GEMM path and the Triton kernel (forced), where this GPU has
-    it (Triton's kernel takes multiples of 32 channels: not the stem's 3)."""
+    it; a stem's each on its image folded by 2x2 pixel blocks."""
     monkeypatch.setenv("TFTRT_PY_INT8_CONV", variant)
     build, inputs, emulated = conv_case(case)
     try:
@@ -369,6 +383,28 @@ def test_an_rgb_image_is_quantized_to_four_bytes_a_pixel_like_numpy(shape):
     want = round_int8(np.nan_to_num(x, nan=-1e9) / scale).astype(np.int8)
     np.testing.assert_array_equal(q.get()[..., :3], want)
     assert not q.get()[..., 3].any()
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 6, 8, 3), "float32"), ((1, 4, 6, 3), "float32"),
+                                          ((2, 4, 6, 3), "float16"), ((1, 2, 4, 4), "float16")])
+def test_an_rgb_image_is_quantized_folded_by_2x2_pixel_blocks(shape, dtype):
+    """The quantize step of a folded stem (four pixels a thread where they lie in one row, else one): the bytes
+    of the image quantized as it is, each 2x2 block of pixels one pixel of 16 bytes (row in the block, column in
+    it, channel)."""
+    import cupy
+
+    from tftrt_py.engine.backends.cupy.ops.quant import FOLDED, QuantizeOp
+
+    scale = np.float32(0.5)
+    x = (np.random.default_rng(28).standard_normal(shape) * 40).astype(dtype)
+    x.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, 0.75]
+    rows = cupy.zeros(shape[:3] + (4,), cupy.int8)
+    QuantizeOp(shape, dtype, scale, 4).run(None, [cupy.asarray(x)], [rows])
+    n, h, w, _ = shape
+    q = cupy.full((n, h // 2, w // 2, 16), 99, cupy.int8)
+    QuantizeOp(shape, dtype, scale, 4, FOLDED).run(None, [cupy.asarray(x)], [q])
+    want = rows.get().reshape(n, h // 2, 2, w // 2, 2, 4).transpose(0, 1, 3, 2, 4, 5).reshape(q.shape)
+    np.testing.assert_array_equal(q.get(), want)
 
 
 @pytest.mark.parametrize("channels", [32, 20])  # sixteen channels a thread, or four

@@ -22,7 +22,7 @@ from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec, fp8
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.cast import CastOp
-from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, QuantizeOp, quantized_shape
+from tftrt_py.engine.backends.cupy.ops.quant import FOLDED, FORMATS, ROWS, TRANSPOSED, QuantizeOp, quantized_shape
 from tftrt_py.engine.backends.cupy.quant_planning import QuantPlan, plan_quantization, quant_plan, quant_scale
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.backends.cupy.views import is_view
@@ -127,6 +127,10 @@ def _uploaded_constants(net, precision: str) -> Dict[str, object]:
 
 
 # -- building ------------------------------------------------------------------------------------------------
+#: The suffix of a quantized copy's slot name, by its layout.
+_LAYOUT_SUFFIX = {ROWS: "", TRANSPOSED: "T", FOLDED: "F"}
+
+
 class _Builder:
     """A program being built, layer by layer: its slots' dtypes, the cast and quantized copies made so far (one per
     tensor and dtype or layout), the device arrays and ops holding weights."""
@@ -166,30 +170,30 @@ class _Builder:
             self.casts[key] = name
         return self.casts[key]
 
-    def quantize(self, tensor_name: str, fmt: str, last: int, transpose: bool, layer_name: str) -> str:
-        """A slot holding `tensor_name` quantized (int8 or E4M3 bytes), its last dim padded to `last` (after
-        the optional transpose of the last two dims); one quantize step per tensor, format and layout, none for a
+    def quantize(self, tensor_name: str, fmt: str, last: int, layout: str, layer_name: str) -> str:
+        """A slot holding `tensor_name` quantized (int8 or E4M3 bytes), its last dim padded to `last`, laid out as
+        `layout` (ops/quant.ROWS, TRANSPOSED or FOLDED); one quantize step per tensor, format and layout, none for a
         view of a tensor quantized already at its scale (an alias of those bytes)."""
         prog, quantized, tensors = self.prog, self.quantized, self.tensors
         slot = prog.slots[tensor_name]
         f = FORMATS[fmt]
         if self.dtypes[tensor_name] == f.storage:
-            if transpose or slot.shape[-1] != last:
-                raise BackendError(f"{fmt} tensor {tensor_name!r} cannot be read transposed or padded")
+            if layout != ROWS or slot.shape[-1] != last:
+                raise BackendError(f"{fmt} tensor {tensor_name!r} cannot be read {layout} or padded")
             return tensor_name
-        key = (tensor_name, fmt, last, transpose)
+        key = (tensor_name, fmt, last, layout)
         base = prog.root(tensor_name)
-        if key not in quantized and base.name != tensor_name and not transpose and last == slot.shape[-1]:
-            found = quantized.get((base.name, fmt, base.shape[-1], False))  # what it views, quantized unpadded
+        if key not in quantized and base.name != tensor_name and layout == ROWS and last == slot.shape[-1]:
+            found = quantized.get((base.name, fmt, base.shape[-1], ROWS))  # what it views, quantized unpadded
             if found is not None and (quant_scale(fmt, tensors[tensor_name].dynamic_range)
                                       == quant_scale(fmt, tensors[base.name].dynamic_range)):
                 quantized[key] = f"{tensor_name}@{fmt.lower()}"  # a view of those bytes
                 self.add_slot(quantized[key], slot.shape, f.storage, "alias", base=found)
         if key not in quantized:
-            name = f"{tensor_name}@{fmt.lower()}{'T' if transpose else ''}"
-            self.add_slot(name, quantized_shape(slot.shape, last, transpose), f.storage, "arena")
+            name = f"{tensor_name}@{fmt.lower()}{_LAYOUT_SUFFIX[layout]}"
+            self.add_slot(name, quantized_shape(slot.shape, last, layout), f.storage, "arena")
             op = QuantizeOp(slot.shape, self.dtypes[tensor_name],
-                            quant_scale(fmt, tensors[tensor_name].dynamic_range), last, transpose, f.qfunc)
+                            quant_scale(fmt, tensors[tensor_name].dynamic_range), last, layout, f.qfunc)
             prog.steps.append(Step(op, [tensor_name], [name], f"{layer_name} (quantize)"))
             quantized[key] = name
         return quantized[key]
@@ -258,7 +262,7 @@ class _Builder:
             self.add_slot(t.name, t.shape, dtype, "arena")
         for name, shape, fmt in extra:
             self.add_slot(name, shape, FORMATS[fmt].storage, "arena")
-            self.quantized[(layer.outputs[0].name, fmt, shape[-1], False)] = name
+            self.quantized[(layer.outputs[0].name, fmt, shape[-1], ROWS)] = name
         self.prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _, _ in extra],
                                     layer.name))
         if layer.name in self.quant.choice:
@@ -293,7 +297,7 @@ class _Builder:
         q, precision = self.quant, self.precision
         if layer.name in q.pools:
             x = layer.inputs[0]
-            return [self.quantize(x.name, precision, x.shape[-1], False, layer.name)], [FORMATS[precision].storage], \
+            return [self.quantize(x.name, precision, x.shape[-1], ROWS, layer.name)], [FORMATS[precision].storage], \
                 None, []
         t = layer.outputs[0] if layer.outputs else None
         if layer.name in q.layers:
@@ -316,7 +320,8 @@ class _Builder:
         """(input slots, quant dict) of an int8 or fp8 layer."""
         operands, quant = quant_plan(layer, layer.precision or self.precision)
         fmt = quant["format"]
-        ins = {i: self.quantize(layer.inputs[i].name, fmt, last, tr, layer.name) for i, _, last, tr in operands}
+        ins = {i: self.quantize(layer.inputs[i].name, fmt, last, layout, layer.name)
+               for i, _, last, layout in operands}
         if layer.kind != "MatrixMultiply":  # a convolution's residual, an attention's mask
             ins.update({i: self.cast(t.name, cdt if t.dtype in FLOATS else t.dtype, layer.name)
                         for i, t in enumerate(layer.inputs) if i not in ins})

@@ -17,10 +17,11 @@ import numpy as np
 
 from tftrt_py.engine.backends.cupy import triton
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, BuildOptions, Spec
-from tftrt_py.engine.backends.cupy.ops import attention, fp8, int8, triton_conv
+from tftrt_py.engine.backends.cupy.ops import attention, conv_fold, fp8, int8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.cast import CastOp
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.cupy.ops.quant import FORMATS, PAD, QuantizeOp, padded, quantized_shape
+from tftrt_py.engine.backends.cupy.ops.quant import (FOLDED, FORMATS, PAD, ROWS, TRANSPOSED, QuantizeOp, padded,
+                                                     quantized_shape)
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.backends.cupy.views import is_view
 from tftrt_py.engine.backends.numpy_precision import cached
@@ -128,9 +129,19 @@ def _quantized_constant(value: np.ndarray, fmt: str, role: str, transposed: bool
     return cached(value, make, (fmt, role, transposed, kp)) if isinstance(value, np.ndarray) else make(value)
 
 
+def _folds(layer, fmt: str) -> bool:
+    """Whether an INT8 convolution reads its input folded by 2x2 pixel blocks (ops/conv_fold.py): a stride-2 stem on
+    an engine input of 4 channels or fewer (an image no layer writes quantized itself; FP8 does not fold)."""
+    x, y = layer.inputs[0], layer.outputs[0]
+    if fmt != "INT8" or x.producer is not None or layer.weights["kernel"].ndim != 4 or len(x.shape) != 4:
+        return False
+    return conv_fold.foldable(ConvGeom.of(layer, tuple(x.shape[:-1]) + (FORMATS[fmt].channels(x.shape[-1]),),
+                                          y.shape))
+
+
 def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, bool]], dict]:
-    """What a quantized layer reads: (input index, tensor shape, padded last dim, transposed) per activation
-    operand, and the spec's ``quant`` dict (see ops/base.Spec)."""
+    """What a quantized layer reads: (input index, tensor shape, padded last dim, layout: ops/quant.ROWS,
+    TRANSPOSED or FOLDED) per activation operand, and the spec's ``quant`` dict (see ops/base.Spec)."""
     f = FORMATS[fmt]
     if layer.kind == "Attention":  # q, k, v (often windows of one tensor), each at its scale
         qkv = layer.inputs[:3]
@@ -138,13 +149,14 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
                 {"format": fmt, "scales": [float(quant_scale(fmt, t.dynamic_range)) for t in qkv]})
     if layer.kind == "Convolution":
         x = layer.inputs[0]
-        operands = [(0, tuple(x.shape), f.channels(x.shape[-1]), False)]
-        quant = {"format": fmt, "in_scale": float(quant_scale(fmt, x.dynamic_range))}
+        folded = _folds(layer, fmt)
+        operands = [(0, tuple(x.shape), f.channels(x.shape[-1]), FOLDED if folded else ROWS)]
+        quant = {"format": fmt, "in_scale": float(quant_scale(fmt, x.dynamic_range)), "folded": folded}
         if quantized_residual(layer, fmt):
             r = layer.inputs[1]
             quant["res_scale"] = float(quant_scale(fmt, r.dynamic_range))
             if _stored_residual(layer, fmt):
-                operands.append((1, tuple(r.shape), r.shape[-1], False))
+                operands.append((1, tuple(r.shape), r.shape[-1], ROWS))
         return operands, quant
     p = layer.params
     a = layer.inputs[0]
@@ -156,7 +168,8 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
             q, s = _quantized_constant(t.producer.weights["value"], fmt, role, transposed, quant["kp"])
             quant[role], scales[role] = {"const": q}, s
         else:
-            operands.append((i, tuple(t.shape), quant["kp"], transposed if role == "a" else not transposed))
+            operands.append((i, tuple(t.shape), quant["kp"],
+                             TRANSPOSED if transposed == (role == "a") else ROWS))
             quant[role], scales[role] = {"const": None}, quant_scale(fmt, t.dynamic_range)
     m, n = layer.outputs[0].shape[-2:]
     sa, sb = np.asarray(scales["a"], np.float32), np.asarray(scales["b"], np.float32)
@@ -182,13 +195,14 @@ def _quantize_steps(layer, fmt: str, sole_reader: set) -> Dict[int, Tuple[Quanti
     only this layer reads (quantized from float32 directly)."""
     operands, _ = quant_plan(layer, fmt)
     steps, stepped = {}, set()
-    for i, shape, last, tr in operands:
-        if (layer.inputs[i].name, tr) in stepped:
+    for i, shape, last, layout in operands:
+        if (layer.inputs[i].name, layout) in stepped:
             continue
-        stepped.add((layer.inputs[i].name, tr))
+        stepped.add((layer.inputs[i].name, layout))
         src = "float32" if layer.inputs[i].name in sole_reader else "float16"
-        step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, tr, FORMATS[fmt].qfunc)
-        steps[i] = (step, shape, src, quantized_shape(shape, last, tr))
+        step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, layout,
+                          FORMATS[fmt].qfunc)
+        steps[i] = (step, shape, src, quantized_shape(shape, last, layout))
     return steps
 
 
@@ -215,7 +229,7 @@ def _specs(layer, fmt: str, quantized_out: bool, options: BuildOptions) -> Tuple
     in fp16."""
     out = [layer.outputs[0].shape]
     operands, quant = quant_plan(layer, fmt)
-    qshapes = {i: quantized_shape(shape, last, tr) for i, shape, last, tr in operands}
+    qshapes = {i: quantized_shape(shape, last, layout) for i, shape, last, layout in operands}
     reads = [i for i in range(len(layer.inputs)) if i in qshapes or layer.kind != "MatrixMultiply"]
     q = Spec(layer, [qshapes.get(i, layer.inputs[i].shape) for i in reads],
              [FORMATS[fmt].storage if i in qshapes else _fp16_dtype(layer.inputs[i]) for i in reads], out,
@@ -394,6 +408,8 @@ def _triton_job(layer, fmt: str, direct: set, dual: set) -> Optional[Tuple[str, 
     if layer.kind != "Convolution" or layer.weights["kernel"].ndim != 4:
         return None
     geom = ConvGeom.of(layer, tuple(x.shape[:-1]) + (f.channels(x.shape[-1]),), y.shape)
+    if _folds(layer, fmt):
+        geom = conv_fold.fold(geom)
     residual = None
     if len(layer.inputs) > 1:
         residual = (layer.inputs[1].shape[0], f.storage if _stored_residual(layer, fmt) else "float16")

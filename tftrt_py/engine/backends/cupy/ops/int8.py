@@ -16,6 +16,7 @@ import numpy as np
 from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device, cublaslt, kernels
 from tftrt_py.engine.backends.cupy.context import CUBLAS_WORKSPACE
+from tftrt_py.engine.backends.cupy.ops import conv_fold
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, align, register
 from tftrt_py.engine.backends.cupy.ops.conv import (CudnnConvGraph, ConvGeom, _cudnn_activation, cudnn_graph_cache,
                                                     im2col_kernel, nhwc_dims)
@@ -225,13 +226,17 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
     int8 GEMM path."""
     cupy = _device.require()
     layer, opts, quant = spec.layer, spec.options, spec.quant
-    geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
+    folded = quant.get("folded", False)  # the input folded by 2x2 pixel blocks (ops/conv_fold.py)
+    geom = ConvGeom.of(layer, conv_fold.unfolded_shape(spec.in_shapes[0]) if folded else spec.in_shapes[0],
+                       spec.out_shapes[0])  # c is the padded channel count
     if geom.groups != 1:
         return []
     activation = layer.params.get("activation")
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
     w_q, s_w = _conv_weights(layer.weights["kernel"], geom.c)
+    if folded:
+        w_q, geom = conv_fold.fold_weights(w_q, geom), conv_fold.fold(geom)
     dq = cupy.asarray((np.float32(quant["in_scale"]) * s_w).astype(np.float32))
     bias = layer.weights.get("bias")
     bias32 = cupy.asarray(bias.astype(np.float32)) if bias is not None else None

@@ -22,11 +22,12 @@ import numpy as np
 from tftrt_py.engine import quantization
 from tftrt_py.engine.backends.cupy import _device, kernels
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
+from tftrt_py.engine.backends.cupy.ops.conv_fold import folded_shape
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE, PREAMBLE, activation_expr
 
-__all__ = ["PAD", "padded", "conv_channels", "INT8_Q", "E4M3_Q", "DeviceFormat", "INT8", "FP8", "FORMATS",
-           "QuantizeOp", "QuantizeAfterOp", "quantized_shape", "quantized_epilogue", "Dequant", "out_scale",
-           "matmul_dequant"]
+__all__ = ["PAD", "padded", "conv_channels", "INT8_Q", "E4M3_Q", "DeviceFormat", "INT8", "FP8", "FORMATS", "ROWS",
+           "TRANSPOSED", "FOLDED", "QuantizeOp", "QuantizeAfterOp", "quantized_shape", "quantized_epilogue", "Dequant",
+           "out_scale", "matmul_dequant"]
 
 #: Quantized operands have their reduction (channel) dim zero-padded to a multiple of this.
 PAD = 16
@@ -103,53 +104,68 @@ FORMATS = {"INT8": INT8, "FP8": FP8}
 _QUANTIZE = kernels.source("quantize.cu")
 
 
-def _vector(dtype: str, d2: int, d2p: int, transpose: bool, rows: int) -> int:
+def _vector(dtype: str, d2: int, d2p: int, transpose: bool, rows: int, d1: int, fold_h: int) -> int:
     """Values a thread of the quantize kernel reads in one load where fp16 rows are read as they are (8 or 4 halves),
     16 where four float32 pixels of 3 channels become 4 bytes each (an image for a stem: 38.5 million pixels for
-    ResNet-50 at batch 128, where element by element the step took twice its DRAM time on an H200), else 1 (element
-    by element, 4 a thread)."""
-    if dtype == "float32" and (d2, d2p) == (3, 4) and not transpose and rows % 4 == 0:
-        return 16
+    ResNet-50 at batch 128, where element by element the step took twice its DRAM time on an H200), 32 where it is
+    folded (four pixels of each of two rows: two folded pixels), else 1 (element by element, 4 a thread)."""
+    if dtype == "float32" and (d2, d2p) == (3, 4) and not transpose and rows % 4 == 0 and (not fold_h or d1 % 4 == 0):
+        return 32 if fold_h else 16
     if dtype != "float16" or transpose or d2 != d2p:
         return 1
-    return 8 if d2 % 8 == 0 else 4
+    return 8 if d2 % 8 == 0 and not fold_h else 4
 
 
-def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q):
-    vec = _vector(dtype, d2, d2p, transpose, outer * d1)
+def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q,
+                    fold_h: int = 0):
+    """The quantize kernel of x [OUTER, D1, D2] (or [OUTER, D2, D1] transposed); `fold_h`: the image height H where
+    x [N * H, W, 4] is written folded by 2x2 pixel blocks (else 0)."""
+    vec = _vector(dtype, d2, d2p, transpose, outer * d1, d1, fold_h)
     head = (f"#define T {kernels.raw_type(dtype)}\n#define D1 {d1}\n#define D2 {d2}\n#define D2P {d2p}\n"
             f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec == 4)}\n#define VEC8 {int(vec == 8)}\n"
-            f"#define RGB4 {int(vec == 16)}\n")
+            f"#define RGB4 {int(vec >= 16)}\n#define FOLD_H {fold_h}\n")
     return kernels.raw_kernel(head + qfunc + _QUANTIZE, "tt_quantize")
 
 
-class QuantizeOp(Op):
-    """x (float) -> int8 with scale `s`; the last dim zero-padded to `last_padded`; with `transpose` the
-    last two dims are swapped first (a [.., K, N] operand becomes K-contiguous [.., N, K]). `qfunc`: the
-    rounding (INT8_Q, or E4M3_Q: E4M3 bytes)."""
+#: How a quantize step lays out its operand: as it is (channels last, padded), its last two dims swapped (a
+#: [.., K, N] operand becomes K-contiguous [.., N, K]), or an NHWC image of 4 padded channels folded by 2x2 pixel
+#: blocks into [N, H/2, W/2, 16] (the stem convolutions ops/conv_fold.py folds).
+ROWS, TRANSPOSED, FOLDED = "rows", "transposed", "folded"
 
-    def __init__(self, shape, dtype: str, scale: float, last_padded: int, transpose: bool = False,
+
+class QuantizeOp(Op):
+    """x (float) -> int8 with scale `s`; the last dim zero-padded to `last_padded`, laid out as `layout` says (ROWS,
+    TRANSPOSED or FOLDED). `qfunc`: the rounding (INT8_Q, or E4M3_Q: E4M3 bytes)."""
+
+    def __init__(self, shape, dtype: str, scale: float, last_padded: int, layout: str = ROWS,
                  qfunc: str = INT8_Q):
         shape = tuple(int(d) for d in shape)
+        transpose = layout == TRANSPOSED
         if transpose:
             d2, d1 = shape[-2], shape[-1]
             outer = int(np.prod(shape[:-2], dtype=np.int64))
         else:
             d1, d2 = (shape[-2] if len(shape) > 1 else 1), shape[-1]
             outer = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 1 else 1
+        fold_h = shape[1] if layout == FOLDED else 0
+        if fold_h and (len(shape) != 4 or last_padded != 4 or shape[1] % 2 or shape[2] % 2):
+            raise ValueError(f"only NHWC images of even height and width padded to 4 channels fold, not {shape}")
         self.scale = np.float32(scale)
-        self.groups = outer * d1 * last_padded // max(4, _vector(dtype, d2, last_padded, transpose, outer * d1))
-        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc)
-        self.tactic = {"op": "quantize", "scale": float(self.scale), "transpose": bool(transpose)}
+        vec = _vector(dtype, d2, last_padded, transpose, outer * d1, d1, fold_h)
+        self.groups = outer * d1 * last_padded // max(4, vec)
+        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc, fold_h)
+        self.tactic = {"op": "quantize", "scale": float(self.scale), "layout": layout}
 
     def run(self, rc, ins, outs):
         kernels.launch(self.kernel, self.groups, (ins[0], outs[0], self.scale, kernels.i64(self.groups)))
 
 
-def quantized_shape(shape, last_padded: int, transpose: bool = False) -> Tuple[int, ...]:
+def quantized_shape(shape, last_padded: int, layout: str = ROWS) -> Tuple[int, ...]:
     shape = tuple(shape)
-    if transpose:
+    if layout == TRANSPOSED:
         return shape[:-2] + (shape[-1], last_padded)
+    if layout == FOLDED:
+        return folded_shape(shape[:-1] + (last_padded,))
     return shape[:-1] + (last_padded,)
 
 

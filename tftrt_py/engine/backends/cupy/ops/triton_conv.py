@@ -18,6 +18,7 @@ import numpy as np
 from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device, triton
 from tftrt_py.engine.backends.cupy.cublaslt import REDUCED_GELU
+from tftrt_py.engine.backends.cupy.ops import conv_fold
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.backends.cupy.ops.conv import FLOAT16_FACTORIES, ConvGeom
 from tftrt_py.engine.backends.cupy.ops.quant import Dequant
@@ -91,29 +92,11 @@ def fits(geom: ConvGeom, activation, residual) -> bool:
 
 def pixel_pairs(fmt: str, geom: ConvGeom) -> ConvGeom:
     """The geometry the kernel runs `geom` (one it fits) in: an INT8 image of 4 channels read with stride 2 along W
-    (a stem) as W/2 pixels of 8 channels (each pair of neighbours, the same bytes), with ceil((KW + PW % 2) / 2)
-    taps of stride 1 along W (the padding after them may differ from before: the kernel reads only the one
-    before); an odd KW's extra half-tap has zero weights. Each tap then reads 8 contiguous bytes instead of 4:
-    the 7x7/2 stem of ResNet-50 at batch 128 runs 0.184 ms instead of 0.258 on an H100. Other geometries, odd
-    widths and FP8 (an E4M3 NaN times a zero weight would reach a neighbour's output) are returned as they are."""
-    if not (fmt == "INT8" and geom.c == 4 and geom.strides[1] == 2 and geom.spatial[1] % 2 == 0):
-        return geom
-    kw, pw = geom.kernel[1], geom.pre[1]
-    taps, pre = (kw + pw % 2 + 1) // 2, (pw + 1) // 2
-    w = geom.spatial[1] // 2
-    return dataclasses.replace(geom, spatial=(geom.spatial[0], w), c=2 * geom.c, kernel=(geom.kernel[0], taps),
-                               strides=(geom.strides[0], 1), pre=(geom.pre[0], pre),
-                               post=(geom.post[0], geom.out[1] - 1 + taps - w - pre))
-
-
-def pixel_pair_weights(w: np.ndarray, geom: ConvGeom, paired: ConvGeom) -> np.ndarray:
-    """Filters [COUT, KH, KW, C] of `geom` as those of its pixel_pairs geometry [COUT, KH, KW', 2C]: tap kw moves
-    to half-tap kw + PW % 2 of the pairs."""
-    cout, kh, kw, c = w.shape
-    out = np.zeros((cout, kh, 2 * paired.kernel[1], c), w.dtype)
-    shift = geom.pre[1] % 2
-    out[:, :, shift:shift + kw] = w
-    return out.reshape(cout, kh, paired.kernel[1], 2 * c)
+    (a stem the quantize step did not fold) as W/2 pixels of 8 channels (conv_fold.WIDTH: each pair of neighbours,
+    the same bytes), each tap reading 8 contiguous bytes instead of 4 (the 7x7/2 stem of ResNet-50 at batch 128:
+    0.184 ms instead of 0.258 on an H100). Other geometries and FP8 (conv_fold says why) are returned as they are."""
+    return conv_fold.fold(geom, conv_fold.WIDTH) if fmt == "INT8" and conv_fold.foldable(geom, conv_fold.WIDTH) \
+        else geom
 
 
 def kernel_tile(geom: ConvGeom, tile) -> Tuple[int, ...]:
@@ -224,7 +207,7 @@ def triton_conv_candidates(fmt: str, geom: ConvGeom, w, deq: Dequant, residual: 
         return []
     paired = pixel_pairs(fmt, geom)
     if paired is not geom:
-        w = _device.require().asarray(pixel_pair_weights(w.get(), geom, paired))
+        w = _device.require().asarray(conv_fold.fold_weights(w.get(), geom, conv_fold.WIDTH))
         geom = paired
     device = _device.require().cuda.Device()
     capability, sms = int(device.compute_capability), device.attributes["MultiProcessorCount"]
