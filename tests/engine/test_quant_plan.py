@@ -37,3 +37,21 @@ def test_new_weights_are_quantized_anew():
     producer = layer.inputs[1].producer
     producer.weights["value"] = -producer.weights["value"]
     np.testing.assert_array_equal(quant_plan(layer, "INT8")[1]["b"]["const"], -before)
+
+
+def test_every_operand_is_quantized_in_a_layout_the_quantize_step_writes():
+    """Attention's q, k, v as they are; a product's operands K-contiguous (the b operand transposed unless it is
+    already [N, K]); see tests/engine/test_conv_fold.py for a stem's folded image."""
+    from tftrt_py.engine.backends.cupy.ops.quant import ROWS, TRANSPOSED
+
+    net = Network("layouts")
+    q, k, v = (net.add_input(name, "float16", (2, 4, 8, 16)) for name in "qkv")
+    for t in (q, k, v):
+        t.dynamic_range = 1.0
+    attention = net.add_layer("Attention", [q, k, v], dict(scale=0.25), name="attention")
+    assert [o[3] for o in quant_plan(attention, "INT8")[0]] == [ROWS] * 3
+    a, b = net.add_input("a", "float16", (8, 16)), net.add_input("b", "float16", (16, 16))
+    a.dynamic_range = b.dynamic_range = 1.0
+    for transpose_b, layout in ((False, TRANSPOSED), (True, ROWS)):
+        mm = net.add_layer("MatrixMultiply", [a, b], {"transpose_b": transpose_b}, name=f"mm{transpose_b}")
+        assert [o[3] for o in quant_plan(mm, "FP8")[0]] == [ROWS, layout]

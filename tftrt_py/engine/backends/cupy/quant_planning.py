@@ -145,7 +145,7 @@ def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, b
     f = FORMATS[fmt]
     if layer.kind == "Attention":  # q, k, v (often windows of one tensor), each at its scale
         qkv = layer.inputs[:3]
-        return ([(i, tuple(t.shape), t.shape[-1], False) for i, t in enumerate(qkv)],
+        return ([(i, tuple(t.shape), t.shape[-1], ROWS) for i, t in enumerate(qkv)],
                 {"format": fmt, "scales": [float(quant_scale(fmt, t.dynamic_range)) for t in qkv]})
     if layer.kind == "Convolution":
         x = layer.inputs[0]
