@@ -142,7 +142,7 @@ class _Builder:
         self.prog = Program()
         self.dtypes: Dict[str, str] = {}
         self.casts: Dict[Tuple[str, str], str] = {}
-        self.quantized: Dict[Tuple[str, str, int, bool], str] = {}
+        self.quantized: Dict[Tuple[str, str, int, str], str] = {}
         self.weights: List = []
         self.tensors = {t.name: t for t in net.inputs}
         self.tensors.update({t.name: t for l in net.layers for t in l.outputs})
@@ -179,7 +179,8 @@ class _Builder:
         f = FORMATS[fmt]
         if self.dtypes[tensor_name] == f.storage:
             if layout != ROWS or slot.shape[-1] != last:
-                raise BackendError(f"{fmt} tensor {tensor_name!r} cannot be read {layout} or padded")
+                raise BackendError(f"{fmt} tensor {tensor_name!r} is stored quantized as it is: it cannot be read "
+                                   f"{layout} or padded to {last}")
             return tensor_name
         key = (tensor_name, fmt, last, layout)
         base = prog.root(tensor_name)

@@ -139,7 +139,7 @@ def _folds(layer, fmt: str) -> bool:
                                           y.shape))
 
 
-def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, bool]], dict]:
+def quant_plan(layer, fmt: str) -> Tuple[List[Tuple[int, Tuple[int, ...], int, str]], dict]:
     """What a quantized layer reads: (input index, tensor shape, padded last dim, layout: ops/quant.ROWS,
     TRANSPOSED or FOLDED) per activation operand, and the spec's ``quant`` dict (see ops/base.Spec)."""
     f = FORMATS[fmt]

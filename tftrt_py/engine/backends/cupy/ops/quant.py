@@ -113,7 +113,7 @@ def _vector(dtype: str, d2: int, d2p: int, transpose: bool, rows: int, d1: int, 
         return 32 if fold_h else 16
     if dtype != "float16" or transpose or d2 != d2p:
         return 1
-    return 8 if d2 % 8 == 0 and not fold_h else 4
+    return 8 if d2 % 8 == 0 else 4
 
 
 def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q,
