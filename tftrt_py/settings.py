@@ -149,8 +149,9 @@ MAX_ASSET_BYTES = Setting("TFTRT_PY_MAX_ENGINE_ASSET_BYTES", 8 << 30, "largest s
                           lambda text: max(0, int(text)), expect="a number of bytes")
 
 # -- engines ----------------------------------------------------------------------------------------------------------
-MAX_ENGINE_BYTES = Setting("TFTRT_PY_MAX_ENGINE_BYTES", None, "most bytes one engine may need at once; from the "
-                                                              "machine when unset", whole(0), expect="a number of bytes")
+MAX_ENGINE_BYTES = Setting("TFTRT_PY_MAX_ENGINE_BYTES", None,
+                           "most bytes one engine may need at once; from the machine when unset", whole(0),
+                           expect="a number of bytes")
 MAX_ENGINE_WORK = Setting("TFTRT_PY_MAX_ENGINE_WORK", None, "most multiply-add equivalents one engine may declare",
                           whole(0), expect="a number of multiply-adds")
 STRICT_TYPES = Setting("TFTRT_PY_STRICT_TYPES", False, "1: quantized layers keep INT8/FP8 everywhere", flag,
@@ -188,9 +189,9 @@ INT8_CONV = Setting("TFTRT_PY_INT8_CONV", None, "tests: the only cupy int8 convo
 FP8_CONV = Setting("TFTRT_PY_FP8_CONV", None, "tests: the only cupy FP8 convolution path")
 POISON = Setting("TFTRT_PY_POISON", False, "tests: 1 fills cupy buffers with NaN bytes", lambda text: text == "1")
 ONEDNN_SYSTEM_ALLOCATOR = Setting("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", None,
-                                  "TensorFlow's: tftrt-convert sets it to 1 unless it is set, so memory TensorFlow frees "
-                                  "goes back to the system (its oneDNN allocator pools it); read only at TensorFlow's "
-                                  "first allocation")
+                                  "TensorFlow's: tftrt-convert sets it to 1 unless it is set, so memory TensorFlow "
+                                  "frees goes back to the system (its oneDNN allocator pools it); read only at "
+                                  "TensorFlow's first allocation")
 COMPILE_NICENESS = Setting("TFTRT_PY_COMPILE_NICENESS", 10, "niceness the processes compiling kernels ahead (Triton's, "
                            "cuDNN plans') add to their own, so INT8 calibration and the build come first on a busy CPU "
                            "(0: the build's priority)", whole(0), expect="a whole number")

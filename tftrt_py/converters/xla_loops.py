@@ -80,7 +80,8 @@ def _variant_region(view: GraphView, start: str) -> set:
         name = todo.pop()
         joined = [split_ref(ref)[0] for ref in view.nodes[name].inputs if view.dtype(ref) == "variant"]
         joined += [user for user in view.consumers[name]
-                   if any(split_ref(ref)[0] == name and view.dtype(ref) == "variant" for ref in view.nodes[user].inputs)]
+                   if any(split_ref(ref)[0] == name and view.dtype(ref) == "variant"
+                          for ref in view.nodes[user].inputs)]
         for other in joined:
             if other not in region:
                 region.add(other)

@@ -352,7 +352,8 @@ def _slice(layer):
         raise NetworkError(f"Slice needs start/size/stride of rank {x.rank}")
     for d, s, n, st in zip(x.shape, p["start"], p["size"], p["stride"]):
         if n and (st == 0 or not 0 <= s < d or not 0 <= s + (n - 1) * st < d):
-            raise NetworkError(f"Slice start {p['start']}, size {p['size']}, stride {p['stride']} leaves {list(x.shape)}")
+            raise NetworkError(f"Slice start {p['start']}, size {p['size']}, stride {p['stride']} leaves "
+                               f"{list(x.shape)}")
     return [(x.dtype, tuple(p["size"]))]
 
 

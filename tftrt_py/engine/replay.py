@@ -9,8 +9,8 @@ itself and serialised concurrent callers on the GIL. A backend offers a replay f
 (``native_replay``); the engine op hands it to the kernel, which keeps it for those input shapes. The kernel reads
 ``state`` before every run: 0 in ``state[ENABLED]`` (:meth:`Replay.revoke`) sends calls back to Python; it counts
 its runs in ``state[RUNS]``, adds up where their time went in the ``TIMES`` slots (:meth:`Replay.times`) and counts
-outputs handed over in pinned blocks and outputs copied (:meth:`Replay.outputs_handed`). ``keep`` holds everything the addresses point into; the kernel owns a
-reference to it for as long as it keeps the replay.
+outputs handed over in pinned blocks and outputs copied (:meth:`Replay.outputs_handed`). ``keep`` holds everything
+the addresses point into; the kernel owns a reference to it for as long as it keeps the replay.
 
 The layout of :meth:`Replay.pack` is the kernel's protocol (``ParseReplay`` in engine_op/kernel.cc).
 """

@@ -231,7 +231,8 @@ class ExecutionContext:
         for t in inputs:
             arr = np.asarray(bindings[t.name])
             if arr.dtype != t.dtype:  # a dtype equals its name; its .name property costs more than the check
-                raise RuntimeExecutionError(f"input {t.name!r} has dtype {arr.dtype.name}, the engine expects {t.dtype}")
+                raise RuntimeExecutionError(
+                    f"input {t.name!r} has dtype {arr.dtype.name}, the engine expects {t.dtype}")
             values[t.name] = arr
             exact = exact and arr.shape == t.shape
         if exact:  # the shapes the engine was built for (a call's usual case)

@@ -8,8 +8,9 @@ batch arrives; then batches up to the bucket are padded to it, and a request cos
 rows. On the CPU that first request waits for the copy: making ONNX Runtime sessions costs less than running the
 engine's whole batch (Keras ResNet50 at 64x64: a batch-512 run takes seconds). On a GPU a build tunes kernels
 (seconds) while a padded run takes milliseconds, so the copy is built in a background thread and the engine
-serves such batches padded until it is ready. The copies belong to the engine's cache entry: they take no cache slot (``maximum_cached_engines`` keeps
-TF-TRT's meaning), are not saved with the model (they are made again on demand) and go with the entry.
+serves such batches padded until it is ready. The copies belong to the engine's cache entry: they take no cache
+slot (``maximum_cached_engines`` keeps TF-TRT's meaning), are not saved with the model (they are made again on
+demand) and go with the entry.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from tftrt_py import settings
 from tftrt_py.engine.errors import PlanError
 from tftrt_py.engine.plan import PlanWriter
 
-__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "write_plans", "unpack_plans", "read_asset", "MAX_ASSET_BYTES_ENV"]
+__all__ = ["EngineCache", "engine_asset_name", "pack_plans", "write_plans", "unpack_plans", "read_asset",
+           "MAX_ASSET_BYTES_ENV"]
 
 Key = Tuple[Tuple[int, ...], ...]
 

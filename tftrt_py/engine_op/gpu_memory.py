@@ -95,7 +95,8 @@ def tensorflow_facts(tf, gpus, initialized: bool) -> TensorFlowFacts:
     return TensorFlowFacts(
         gpus=tuple(GpuFacts(g.name, bool(tf.config.experimental.get_memory_growth(g)),
                             len(tf.config.get_logical_device_configuration(g) or [])) for g in gpus),
-        initialized=initialized, force_growth=settings.FORCE_GPU_ALLOW_GROWTH.raw(), budget=Budget.from_setting(settings.GPU_MEMORY_BUDGET.raw()).limit)
+        initialized=initialized, force_growth=settings.FORCE_GPU_ALLOW_GROWTH.raw(),
+        budget=Budget.from_setting(settings.GPU_MEMORY_BUDGET.raw()).limit)
 
 
 _lock = threading.Lock()

@@ -7,9 +7,9 @@ converted model ever loaded would stay registered: its functions, its TRTEngineO
 execution contexts and device buffers (an engine op lives while a kernel holds it, see ``dispatcher.release``).
 
 :func:`install` wraps that loader function once per process: functions the load adds to the global default graph
-are taken out again (from the Python graph and its C graph) when the load runs eagerly, so each loaded function lives as long as the objects
-that use it, TensorFlow's own rule. Engine ops need nothing from that graph: a kernel finds its native segment in
-the function library it is instantiated from.
+are taken out again (from the Python graph and its C graph) when the load runs eagerly, so each loaded function
+lives as long as the objects that use it, TensorFlow's own rule. Engine ops need nothing from that graph: a kernel
+finds its native segment in the function library it is instantiated from.
 """
 from __future__ import annotations
 

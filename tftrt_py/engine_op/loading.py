@@ -42,8 +42,8 @@ def add_plan(op, plan: bytes, source: str) -> None:
 
 
 def load_assets(op, assets: Sequence[bytes]) -> None:
-    """Restore into `op` the engines saved in `assets` (paths). The assets of the op's first run with assets are its own:
-    a kernel of another model naming this op's segment function (so sharing the op) cannot add engines to it."""
+    """Restore into `op` the engines saved in `assets` (paths). The assets of the op's first run with assets are its
+    own: a kernel of another model naming this op's segment function (so sharing the op) cannot add engines to it."""
     paths = [path.decode() if isinstance(path, bytes) else str(path) for path in assets]
     if op.asset_paths is None and paths:  # once: the lock stays off the per-call path
         with op.lock:

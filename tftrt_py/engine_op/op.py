@@ -95,12 +95,12 @@ def warm_up_backend(timing_cache=None) -> threading.Thread:
     """Start (once per process) choosing the engine backend and loading its libraries on a background thread, so a
     conversion's engine ops find them loaded: on a GPU machine cupy, CUDA's context, the cuDNN frontend and
     nvmath-python, which then overlap the loading of the model, and the processes its INT8 builds compile ahead in
-    (Backend.warm_up with calibrating; the conversion builds with `timing_cache`). A calibrating conversion starts it (its first engine
-    op needs the backend within seconds, to compile the INT8 build's kernels ahead): the loading holds the GIL most
-    of the time, so the model's load waits on it, and for a conversion that does not calibrate that costs more than
-    loading the backend when the first engine builds (keras-hub BERT-base FP16 on an H200 machine: convert 2.4 s
-    without the thread against 3.5-3.8 s with it, build 0.55 s longer). A failure there is the engine ops' to report
-    when they ask for the backend; here it is only logged."""
+    (Backend.warm_up with calibrating; the conversion builds with `timing_cache`). A calibrating conversion starts it
+    (its first engine op needs the backend within seconds, to compile the INT8 build's kernels ahead): the loading
+    holds the GIL most of the time, so the model's load waits on it, and for a conversion that does not calibrate
+    that costs more than loading the backend when the first engine builds (keras-hub BERT-base FP16 on an H200
+    machine: convert 2.4 s without the thread against 3.5-3.8 s with it, build 0.55 s longer). A failure there is
+    the engine ops' to report when they ask for the backend; here it is only logged."""
     return _start_once("tftrt-backend-warm-up", functools.partial(_load_backend, timing_cache))
 
 

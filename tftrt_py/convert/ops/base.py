@@ -21,8 +21,8 @@ from typing import Optional, Sequence, Tuple, Union
 from tftrt_py.convert.errors import InvalidNodeError
 from tftrt_py.engine.builder import PRECISIONS
 
-__all__ = ["OpConverter", "WEIGHT", "STATIC", "ANY", "FLOAT", "INT", "BOOL", "FLOAT_INT", "FLOAT_INT_BOOL", "INT64", "EXACT_INT64",
-           "ALL_PRECISIONS", "NO_PRECISION"]
+__all__ = ["OpConverter", "WEIGHT", "STATIC", "ANY", "FLOAT", "INT", "BOOL", "FLOAT_INT", "FLOAT_INT_BOOL", "INT64",
+           "EXACT_INT64", "ALL_PRECISIONS", "NO_PRECISION"]
 
 logger = logging.getLogger(__name__)
 

@@ -86,7 +86,8 @@ _HEURISTICS_LOCK = threading.Lock()
 
 def _set(lt, kind: str, obj: int, attr, value) -> None:
     """Set a descriptor, layout or preference attribute (`kind`: matmul_desc, matrix_layout, matmul_preference)."""
-    dtype_of = {"matmul_desc": lt.get_matmul_desc_attribute_dtype, "matrix_layout": lt.get_matrix_layout_attribute_dtype,
+    dtype_of = {"matmul_desc": lt.get_matmul_desc_attribute_dtype,
+                "matrix_layout": lt.get_matrix_layout_attribute_dtype,
                 "matmul_preference": lt.get_matmul_preference_attribute_dtype}[kind]
     buf = np.array(value, dtype=dtype_of(attr))
     getattr(lt, f"{kind}_set_attribute")(obj, attr, buf.ctypes.data, buf.nbytes)
@@ -250,8 +251,8 @@ def fp8_gemm(a, b_nk, scale_a, scale_b, out_dtype: str = "float16", bias=None, o
     one element (per-tensor scales, read on the device); `out_dtype` float16 or float32; `bias`: cupy float16
     array [n], with a float16 output only (cuBLASLt's FP8 kernels add a bfloat16 bias to float32 outputs, a
     type cupy lacks); m, n, k multiples of 16; compute capability 8.9 or later. Hopper's FP8 tensor cores
-    accumulate with fewer bits than fp32 between cuBLASLt's fp32 promotions: expect ~1e-3 relative error. Plans are cached by
-    shapes, dtypes and the scale and bias addresses. Pass `workspace` (a cupy uint8 array) and `out` to
+    accumulate with fewer bits than fp32 between cuBLASLt's fp32 promotions: expect ~1e-3 relative error. Plans
+    are cached by shapes, dtypes and the scale and bias addresses. Pass `workspace` (a cupy uint8 array) and `out` to
     capture it in a CUDA graph; otherwise they are allocated here.
     """
     import cupy

@@ -32,12 +32,16 @@ STORE_TYPE = {"float32": "float", "float16": "unsigned short", "int32": "int", "
 
 RAW_PRELUDE = r"""
 __device__ __forceinline__ float ld(float v) { return v; }
-__device__ __forceinline__ float ld(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ float ld(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
 __device__ __forceinline__ float ld(int v) { return (float)v; }
 __device__ __forceinline__ float ld(signed char v) { return (float)v; }
 template <typename T> __device__ __forceinline__ T st(float f);
 template <> __device__ __forceinline__ float st<float>(float f) { return f; }
-template <> __device__ __forceinline__ unsigned short st<unsigned short>(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+template <> __device__ __forceinline__ unsigned short st<unsigned short>(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
 template <> __device__ __forceinline__ signed char st<signed char>(float f) { return (signed char)f; }
 #define TT_INF __int_as_float(0x7f800000)
 """

@@ -6,7 +6,8 @@
 // -1.0f: negative as an int, below every non-negative float's bits, so it stays when no value is finite).
 extern "C" __global__ void tt_finite_abs_max(const float* __restrict__ x, long long n, int* out) {
     float m = -1.0f;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
         float v = fabsf(x[i]);
         if (v <= 3.402823466e38f) m = fmaxf(m, v);  // false for NaN and inf
     }
@@ -29,7 +30,8 @@ extern "C" __global__ void tt_bin_counts(const float* __restrict__ x, long long 
     for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0u;
     __syncthreads();
     const float last = (float)(bins - 1);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
         float v = fabsf(x[i]);
         if (v <= 3.402823466e38f) {
             v = fminf(v * scale, last);

@@ -8,5 +8,6 @@ extern "C" __global__ void tt_layer_norm(const T* __restrict__ x, const T* __res
   float q = 0.0f;
   for (int l = threadIdx.x; l < len; l += blockDim.x) { float d = VALUE(base + l) - mean; q += d * d; }
   float rstd = rsqrtf(tt_block_reduce(q, false, shared) / len + eps);
-  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l] = st<T>((VALUE(base + l) - mean) * rstd * g[l] + b[l]);
+  for (int l = threadIdx.x; l < len; l += blockDim.x)
+    y[base + l] = st<T>((VALUE(base + l) - mean) * rstd * g[l] + b[l]);
 }

@@ -8,5 +8,6 @@ extern "C" __global__ void tt_softmax(const TI* __restrict__ x, TO* __restrict__
   float s = 0.0f;
   for (int l = threadIdx.x; l < len; l += blockDim.x) s += expf(ld(x[base + l * inner]) - m);
   s = tt_block_reduce(s, false, shared);
-  for (int l = threadIdx.x; l < len; l += blockDim.x) y[base + l * inner] = st<TO>(expf(ld(x[base + l * inner]) - m) / s);
+  for (int l = threadIdx.x; l < len; l += blockDim.x)
+    y[base + l * inner] = st<TO>(expf(ld(x[base + l * inner]) - m) / s);
 }

@@ -351,9 +351,9 @@ class LtInt8MatMulOp(Int8MatMulOp):
     def __init__(self, spec: Spec, algo: int, plan=None):
         super().__init__(spec)
         self.plan = plan or cublaslt.LtGemm(
-            self.m, self.n, self.kp, self.OPERANDS, out_dtype=self.ACC, trans_b=True, lda=self.kp, ldb=self.kp, ldd=self.np,
-            batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1], stride_d=self.m * self.np,
-            max_workspace=CUBLAS_WORKSPACE, algos=2)
+            self.m, self.n, self.kp, self.OPERANDS, out_dtype=self.ACC, trans_b=True, lda=self.kp, ldb=self.kp,
+            ldd=self.np, batch=self.batch, stride_a=self.strides[0], stride_b=self.strides[1],
+            stride_d=self.m * self.np, max_workspace=CUBLAS_WORKSPACE, algos=2)
         self.algo = algo
         self.tactic = {"op": f"cublaslt_gemm_{'int8' if self.OPERANDS == 'int8' else 'fp8'}", "plan": algo,
                        "workspace": self.workspace}

@@ -150,8 +150,9 @@ class MLPOp(Op):
         for i, act in enumerate(self.acts):
             w = spec.weights[f"w{i}"]
             residual = self.residual and i == len(self.acts) - 1
-            self.layers.append((cupy.asarray(w.astype(self.dtype)), cupy.asarray(spec.weights[f"b{i}"].astype(np.float32)),
-                                epilogue_op(self.dtype, True, residual, act), w.shape[0], w.shape[1]))
+            bias = cupy.asarray(spec.weights[f"b{i}"].astype(np.float32))
+            self.layers.append((cupy.asarray(w.astype(self.dtype)), bias, epilogue_op(self.dtype, True, residual, act),
+                                w.shape[0], w.shape[1]))
         widest = max([n for *_, n in self.layers[:-1]] or [0])
         self.half = align(self.rows * widest * np.dtype(self.dtype).itemsize)
         self.workspace = 2 * self.half if len(self.layers) > 1 else 0

@@ -101,7 +101,8 @@ _ACTIVATIONS: Dict[str, Callable[[str, float, float], str]] = {
     "clip": lambda x, a, b: f"tt_min(tt_max({x}, {lit(a)}), {lit(b)})",
     "leaky_relu": lambda x, a, b: f"(({x}) >= 0.0f ? ({x}) : ({x}) * {lit(a)})",
     "elu": lambda x, a, b: f"(({x}) > 0.0f ? ({x}) : {lit(a)} * expm1f(tt_min({x}, 0.0f)))",
-    "selu": lambda x, a, b: f"({lit(_SELU_SCALE)} * (({x}) > 0.0f ? ({x}) : {lit(_SELU_ALPHA)} * expm1f(tt_min({x}, 0.0f))))",
+    "selu": lambda x, a, b: (f"({lit(_SELU_SCALE)} * (({x}) > 0.0f ? ({x}) : "
+                             f"{lit(_SELU_ALPHA)} * expm1f(tt_min({x}, 0.0f))))"),
     "sigmoid": lambda x, a, b: f"tt_sigmoid({x})",
     "tanh": lambda x, a, b: f"tanhf({x})",
     "softplus": lambda x, a, b: f"tt_softplus({x})",

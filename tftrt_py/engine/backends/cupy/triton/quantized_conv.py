@@ -90,8 +90,9 @@ def _requantize(h, inv, FP8: tl.constexpr, CLAMP16: tl.constexpr):
     """The quantized value of fp16 values h at scale 1 / inv. With CLAMP16 (INT8, 127 / inv a normal fp16 value)
     h is clamped in fp16 to +-fp16(127 / inv) (one packed instruction for two values) and h * inv + 1.5 * 2**23
     rounded in one fused multiply-add: rint(h * inv) clamped to +-127, as the bound times inv lies within 0.07 of
-    127 (the product rounded once, where the quantize step divides; NaN gives -127 either way). BERT's FFN expansion, int8 out at batch 32
-    on an H100: 27.2 -> 25.6 us against clamping in fp32 (benchmarks/probes/quantized_gemm_probe.py)."""
+    127 (the product rounded once, where the quantize step divides; NaN gives -127 either way). BERT's FFN
+    expansion, int8 out at batch 32 on an H100: 27.2 -> 25.6 us against clamping in fp32
+    (benchmarks/probes/quantized_gemm_probe.py)."""
     if CLAMP16:
         bound = (127.0 / inv).to(tl.float16)
         h = tl.minimum(tl.maximum(h, -bound), bound)
