@@ -417,7 +417,8 @@ def main(argv=None):
                    help="seconds for a max-autotune retry of ResNet-50 at batch 1 and the largest (0: skip)")
     p.add_argument("--autotune-batches", type=int, nargs="*", default=None,
                    help="batches of the max-autotune retry (default: 1 and the largest)")
-    p.add_argument("--profile", action="store_true", help="per-layer times of our engines at the largest batch (ResNet-50 and BERT)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-layer times of our engines at the largest batch (ResNet-50 and BERT)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds timing our engines of one model and "
                    "batch against each other (0: none)")

@@ -8,11 +8,11 @@ converted per precision and calibrator (2 random batches of 8), built and served
 this machine's backend (``TFTRT_PY_BACKEND``: set ``numpy`` to get the reference that the GPU's INT8 and FP8 kernels
 are tested against: it rounds to int8 and E4M3 as they do). ``--strict`` sets TFTRT_PY_STRICT_TYPES=1 (every
 quantizable layer stays quantized; a GPU build otherwise keeps a layer in FP16 where that is faster). Printed per
-case: the relative L2 error of the logits against TF's FP32 logits on fresh random images (the bound it is held to: 2e-2),
-the largest error relative to the largest logit, and how often the top-1 class agrees. Then, per reduced precision,
-the error of the last layer alone (the 1000-way Dense quantized as the numpy backend does, on FP32 features, its
-input range the calibration features' largest |x|, as minmax calibrates): the part of the logits' error no earlier
-layer adds.
+case: the relative L2 error of the logits against TF's FP32 logits on fresh random images (the bound it is held to:
+2e-2), the largest error relative to the largest logit, and how often the top-1 class agrees. Then, per reduced
+precision, the error of the last layer alone (the 1000-way Dense quantized as the numpy backend does, on FP32
+features, its input range the calibration features' largest |x|, as minmax calibrates): the part of the logits'
+error no earlier layer adds.
 """
 from __future__ import annotations
 

@@ -521,7 +521,8 @@ def print_row(row: dict) -> None:
     print(f"{row['mode']:<8} {row['run']:>4} {row['clients']:>7} {row['requests']:>8} {row['errors']:>6} "
           f"{row['req_s']:>8.1f} {row['rows_s']:>8.1f} {_fmt(row['p50_ms'], '8.2f')} {_fmt(row['p99_ms'], '8.2f')} "
           f"{_fmt(row['mean_batch'], '10.2f')} {row['server_cpu_ms']:>10.3f} {row['client_cpu_ms']:>10.3f} "
-          f"{row['load_average']:>5.2f}" + (f"  {row['fallbacks']:.0f} native-segment runs!" if row["fallbacks"] else "")
+          f"{row['load_average']:>5.2f}"
+          + (f"  {row['fallbacks']:.0f} native-segment runs!" if row["fallbacks"] else "")
           + (f"  first error: {row['first_error']}" if row["errors"] else ""), flush=True)
 
 

@@ -348,7 +348,8 @@ def rel_err(got: dict, want: dict) -> float:
     magnitude of 1."""
     if len(got) == len(want) == 1:
         got, want = {0: next(iter(got.values()))}, {0: next(iter(want.values()))}
-    return max(float(np.max(np.abs(np.asarray(got[k], np.float64) - want[k])) / max(1.0, float(np.max(np.abs(want[k])))))
+    return max(float(np.max(np.abs(np.asarray(got[k], np.float64) - want[k]))
+                     / max(1.0, float(np.max(np.abs(want[k])))))
                for k in want if k in got)
 
 
@@ -607,7 +608,8 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list,
             ops = served_ops(created)
             states = {id(st): st.copy() for op in ops for st in op.stats.replay_states}
             row = {"model": name, "precision": precision, "batch": b, "max_rel_err": err, "tf": tf_ms[b],
-                   "native_vs_torch32": rel_err({k: v for k, v in want.items()}, torch_ref[b]) if b in torch_ref else None,
+                   "native_vs_torch32": (rel_err({k: v for k, v in want.items()}, torch_ref[b]) if b in torch_ref
+                                         else None),
                    "vs_torch32": rel_err(got, torch_ref[b]) if b in torch_ref else None,
                    "signature": timed(lambda: [v.numpy() for v in sig(**tensors).values()]),
                    "signature_view": timed(lambda: [np.asarray(v) for v in sig(**tensors).values()]),
@@ -656,8 +658,8 @@ def bench_model(name: str, args, torch, cupy, results: list, threads_rows: list,
 
 
 def table(results, threads_rows) -> str:
-    cols = ["tf", "signature", "floor", "signature_view", "engine_host", "engine_device", "torch_host", "torch_device", "compile_host",
-            "compile_device", "tf_call", "dispatch"]
+    cols = ["tf", "signature", "floor", "signature_view", "engine_host", "engine_device", "torch_host", "torch_device",
+            "compile_host", "compile_device", "tf_call", "dispatch"]
     lines = ["model     prec  batch " + " ".join(f"{c:>14}" for c in cols)
              + "   sig/host host/dev  cmp/dev cmp/sig sig/floor cmp/view  err (first / fresh)  vs_torch32  native runs"]
 

@@ -18,8 +18,9 @@ nvmath-python); prints a table last.
 H100, 2026-11-24, us (best of 8 algorithms; errors against the quantized operands' float64 product 2.1e-4 fp16,
 2.4e-4 FP8): qkv fp16 25.8, fp8 tensor 21.3, fp8 outer 23.3, _scaled_mm 36.9; out 14.3 / 16.5 / 16.8 / 44.4;
 ffn1 (GELU) 33.9 / 30.3 / 32.7 / 31.9; ffn2 28.5 / 19.3 / 20.7 / 29.7; the E4M3-output variant ran no
-algorithm (none offered, or each one failed: not looked into). The four fp16 GEMMs take 102.5 us, the best FP8 choice per GEMM with per-channel scales 91.0:
-11.5 us of the layer's 140, before any activation is quantized (the target: 1.2x FP16 for the layer).
+algorithm (none offered, or each one failed: not looked into). The four fp16 GEMMs take 102.5 us, the best FP8
+choice per GEMM with per-channel scales 91.0: 11.5 us of the layer's 140, before any activation is quantized (the
+target: 1.2x FP16 for the layer).
 """
 from __future__ import annotations
 

@@ -85,9 +85,9 @@ def main():
                 grid = min(per_sm * sms, triton.cdiv(rows, bm) * triton.cdiv(n, bn))
 
                 def run():
-                    conv_quantized[(grid,)](a, w, dq, bias, y, y, y, rows, 1.0, 10.0, C=k, COUT=n, H=1, W=1, OH=1, OW=1, KH=1, KW=1,
-                                            SH=1, SW=1, PH=0, PW=0, HAS_BIAS=True, RES=0, ACT=act, OUT=out,
-                                            FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8, SMALL_C=0,
+                    conv_quantized[(grid,)](a, w, dq, bias, y, y, y, rows, 1.0, 10.0, C=k, COUT=n, H=1, W=1, OH=1,
+                                            OW=1, KH=1, KW=1, SH=1, SW=1, PH=0, PW=0, HAS_BIAS=True, RES=0, ACT=act,
+                                            OUT=out, FP8=fmt == "FP8", BM=bm, BN=bn, BK=bk, GROUP=8, SMALL_C=0,
                                             SMALL_SUMS=False, CLAMP16=False, num_warps=warps, num_stages=stages)
                 results[f"ptr {bm}x{bn}x{bk}/{warps}w{stages}s/{per_sm}"] = (triton.testing.do_bench(run) * 1e3, y)
             for bm, bn, bk, warps, stages, per_sm, ws in TMA_TILES:

@@ -120,7 +120,8 @@ def test_a_device_recording_over_its_share_of_memory_records_on_the_host(monkeyp
     with caplog.at_level("INFO", logger="tftrt_py.calibration.collector"):
         engine = CalibrationEngine(conv_relu_pool_net(), backend="numpy")
     assert {type(step).__name__ for step in engine._steps} == {"_Session"}
-    assert "calibrating conv_net on the host, not on numpy" in caplog.text and "TFTRT_PY_MAX_ENGINE_BYTES" in caplog.text
+    assert "calibrating conv_net on the host, not on numpy" in caplog.text
+    assert "TFTRT_PY_MAX_ENGINE_BYTES" in caplog.text
 
 
 def test_host_backends_calibrate_on_onnx_runtime_sessions():

@@ -22,5 +22,5 @@ def test_run_tool_prints_a_multi_line_error_as_one_line(capsys):
         raise RuntimeError(TF_RUNTIME_ERROR)
 
     assert run_tool(argparse.ArgumentParser(prog="tool"), body, []) == 1
-    assert capsys.readouterr().err == ("tool: error: RuntimeError: Input to reshape is a tensor with 10 values, but the "
-                                       "requested shape requires a multiple of 16\n")
+    assert capsys.readouterr().err == ("tool: error: RuntimeError: Input to reshape is a tensor with 10 values, but "
+                                       "the requested shape requires a multiple of 16\n")

@@ -121,7 +121,8 @@ def test_static_engine_through_the_user_guide_loop(cnn_trt, cnn_plans, tmp_path,
     assert cli_inspect.main([static, "--json"]) == 0
     [op] = json.loads(capsys.readouterr().out)["engine_ops"]
     assert op["attrs"]["static_engine"] is True and op["calibration_table"] == {"TensorRTInputPH_0": 2.5}
-    assert [e["source"] for e in op["engines"]] == ["serialized_segment", "assets/trt-serialized-engine.TRTEngineOp_000_000"]
+    assert [e["source"] for e in op["engines"]] == ["serialized_segment",
+                                                    "assets/trt-serialized-engine.TRTEngineOp_000_000"]
 
 
 def test_tftrt_export_command(cnn_trt, tmp_path, capsys):

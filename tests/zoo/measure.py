@@ -8,8 +8,8 @@ which no engine was built for.
 
 What is counted (``compute ops``): graph nodes other than the bookkeeping ops of BOOKKEEPING (placeholders,
 constants, variable reads, identities, no-ops). Inside engines: the compute ops of the native segments of engine ops
-that ran an engine when serving, and never their native segment. Outside: the compute ops of the converted graph outside engine
-ops, plus those of the functions they call (loop bodies and conditions, branches).
+that ran an engine when serving, and never their native segment. Outside: the compute ops of the converted graph
+outside engine ops, plus those of the functions they call (loop bodies and conditions, branches).
 
 Loops (While, StatelessWhile) whose trip count is known only when they run stay native by design, as in TF-TRT
 (the others are unrolled: the LSTM's), and variant or resource tensors (TensorLists, variable handles) can never be

@@ -91,8 +91,8 @@ def test_values_repeated_along_the_batch_keep_the_engine_row_wise(name):
 
 
 PINNED = {
-    "a fill of twice the batch": lambda x: tf.reshape(tf.reshape(x, [-1, H // 2]) + tf.fill([tf.shape(x)[0] * S * 2,
-                                                                                              H // 2], 1.0), [-1, S, H]),
+    "a fill of twice the batch": lambda x: tf.reshape(
+        tf.reshape(x, [-1, H // 2]) + tf.fill([tf.shape(x)[0] * S * 2, H // 2], 1.0), [-1, S, H]),
     "the batch as a fill value": lambda x: x * tf.fill([tf.shape(x)[0], 1, 1], tf.cast(tf.shape(x)[0], tf.float32)),
     "a range over the batch": lambda x: x * tf.cast(tf.range(tf.shape(x)[0]), tf.float32)[:, None, None],
     "a tile by the batch along another axis": lambda x: x * tf.reduce_sum(tf.tile(CLS, [1, tf.shape(x)[0], 1])),

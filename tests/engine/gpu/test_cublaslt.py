@@ -242,9 +242,12 @@ def test_batched_matrix_multiply(precision, lt_only):
 @pytest.mark.parametrize("precision", ["FP32", "FP16"])
 def test_mlp(precision, lt_only):
     rng = np.random.default_rng(2)
-    weights = {"w0": (rng.standard_normal((32, 64)) / 6).astype(np.float32), "b0": rng.standard_normal(64).astype(np.float32),
-               "w1": (rng.standard_normal((64, 64)) / 8).astype(np.float32), "b1": rng.standard_normal(64).astype(np.float32),
-               "w2": (rng.standard_normal((64, 16)) / 8).astype(np.float32), "b2": rng.standard_normal(16).astype(np.float32)}
+    weights = {"w0": (rng.standard_normal((32, 64)) / 6).astype(np.float32),
+               "b0": rng.standard_normal(64).astype(np.float32),
+               "w1": (rng.standard_normal((64, 64)) / 8).astype(np.float32),
+               "b1": rng.standard_normal(64).astype(np.float32),
+               "w2": (rng.standard_normal((64, 16)) / 8).astype(np.float32),
+               "b2": rng.standard_normal(16).astype(np.float32)}
     params = {"activations": [{"type": "gelu_tanh"}, {"type": "gelu_erf"}, None]}
     engine = compare(single("MLP", [("float32", (24, 32))], params, weights), normal((24, 32)), precision)
     tactic = next(iter(engine.tactics.values()))
