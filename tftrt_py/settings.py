@@ -187,6 +187,8 @@ CHECK_TACTICS = Setting("TFTRT_PY_CHECK_TACTICS", False, "1: each cupy tactic ca
 GEMM = Setting("TFTRT_PY_GEMM", None, "tests: the only cupy GEMM path (cublas, cublaslt or triton)")
 INT8_CONV = Setting("TFTRT_PY_INT8_CONV", None, "tests: the only cupy int8 convolution path")
 FP8_CONV = Setting("TFTRT_PY_FP8_CONV", None, "tests: the only cupy FP8 convolution path")
+CONV_CHAIN = Setting("TFTRT_PY_CONV_CHAIN", None, "cupy: 1 chains every pair of 1x1 convolutions that chains, "
+                     "0 none; unset: where timing finds it faster", flag, expect="0 or 1")
 POISON = Setting("TFTRT_PY_POISON", False, "tests: 1 fills cupy buffers with NaN bytes", lambda text: text == "1")
 ONEDNN_SYSTEM_ALLOCATOR = Setting("TF_ONEDNN_USE_SYSTEM_ALLOCATOR", None,
                                   "TensorFlow's: tftrt-convert sets it to 1 unless it is set, so memory TensorFlow "

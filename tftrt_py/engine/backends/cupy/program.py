@@ -22,6 +22,7 @@ from tftrt_py.engine.backends.cupy.memory import Ledger
 from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildOptions, Op, PointwiseOp, Spec, fp8
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.cast import CastOp
+from tftrt_py.engine.backends.cupy.ops.conv_chain import chain_candidates
 from tftrt_py.engine.backends.cupy.ops.quant import FOLDED, FORMATS, ROWS, TRANSPOSED, QuantizeOp, quantized_shape
 from tftrt_py.engine.backends.cupy.quant_planning import QuantPlan, plan_quantization, quant_plan, quant_scale
 from tftrt_py.engine.backends.cupy.tactics import Tuner
@@ -149,6 +150,8 @@ class _Builder:
         self.groups: Optional[Dict[str, List]] = None
         self.constants = _uploaded_constants(net, precision)
         self.in_group: Dict[str, str] = {}
+        #: Output slot -> (step index, spec, op) of each convolution step a convolution reading it may chain onto.
+        self.chain_heads: Dict[str, Tuple[int, Spec, Op]] = {}
 
     # -- slots -------------------------------------------------------------------------------------------------
     def add_slot(self, name, shape, dtype, place, **kw) -> Slot:
@@ -264,12 +267,34 @@ class _Builder:
         for name, shape, fmt in extra:
             self.add_slot(name, shape, FORMATS[fmt].storage, "arena")
             self.quantized[(layer.outputs[0].name, fmt, shape[-1], ROWS)] = name
-        self.prog.steps.append(Step(op, inputs, [t.name for t in layer.outputs] + [n for n, _, _ in extra],
-                                    layer.name))
+        outputs = [t.name for t in layer.outputs] + [n for n, _, _ in extra]
         if layer.name in self.quant.choice:
             record = dict(record, **dict([self.quant.choice[layer.name]]))
+        head = self.chain_heads.get(inputs[0]) if layer.kind == "Convolution" and len(inputs) == 1 else None
+        if head is not None and self.chain(head, spec, op, record, outputs):
+            del self.chain_heads[inputs[0]]  # (the head's step is the chain now)
+            return
+        self.prog.steps.append(Step(op, inputs, outputs, layer.name))
         self.prog.tactics[layer.name] = record
         self.weights.append(op)
+        if layer.kind == "Convolution" and len(outputs) == 1:
+            self.chain_heads[outputs[0]] = (len(self.prog.steps) - 1, spec, op)
+
+    def chain(self, head, spec: Spec, op: Op, record: dict, outputs: List[str]) -> bool:
+        """Run convolution `spec` and the convolution `head` whose output is its only input ((step index, spec, op))
+        as one step, where the tuner finds the chained kernel faster (ops/conv_chain.py): the head's step becomes
+        the chain, writing both outputs; the tactics record the chain under the head's "chain" key."""
+        index, first, first_op = head
+        found = self.tuner.choose_chain(first, first_op, spec, op, chain_candidates)
+        if found is None:
+            return False
+        chain_op, chain_record = found
+        prev = self.prog.steps[index]
+        self.prog.steps[index] = Step(chain_op, prev.inputs, prev.outputs + outputs, prev.layer)
+        self.prog.tactics[prev.layer] = dict(self.prog.tactics[prev.layer], chain=chain_record)
+        self.prog.tactics[spec.layer.name] = dict(record, chained=prev.layer)
+        self.weights[next(i for i, w in enumerate(self.weights) if w is first_op)] = chain_op
+        return True
 
     def float_specs(self) -> List[Tuple[Spec, object]]:
         """(spec, factory) of each float layer that will be a step of its own, as add_step will make it (inputs cast

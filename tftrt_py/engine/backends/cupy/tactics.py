@@ -253,6 +253,62 @@ class Tuner:
         self._remember(sig, record, spec.layer.name)
         return fitting[0], record
 
+    def choose_chain(self, first: Spec, first_op: Op, second: Spec, second_op: Op, factory
+                     ) -> Optional[Tuple[Op, dict]]:
+        """(op, record) of the kernel running layers `first` and `second` as one step (`factory(first, second,
+        prefer)` gives its candidates, ops/conv_chain.py) where it is faster than their own ops, `first_op` and
+        `second_op` (timed on the same operands); None where it is not, where nothing chains them, or in check
+        mode (its candidates are the layers' own). A plan's tactics decide without timing: the chain recorded under
+        the first layer's "chain" key, or none; the timing cache holds both answers ("op" None: the layers apart).
+        settings.CONV_CHAIN forces either answer."""
+        force = settings.CONV_CHAIN.get()  # True: every pair that chains; False: none
+        if self.check or force is False:
+            return None
+        if first.prefer is not None or second.prefer is not None:
+            return self._rebuild_chain(first, second, factory, (first.prefer or {}).get("chain"))
+        sig = json.dumps(["chain", first.signature(), second.signature()])
+        cached = self.chosen.get(sig) or self._lookup(sig)
+        if cached is not None:
+            found = self._rebuild_chain(first, second, factory, cached) if cached.get("op") else None
+            if found is not None or not cached.get("op"):
+                self.chosen[sig] = cached
+                return found
+        cands = factory(first, second, None)
+        if not cands:
+            return None
+        apart = self._apart_ms(first, first_op) + self._apart_ms(second, second_op)
+        chain = dataclasses.replace(first, out_shapes=first.out_shapes + second.out_shapes,
+                                    out_dtypes=first.out_dtypes + second.out_dtypes)
+        try:
+            best = self._time_all(chain, cands)[0]
+        except BackendError as exc:  # every chain kernel failed: the layers stay apart
+            logger.debug("%s + %s: %s", first.layer.name, second.layer.name, exc)
+            best = None
+        if best is not None and (best.ms < apart or force):
+            record = dict(best.tactic, ms=round(best.ms, 5), apart_ms=round(apart, 5), candidates=len(cands))
+        else:
+            record = {"op": None, "apart_ms": round(apart, 5), "ms": round(best.ms, 5) if best else None}
+        logger.debug("%s + %s: chain %s ms, apart %.4f ms", first.layer.name, second.layer.name, record.get("ms"),
+                     apart)
+        self.chosen[sig] = record
+        self._remember(sig, record, first.layer.name)
+        return (best, record) if record["op"] else None
+
+    def _apart_ms(self, spec: Spec, op: Op) -> float:
+        return self.op_ms(op, spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
+
+    @staticmethod
+    def _rebuild_chain(first: Spec, second: Spec, factory, prefer: Optional[dict]) -> Optional[Tuple[Op, dict]]:
+        """(op, record) of the chain kernel `prefer` records, where it still builds; None without one."""
+        if not prefer or not prefer.get("op"):
+            return None
+        try:
+            cands = [c for c in factory(first, second, prefer) if _matches(c.tactic, prefer)]
+        except Exception as exc:
+            logger.debug("recorded chain of %s and %s failed to build: %s", first.layer.name, second.layer.name, exc)
+            return None
+        return (cands[0], {"candidates": 1, **prefer, **cands[0].tactic}) if cands else None
+
     def _of_this_layer(self, spec: Spec, sig: str, factory) -> Optional[Tuple[Op, dict]]:
         """(op, record) of the tactic that won for this layer earlier in this build under another signature, in the
         same precision, where it builds for `spec`; recorded under `sig` (without the time measured for the other
@@ -315,6 +371,8 @@ class Tuner:
                        "triton_tiles": o.triton_tiles,
                        "gemm": settings.GEMM.raw(), "int8_conv": settings.INT8_CONV.raw(),
                        "fp8_conv": settings.FP8_CONV.raw()}
+            if settings.CONV_CHAIN.raw() is not None:  # (a forced choice is kept apart from timed ones)
+                options["conv_chain"] = settings.CONV_CHAIN.raw()
             self._context = TimingKey.of("", options, device_versions())
         return self._context._replace(layer=what)
 

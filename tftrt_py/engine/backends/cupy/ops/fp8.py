@@ -21,7 +21,7 @@ Hopper): building an FP8 engine on an older GPU is a BuildError saying what to u
 from __future__ import annotations
 
 import logging
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -32,7 +32,8 @@ from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import CudnnInt8ConvOp, LtInt8MatMulOp, _cudnn_int8_graph
 from tftrt_py.engine.backends.cupy.ops.quant import (E4M3_Q, FP8, Dequant, QuantizeAfterOp, QuantizeOp,
                                                      matmul_dequant, out_scale)
-from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
+from tftrt_py.engine.backends.cupy.ops.triton_conv import (OPERANDS, ConvOperands, triton_conv_candidates,
+                                                           triton_matmul_candidates)
 from tftrt_py.engine.errors import BuildError
 from tftrt_py.engine.quantization import FORMATS, quantize_per_channel
 
@@ -92,18 +93,15 @@ def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):
     return np.ascontiguousarray(q), s
 
 
-@register("Convolution", formats=("FP8",))
-def fp8_conv_candidates(spec: Spec) -> List[Op]:
-    """Our Triton kernel's tiles, the plans of cuDNN's FP8 graph with dequantize, bias, residual and activation
-    fused (float outputs and residuals), or else cuDNN's graph writing fp32 sums and the epilogue kernel; none
-    (the layer then runs in FP16) for grouped convolutions or where nothing serves."""
+def fp8_conv_operands(spec: Spec) -> Optional[ConvOperands]:
+    """The ConvOperands of an FP8 convolution; None for a grouped one or a residual broadcast over the batch."""
     cupy = _device.require()
-    layer, opts, prefer, quant = spec.layer, spec.options, spec.prefer or {}, spec.quant
+    layer, quant = spec.layer, spec.quant
     geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
     if geom.groups != 1 or (residual is not None and residual[0] != geom.n):
-        return []
+        return None
     activation, bias = layer.params.get("activation"), layer.weights.get("bias")
     kernel = layer.weights["kernel"]
     q, s_w = _per_channel(kernel, -1)
@@ -116,6 +114,24 @@ def fp8_conv_candidates(spec: Spec) -> List[Op]:
                   out_scale(spec, FP8), residual[1] if residual else None,
                   np.float32(dual) if dual is not None else None, "float32",
                   np.float32(res_scale) if has_residual and res_scale is not None else None, FP8)
+    return ConvOperands("FP8", geom, w, deq, residual)
+
+
+OPERANDS["FP8"] = fp8_conv_operands
+
+
+@register("Convolution", formats=("FP8",))
+def fp8_conv_candidates(spec: Spec) -> List[Op]:
+    """Our Triton kernel's tiles, the plans of cuDNN's FP8 graph with dequantize, bias, residual and activation
+    fused (float outputs and residuals), or else cuDNN's graph writing fp32 sums and the epilogue kernel; none
+    (the layer then runs in FP16) for grouped convolutions or where nothing serves."""
+    operands = fp8_conv_operands(spec)
+    if operands is None:
+        return []
+    layer, opts, prefer = spec.layer, spec.options, spec.prefer or {}
+    geom, w, deq, residual = operands.geom, operands.w, operands.deq, operands.residual
+    activation, bias, out_dtype = layer.params.get("activation"), layer.weights.get("bias"), spec.out_dtypes[0]
+    has_residual, dual = residual is not None, operands.deq.dual_scale
     force = settings.FP8_CONV.get()  # tests: only this path ("triton", "fused" or "conv")
     cands: List[Op] = []
     if prefer.get("op") in (None, "triton_conv_fp8") and force in (None, "triton"):

@@ -23,7 +23,8 @@ from tftrt_py.engine.backends.cupy.ops.conv import (CudnnConvGraph, ConvGeom, _c
 from tftrt_py.engine.backends.cupy.ops.matmul import gemm_paths
 from tftrt_py.engine.backends.cupy.ops.quant import (INT8, PAD, Dequant, QuantizeAfterOp, QuantizeOp, matmul_dequant,
                                                      out_scale, padded)
-from tftrt_py.engine.backends.cupy.ops.triton_conv import triton_conv_candidates, triton_matmul_candidates
+from tftrt_py.engine.backends.cupy.ops.triton_conv import (OPERANDS, ConvOperands, triton_conv_candidates,
+                                                           triton_matmul_candidates)
 from tftrt_py.engine.quantization import FORMATS, QMAX, quantize_per_channel
 
 __all__ = ["INT8_FUSIONS", "DUAL_FUSIONS", "quantize_weights", "CudnnInt8ConvGraph", "CudnnInt8ConvOp",
@@ -220,18 +221,16 @@ def _conv_weights(kernel: np.ndarray, cp: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.moveaxis(q, -1, 0)), s
 
 
-@register("Convolution", formats=("INT8",))
-def int8_conv_candidates(spec: Spec) -> List[Op]:
-    """cuDNN int8 plans of the most fused graph that has any, our Triton kernel (triton_conv.py) and the cuBLAS
-    int8 GEMM path."""
+def int8_conv_operands(spec: Spec) -> Optional[ConvOperands]:
+    """The ConvOperands of an INT8 convolution (its input folded by 2x2 pixel blocks where the plan says so,
+    ops/conv_fold.py); None for a grouped one."""
     cupy = _device.require()
-    layer, opts, quant = spec.layer, spec.options, spec.quant
-    folded = quant.get("folded", False)  # the input folded by 2x2 pixel blocks (ops/conv_fold.py)
+    layer, quant = spec.layer, spec.quant
+    folded = quant.get("folded", False)
     geom = ConvGeom.of(layer, conv_fold.unfolded_shape(spec.in_shapes[0]) if folded else spec.in_shapes[0],
                        spec.out_shapes[0])  # c is the padded channel count
     if geom.groups != 1:
-        return []
-    activation = layer.params.get("activation")
+        return None
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
     w_q, s_w = _conv_weights(layer.weights["kernel"], geom.c)
@@ -240,12 +239,28 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
     dq = cupy.asarray((np.float32(quant["in_scale"]) * s_w).astype(np.float32))
     bias = layer.weights.get("bias")
     bias32 = cupy.asarray(bias.astype(np.float32)) if bias is not None else None
-    out_dtype = spec.out_dtypes[0]
     dual, res_scale = quant.get("dual_scale"), quant.get("res_scale")
-    deq = Dequant(dq, bias32, activation, out_dtype, out_scale(spec, INT8), residual[1] if residual else None,
-                  np.float32(dual) if dual is not None else None,
+    deq = Dequant(dq, bias32, layer.params.get("activation"), spec.out_dtypes[0], out_scale(spec, INT8),
+                  residual[1] if residual else None, np.float32(dual) if dual is not None else None,
                   res_scale=np.float32(res_scale) if has_residual and res_scale is not None else None)
-    w = cupy.asarray(w_q)
+    return ConvOperands("INT8", geom, cupy.asarray(w_q), deq, residual)
+
+
+OPERANDS["INT8"] = int8_conv_operands
+
+
+@register("Convolution", formats=("INT8",))
+def int8_conv_candidates(spec: Spec) -> List[Op]:
+    """cuDNN int8 plans of the most fused graph that has any, our Triton kernel (triton_conv.py) and the cuBLAS
+    int8 GEMM path."""
+    operands = int8_conv_operands(spec)
+    if operands is None:
+        return []
+    cupy = _device.require()
+    layer, opts = spec.layer, spec.options
+    geom, w, deq, residual = operands.geom, operands.w, operands.deq, operands.residual
+    activation, bias, out_dtype = layer.params.get("activation"), layer.weights.get("bias"), spec.out_dtypes[0]
+    has_residual, dual = residual is not None, deq.dual_scale
     prefer = spec.prefer or {}
     force = settings.INT8_CONV.get()  # tests: only this path ("gemm", "triton" or one of the fusions)
     cands: List[Op] = []
@@ -279,7 +294,7 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
     want_gemm = (prefer.get("op") == "gemm_conv_int8" or (not prefer and (geom.pointwise_gemm() or geom.c < PAD))
                  or not cands)
     if want_gemm and force in (None, "gemm"):
-        w_nk = cupy.asarray(np.ascontiguousarray(w_q.reshape(geom.cout, -1)))  # [Cout, K]: K-contiguous
+        w_nk = w.reshape(geom.cout, -1)  # [Cout, K]: K-contiguous
         cands.append(GemmInt8ConvOp(geom, w_nk, deq, has_residual))
     return cands
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -25,7 +25,9 @@ from tftrt_py.engine.backends.cupy.ops.quant import Dequant
 
 __all__ = ["TILES", "TILE_ORDERS", "size_class", "conv_tiles", "GEMM_TILES", "GRIDS", "TritonConvOp",
            "triton_conv_candidates", "fp16_conv_candidates", "triton_matmul_candidates", "gemm_geom",
-           "prefetch_requests", "kernel_request", "clamps_in_fp16", "QUANTIZED_POINTERS"]
+           "prefetch_requests", "kernel_request", "epilogue_codes", "clamps_in_fp16", "QUANTIZED_POINTERS",
+           "ConvOperands", "OPERANDS", "conv_operands", "activation_code",
+           "pointer_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +72,12 @@ _FLOATS = ("float16", "float32")
 ACTIVATIONS = {None: 0, "relu": 1, "gelu_tanh": 2}
 
 
-def _act_code(activation) -> Optional[int]:
+def activation_code(activation) -> Optional[int]:
     kind = (activation or {}).get("type")
     return ACTIVATIONS.get(REDUCED_GELU.get(kind, kind))
 
 
-def _pointer(dtype: str, fmt: str) -> str:
+def pointer_type(dtype: str, fmt: str) -> str:
     return {"int8": "*i8", "uint8": QUANTIZED_POINTERS[fmt], "float16": "*fp16", "float32": "*fp32"}[dtype]
 
 
@@ -87,7 +89,7 @@ def fits(geom: ConvGeom, activation, residual) -> bool:
     return (len(geom.spatial) == 2 and geom.groups == 1 and geom.dilations == (1, 1)
             and min(geom.pre + geom.post) >= 0 and geom.c % (32 if geom.c >= 32 else 4) == 0
             and geom.n * int(np.prod(geom.spatial)) * geom.c < _I32 and geom.rows * geom.cout < _I32
-            and _act_code(activation) is not None and (residual is None or residual[0] == geom.n))
+            and activation_code(activation) is not None and (residual is None or residual[0] == geom.n))
 
 
 def pixel_pairs(fmt: str, geom: ConvGeom) -> ConvGeom:
@@ -129,6 +131,15 @@ def clamps_in_fp16(fmt: str, out_scale: Optional[float]) -> bool:
     return fmt == "INT8" and out_scale is not None and 2.0 ** -14 <= 127 * float(out_scale) <= 65000.0
 
 
+def epilogue_codes(residual: Optional[Tuple[int, str]], residual_scaled: bool, out_dtype: str, dual: bool
+                   ) -> Tuple[int, int]:
+    """The kernel's RES and OUT codes (triton/quantized_conv.py) of an epilogue: residual none (0), float (1),
+    quantized (2) or float rounded to its quantized grid (3); output float (0), quantized (1) or both (2)."""
+    out = (2 if dual else 0) if out_dtype in _FLOATS else 1
+    res = 0 if residual is None else 2 if residual[1] not in _FLOATS else 3 if residual_scaled else 1
+    return res, out
+
+
 def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residual: Optional[Tuple[int, str]],
                    residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int,
                    out_scale: Optional[float] = None):
@@ -136,17 +147,15 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     (triton.request); `out_scale`: the scale of the quantized output it writes, if any."""
     bm, bn, bk, warps, stages = kernel_tile(geom, tile)
     q = QUANTIZED_POINTERS[fmt]
-    out = (2 if dual else 0) if out_dtype in _FLOATS else 1
-    res = 0 if residual is None else 2 if residual[1] not in _FLOATS else 3 if residual_scaled else 1
+    res, out = epilogue_codes(residual, residual_scaled, out_dtype, dual)
     params = {"x": q, "w": q, "dq": "*fp32", "bias": "*fp32",
-              "res": _pointer(residual[1] if residual else "float16", fmt), "y": _pointer(out_dtype, fmt), "yq": q,
-              "M": "i32",
-              "res_scale": "fp32", "inv_out": "fp32"}
+              "res": pointer_type(residual[1] if residual else "float16", fmt), "y": pointer_type(out_dtype, fmt),
+              "yq": q, "M": "i32", "res_scale": "fp32", "inv_out": "fp32"}
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.strides, geom.pre
     (h, w), (oh, ow) = geom.spatial, geom.out
     constexprs = dict(C=geom.c, COUT=geom.cout, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
-                      HAS_BIAS=bool(has_bias), RES=res, ACT=_act_code(activation), OUT=out, FP8=fmt != "INT8", BM=bm,
-                      BN=bn, BK=bk, GROUP=8, SMALL_C=geom.c if geom.c < 32 else 0,
+                      HAS_BIAS=bool(has_bias), RES=res, ACT=activation_code(activation), OUT=out, FP8=fmt != "INT8",
+                      BM=bm, BN=bn, BK=bk, GROUP=8, SMALL_C=geom.c if geom.c < 32 else 0,
                       SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22,
                       CLAMP16=out != 0 and clamps_in_fp16(fmt, out_scale))
     return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, num_warps=warps,
@@ -176,6 +185,33 @@ def prefetch_requests(convolutions, count: int, tiles=None) -> list:
         requests += [kernel_request(fmt, geom, bias, act, residual, scaled, out, dual, tile, capability, out_scale)
                      for tile in (tiles or conv_tiles(geom, sms, count))]
     return requests
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvOperands:
+    """What the kernel runs one convolution with: its format ("INT8", "FP8" or "FP16"), geometry (as the kernel
+    runs it: a folded stem folded), weights [Cout, *K, C] on the device, epilogue (quant.Dequant or FloatEpilogue)
+    and residual (batch, dtype) or None."""
+
+    fmt: str
+    geom: ConvGeom
+    w: object
+    deq: object
+    residual: Optional[Tuple[int, str]]
+
+
+#: Format -> the ConvOperands of a convolution's Spec in that format, or None where the kernel does not run it
+#: (registered by int8.py, fp8.py and, for FP16, this module): one source of the weights and epilogue a layer's
+#: kernels run with, alone or chained (conv_chain.py).
+OPERANDS: Dict[str, Callable[[Spec], Optional[ConvOperands]]] = {}
+
+
+def conv_operands(spec: Spec) -> Optional[ConvOperands]:
+    """The ConvOperands of a convolution's spec: quantized in its plan's format, else FP16 (float16 in and out);
+    None for any other."""
+    fmt = spec.quant.get("format", "INT8") if spec.quant is not None else "FP16"
+    make = OPERANDS.get(fmt)
+    return make(spec) if make is not None and spec.layer.kind == "Convolution" else None
 
 
 class TritonConvOp(Op):
@@ -255,27 +291,40 @@ class FloatEpilogue:
         return int(self.dq.nbytes) + (int(self.bias.nbytes) if self.bias is not None else 0)
 
 
-def fp16_conv_candidates(spec: Spec, geom: ConvGeom) -> List[Op]:
-    """The kernel's tiles as an FP16 convolution (float16 in and out; products summed in fp32 on the tensor
-    cores), timed beside cuDNN's plans: memory bounds ResNet-50's 1x1 convolutions with a residual at batch 128,
-    and cuDNN's run them at about half their DRAM rate on an H200 (docs/performance). BK is capped at 64
-    elements (128 bytes, as the quantized kernels' widest step)."""
-    layer, prefer = spec.layer, spec.prefer or {}
+def fp16_conv_operands(spec: Spec) -> Optional[ConvOperands]:
+    """The ConvOperands of an FP16 convolution (float16 in and out, 32 channels or more) the kernel fits."""
+    layer = spec.layer
+    geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if len(spec.in_shapes) > 1 else None
     activation = layer.params.get("activation")
-    if (prefer.get("op") not in (None, "triton_conv_fp16") or not triton.available() or geom.c < 32
-            or spec.in_dtypes[0] != "float16" or spec.out_dtypes[0] != "float16"
+    if (not triton.available() or geom.c < 32 or spec.in_dtypes[0] != "float16" or spec.out_dtypes[0] != "float16"
             or not fits(geom, activation, residual)):
-        return []
+        return None
     cupy = _device.require()
     bias = layer.weights.get("bias")
     w = cupy.asarray(np.ascontiguousarray(np.moveaxis(layer.weights["kernel"], -1, 0)).astype(np.float16))
     deq = FloatEpilogue(cupy.ones(geom.cout, np.float32),
                         cupy.asarray(bias.astype(np.float32)) if bias is not None else None, activation)
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    return ConvOperands("FP16", geom, w, deq, residual)
+
+
+OPERANDS["FP16"] = fp16_conv_operands
+
+
+def fp16_conv_candidates(spec: Spec, geom: ConvGeom) -> List[Op]:
+    """The kernel's tiles as an FP16 convolution (float16 in and out; products summed in fp32 on the tensor
+    cores), timed beside cuDNN's plans: memory bounds ResNet-50's 1x1 convolutions with a residual at batch 128,
+    and cuDNN's run them at about half their DRAM rate on an H200 (docs/performance). BK is capped at 64
+    elements (128 bytes, as the quantized kernels' widest step)."""
+    prefer = spec.prefer or {}
+    operands = fp16_conv_operands(spec) if prefer.get("op") in (None, "triton_conv_fp16") else None
+    if operands is None:
+        return []
+    sms = _device.require().cuda.Device().attributes["MultiProcessorCount"]
     tiles = dict.fromkeys((bm, bn, min(bk, 64), warps, stages)
                           for bm, bn, bk, warps, stages in conv_tiles(geom, sms, spec.options.triton_tiles))
-    return triton_conv_candidates("FP16", geom, w, deq, residual, prefer, spec.options.triton_tiles, list(tiles))
+    return triton_conv_candidates("FP16", operands.geom, operands.w, operands.deq, operands.residual, prefer,
+                                  spec.options.triton_tiles, list(tiles))
 
 
 FLOAT16_FACTORIES.append(fp16_conv_candidates)
