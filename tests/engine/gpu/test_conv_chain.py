@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Engine, Network, Runtime
+from tftrt_py.engine import Engine, Network, Profiler, Runtime
 
 from gpu_calibrate import apply_ranges, max_abs_ranges
 from gpu_helpers import GPU, assert_close, healthy_gpu  # noqa: F401 (autouse fixture)
@@ -80,10 +80,14 @@ def test_a_bottlenecks_last_convolution_and_the_next_first_run_as_one_kernel(pre
     ranges = calibrated(precision)
     chained, apart = build(precision, True, monkeypatch, ranges), build(precision, False, monkeypatch, ranges)
     (step,) = chain_steps(chained)
-    assert step.layer == "c3" and step.outputs == ["c3:0", "c4:0"], (step.layer, step.outputs)
+    assert step.layer == "c3 + c4" and step.outputs == ["c3:0", "c4:0"], (step.layer, step.outputs)
     assert chained.tactics["c3"]["chain"]["op"] == f"triton_chain_{precision.lower()}", chained.tactics["c3"]
     assert chained.tactics["c4"]["chained"] == "c3"
     assert not any(s.layer == "c4" for s in chained.cupy_program.steps)
+    profiled = chained.create_execution_context()
+    profiled.profiler = Profiler()
+    profiled.execute(inputs(9))
+    assert "c3 + c4" in profiled.profiler.records and "c4" not in profiled.profiler.records
     assert not chain_steps(apart) and "chain" not in apart.tactics["c3"]
     ctx_c, ctx_a = chained.create_execution_context(), apart.create_execution_context()
     for seed in (10, 11):  # the first run eager, then the CUDA graph's replay

@@ -283,14 +283,16 @@ class _Builder:
     def chain(self, head, spec: Spec, op: Op, record: dict, outputs: List[str]) -> bool:
         """Run convolution `spec` and the convolution `head` whose output is its only input ((step index, spec, op))
         as one step, where the tuner finds the chained kernel faster (ops/conv_chain.py): the head's step becomes
-        the chain, writing both outputs; the tactics record the chain under the head's "chain" key."""
+        the chain ("<head> + <layer>", as fused layers are named), writing both outputs; the tactics record the
+        chain under the head's "chain" key."""
         index, first, first_op = head
         found = self.tuner.choose_chain(first, first_op, spec, op, chain_candidates)
         if found is None:
             return False
         chain_op, chain_record = found
         prev = self.prog.steps[index]
-        self.prog.steps[index] = Step(chain_op, prev.inputs, prev.outputs + outputs, prev.layer)
+        self.prog.steps[index] = Step(chain_op, prev.inputs, prev.outputs + outputs,
+                                      f"{prev.layer} + {spec.layer.name}")
         self.prog.tactics[prev.layer] = dict(self.prog.tactics[prev.layer], chain=chain_record)
         self.prog.tactics[spec.layer.name] = dict(record, chained=prev.layer)
         self.weights[next(i for i, w in enumerate(self.weights) if w is first_op)] = chain_op
