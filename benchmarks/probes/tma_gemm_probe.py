@@ -58,7 +58,8 @@ def gemm_tma(a, w, dq, bias, y, M, N, K, inv_out, ACT: tl.constexpr, OUT: tl.con
             acc = _mma(x, b.T, acc, FP8)
         offs_m = pm * BM + tl.arange(0, BM)
         offs_n = pn * BN + tl.arange(0, BN)
-        _epilogue(acc, offs_m, offs_n, dq, bias, y, y, y, M, N, 1.0, inv_out, True, 0, ACT, OUT, FP8, False)
+        _epilogue(acc, offs_m, offs_n, dq, bias, y, y, y, M, N, 1.0, inv_out, True, 0, ACT, OUT, FP8, False,
+                  False)
 
 
 def main():
