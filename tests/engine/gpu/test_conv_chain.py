@@ -137,3 +137,15 @@ def test_pairs_that_do_not_chain_stay_apart(monkeypatch):
     net.mark_output(conv(net, [c], 48, 1, "d"), name="y")
     engine = engine_of(net, "FP16")
     assert not chain_steps(engine), [s.op.tactic for s in engine.cupy_program.steps]
+
+
+def test_a_chain_that_fails_to_build_leaves_the_layers_apart(monkeypatch):
+    from tftrt_py.engine.backends.cupy import program
+
+    def broken(first, second, prefer):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(program, "chain_candidates", broken)
+    engine = build("FP16", True, monkeypatch)
+    assert not chain_steps(engine) and "chain" not in engine.tactics["c3"]
+    assert np.isfinite(engine.create_execution_context().execute(inputs(14))["y"]).all()

@@ -273,10 +273,14 @@ class Tuner:
             if found is not None or not cached.get("op"):
                 self.chosen[sig] = cached
                 return found
-        cands = factory(first, second, None)
+        try:  # a chain is an option: nothing that goes wrong with it fails the build
+            cands = factory(first, second, None)
+            apart = (self._apart_ms(first, first_op) + self._apart_ms(second, second_op)) if cands else None
+        except Exception as exc:
+            logger.info("%s + %s: no chain (%s)", first.layer.name, second.layer.name, exc)
+            return None
         if not cands:
             return None
-        apart = self._apart_ms(first, first_op) + self._apart_ms(second, second_op)
         chain = dataclasses.replace(first, out_shapes=first.out_shapes + second.out_shapes,
                                     out_dtypes=first.out_dtypes + second.out_dtypes)
         try:
@@ -295,6 +299,7 @@ class Tuner:
         return (best, record) if record["op"] else None
 
     def _apart_ms(self, spec: Spec, op: Op) -> float:
+        self.rc.ensure_workspace(op.workspace)
         return self.op_ms(op, spec.in_shapes, spec.in_dtypes, spec.out_shapes, spec.out_dtypes)
 
     @staticmethod
