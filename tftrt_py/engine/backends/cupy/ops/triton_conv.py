@@ -291,10 +291,11 @@ class FloatEpilogue:
         return int(self.dq.nbytes) + (int(self.bias.nbytes) if self.bias is not None else 0)
 
 
-def fp16_conv_operands(spec: Spec) -> Optional[ConvOperands]:
-    """The ConvOperands of an FP16 convolution (float16 in and out, 32 channels or more) the kernel fits."""
+def fp16_conv_operands(spec: Spec, geom: Optional[ConvGeom] = None) -> Optional[ConvOperands]:
+    """The ConvOperands of an FP16 convolution (float16 in and out, 32 channels or more) the kernel fits; `geom`:
+    its geometry, where the caller has it."""
     layer = spec.layer
-    geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])
+    geom = geom or ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if len(spec.in_shapes) > 1 else None
     activation = layer.params.get("activation")
     if (not triton.available() or geom.c < 32 or spec.in_dtypes[0] != "float16" or spec.out_dtypes[0] != "float16"
@@ -317,7 +318,7 @@ def fp16_conv_candidates(spec: Spec, geom: ConvGeom) -> List[Op]:
     and cuDNN's run them at about half their DRAM rate on an H200 (docs/performance). BK is capped at 64
     elements (128 bytes, as the quantized kernels' widest step)."""
     prefer = spec.prefer or {}
-    operands = fp16_conv_operands(spec) if prefer.get("op") in (None, "triton_conv_fp16") else None
+    operands = fp16_conv_operands(spec, geom) if prefer.get("op") in (None, "triton_conv_fp16") else None
     if operands is None:
         return []
     sms = _device.require().cuda.Device().attributes["MultiProcessorCount"]
