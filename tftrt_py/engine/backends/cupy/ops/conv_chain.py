@@ -18,7 +18,7 @@ from tftrt_py.engine.backends.cupy import _device, triton
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
 from tftrt_py.engine.backends.cupy.ops.triton_conv import (GRIDS, QUANTIZED_POINTERS, ConvOperands, activation_code,
                                                            clamps_in_fp16, conv_operands, epilogue_codes,
-                                                           kernel_tile, pointer_type)
+                                                           kernel_tile, pointer_type, small_sums)
 
 __all__ = ["CHAIN_TILES", "chain_operands", "ChainOp", "chain_candidates", "chain_request"]
 
@@ -55,11 +55,6 @@ def chain_operands(first: Spec, second: Spec) -> Optional[Tuple[ConvOperands, Co
     return a, b
 
 
-def _sums_small(operands: ConvOperands) -> bool:
-    g = operands.geom
-    return operands.fmt == "INT8" and g.ksize * g.c * 127 * 127 < 2 ** 22
-
-
 def chain_request(a: ConvOperands, b: ConvOperands, tile, capability: int):
     """The Triton compile request of one CHAIN_TILES kernel for this pair."""
     bm, bn, warps, stages, flat = tile
@@ -76,7 +71,7 @@ def chain_request(a: ConvOperands, b: ConvOperands, tile, capability: int):
     constexprs = dict(C=a.geom.c, COUT=a.geom.cout, C2=b.geom.cout, HAS_BIAS=a.deq.bias is not None, RES=res,
                       ACT=activation_code(a.deq.activation), OUT=out, HAS_BIAS2=b.deq.bias is not None,
                       ACT2=activation_code(b.deq.activation), OUT2=out2, FP8=fmt != "INT8", BM=bm, BN=bn, BK=bk,
-                      FLAT=bool(flat), SMALL_SUMS=_sums_small(a), SMALL_SUMS2=_sums_small(b),
+                      FLAT=bool(flat), SMALL_SUMS=small_sums(fmt, a.geom), SMALL_SUMS2=small_sums(fmt, b.geom),
                       CLAMP16=out != 0 and clamps_in_fp16(fmt, a.deq.requant_scale),
                       CLAMP16_2=out2 != 0 and clamps_in_fp16(fmt, b.deq.requant_scale))
     return triton.request(_SOURCE, "pointwise_chain", params, constexprs, capability, num_warps=warps,

@@ -256,7 +256,6 @@ def int8_conv_candidates(spec: Spec) -> List[Op]:
     operands = int8_conv_operands(spec)
     if operands is None:
         return []
-    cupy = _device.require()
     layer, opts = spec.layer, spec.options
     geom, w, deq, residual = operands.geom, operands.w, operands.deq, operands.residual
     activation, bias, out_dtype = layer.params.get("activation"), layer.weights.get("bias"), spec.out_dtypes[0]

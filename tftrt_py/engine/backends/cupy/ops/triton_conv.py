@@ -27,7 +27,7 @@ __all__ = ["TILES", "TILE_ORDERS", "size_class", "conv_tiles", "GEMM_TILES", "GR
            "triton_conv_candidates", "fp16_conv_candidates", "triton_matmul_candidates", "gemm_geom",
            "prefetch_requests", "kernel_request", "epilogue_codes", "clamps_in_fp16", "QUANTIZED_POINTERS",
            "ConvOperands", "OPERANDS", "conv_operands", "activation_code",
-           "pointer_type"]
+           "pointer_type", "small_sums"]
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,12 @@ def epilogue_codes(residual: Optional[Tuple[int, str]], residual_scaled: bool, o
     return res, out
 
 
+def small_sums(fmt: str, geom: ConvGeom) -> bool:
+    """Whether the kernel's int8 sums of this convolution stay below 2**22 in magnitude (K * 127 * 127 does), so
+    they are summed from _OFFSET (triton/quantized_conv.py's SMALL_SUMS)."""
+    return fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22
+
+
 def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residual: Optional[Tuple[int, str]],
                    residual_scaled: bool, out_dtype: str, dual: bool, tile, capability: int,
                    out_scale: Optional[float] = None):
@@ -156,7 +162,7 @@ def kernel_request(fmt: str, geom: ConvGeom, has_bias: bool, activation, residua
     constexprs = dict(C=geom.c, COUT=geom.cout, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
                       HAS_BIAS=bool(has_bias), RES=res, ACT=activation_code(activation), OUT=out, FP8=fmt != "INT8",
                       BM=bm, BN=bn, BK=bk, GROUP=8, SMALL_C=geom.c if geom.c < 32 else 0,
-                      SMALL_SUMS=fmt == "INT8" and geom.ksize * geom.c * 127 * 127 < 2 ** 22,
+                      SMALL_SUMS=small_sums(fmt, geom),
                       CLAMP16=out != 0 and clamps_in_fp16(fmt, out_scale))
     return triton.request(_SOURCE, "conv_quantized", params, constexprs, capability, num_warps=warps,
                           num_stages=stages)
