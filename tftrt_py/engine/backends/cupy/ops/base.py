@@ -71,6 +71,11 @@ class Op:
     def run(self, rc, ins: Sequence, outs: Sequence) -> None:
         raise NotImplementedError
 
+    def converts_input(self, dtype: str) -> bool:
+        """Whether this op takes its first input in float `dtype` from now on, converting it where it copies it
+        anyway (a convolution that pads the channels of its input first), so that a cast before it can go."""
+        return False
+
 
 @dataclasses.dataclass
 class BuildOptions:

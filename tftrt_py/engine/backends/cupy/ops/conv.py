@@ -338,8 +338,8 @@ class CudnnConvOp(Op):
     def __init__(self, graph: CudnnConvGraph, plan: Tuple[int, str, int], w, b, b32, has_residual: bool,
                  activation, pad=None):
         self.graph, (self.index, name, self.workspace) = graph, plan
-        #: (kernel, elements, padded input bytes): the input is first copied into the workspace with its
-        #: channels zero-padded (narrow inputs such as RGB images get tensor-core plans that way).
+        #: (kernel, pixels, padded input bytes, channels, padded channels): the input is first copied into the
+        #: workspace with its channels zero-padded (narrow inputs such as RGB images get tensor-core plans that way).
         self.pad = pad
         self.plan_workspace = self.workspace
         if pad is not None:
@@ -355,14 +355,21 @@ class CudnnConvOp(Op):
         self.device_bytes = int(w.nbytes) + (int(b.nbytes) if b is not None else 0) + (
             int(bias_epi.nbytes) if bias_epi is not None else 0)
         self.tactic = {"op": "cudnn_conv", "fusion": graph.fusion, "plan": name, "workspace": self.workspace,
-                       "pad_c": pad[3] if pad is not None else None}
+                       "pad_c": pad[4] if pad is not None else None}
+
+    def converts_input(self, dtype: str) -> bool:
+        if self.pad is None:
+            return False
+        _, pixels, nbytes, c, cp = self.pad
+        self.pad = (pad_channels_kernel(c, cp, dtype, self.graph.dtype), pixels, nbytes, c, cp)
+        return True
 
     def run(self, rc, ins, outs):
         g = self.graph
         x_ptr, ws_ptr = ins[0].data.ptr, rc.workspace_ptr
         if self.pad is not None:
-            kernel, total, nbytes, _ = self.pad
-            kernels.launch(kernel, total, (ins[0], rc.workspace, kernels.i64(total)))
+            kernel, pixels, nbytes, _, _ = self.pad
+            kernels.launch(kernel, pixels, (ins[0], rc.workspace, kernels.i64(pixels)))
             x_ptr, ws_ptr = rc.workspace_ptr, rc.workspace_ptr + align(nbytes)
         pack = {g.X: x_ptr, g.W: self.w.data.ptr, g.Y: outs[0].data.ptr}
         if g.B is not None:
@@ -379,8 +386,11 @@ class CudnnConvOp(Op):
 _PAD_CHANNELS = kernels.source("pad_channels.cu")
 
 
-def pad_channels_kernel(c: int, cp: int, itemsize: int):
-    head = f"#define T {({2: 'unsigned short', 4: 'unsigned int'})[itemsize]}\n#define C {c}\n#define CP {cp}\n"
+def pad_channels_kernel(c: int, cp: int, src: str, dst: str):
+    """The kernel copying an image of `c` channels (dtype `src`) into `cp` >= c channels (`dst`), zeros after."""
+    nbytes = cp * np.dtype(dst).itemsize
+    head = (f"#define TI {kernels.raw_type(src)}\n#define TO {kernels.raw_type(dst)}\n#define C {c}\n#define CP {cp}\n"
+            f"#define ALIGN {min(nbytes & -nbytes, 16)}\n")
     return kernels.raw_kernel(head + _PAD_CHANNELS, "tt_pad_channels")
 
 
@@ -468,9 +478,9 @@ def _cudnn_candidates(layer, geom, dtype, cp, b, bias32, has_residual, residual_
     pad = None
     if cp is not None:
         k = np.concatenate([k, np.zeros(k.shape[:-2] + (cp - geom.c, k.shape[-1]), k.dtype)], axis=-2)
-        total = geom.n * int(np.prod(geom.spatial)) * cp
-        itemsize = np.dtype(dtype).itemsize
-        pad = (pad_channels_kernel(geom.c, cp, itemsize), total, total * itemsize, cp)
+        pixels = geom.n * int(np.prod(geom.spatial))
+        pad = (pad_channels_kernel(geom.c, cp, dtype, dtype), pixels, pixels * cp * np.dtype(dtype).itemsize, geom.c,
+               cp)
         geom = dataclasses.replace(geom, c=cp)
     w = cupy.asarray(np.ascontiguousarray(np.moveaxis(k, -1, 0)).astype(dtype))  # [Cout, *K, Cg]
     for fusion in _fusions(b is not None, has_residual, activation, residual_n not in (None, geom.n)):
@@ -510,8 +520,8 @@ def conv_candidates(spec: Spec) -> List[Op]:
     if cudnn is not None and dtype in ("float16", "float32") and prefer.get("op") in (None, "cudnn_conv"):
         b = cupy.asarray(bias.astype(dtype)) if bias is not None else None
         pads = [None]
-        if dtype == "float16" and geom.groups == 1 and geom.c % 8:
-            pads.append(-(-geom.c // 8) * 8)
+        if dtype == "float16" and geom.groups == 1:  # RGB images: 4 channels gave ResNet-50's stem a faster plan
+            pads += sorted({-(-geom.c // m) * m for m in (4, 8) if geom.c % m})
         if prefer:
             pads = [prefer.get("pad_c")]
         for cp in pads:
