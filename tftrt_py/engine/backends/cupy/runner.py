@@ -7,12 +7,15 @@ Steps that synchronize with the host (TopK, NMS) split the engine into several g
 steps run eagerly between them. If capture fails the context logs it once and runs eagerly.
 
 Device arrays of an engine that is one graph run on the caller's stream, as TensorRT's enqueue does: its input
-copies and the graph join the caller's work with no waits between streams. A run on another stream than the
+copies and the graph join the caller's work with no waits between streams. Arrays at the addresses the call before
+also passed (a caller reusing its buffers) are read where they are, by a graph captured for those addresses, as
+TensorRT reads the buffers it is given; others are copied into the binding buffers. A run on another stream than the
 last one's waits for all that stream was given until then (the last run and whatever read its outputs), and the
 context's own stream waits for each run on a caller's stream (a native replay, run outside Python, follows it).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -38,6 +41,9 @@ logger = logging.getLogger(__name__)
 #: Captures tried before a context runs eagerly: an invalidated capture (seen with other contexts running
 #: concurrently, cause not found) usually succeeds when tried again.
 CAPTURE_ATTEMPTS = 3
+#: Graphs a context keeps that read device inputs where they are (one per set of input addresses, the least
+#: recently used dropped): a caller cycling through a few buffers of its own.
+BOUND_GRAPHS = 4
 
 
 class Runner(base.Runner):
@@ -64,6 +70,9 @@ class Runner(base.Runner):
         self._input_slots = [dict(program.inputs)[t.name] for t in engine.inputs]  # binding buffers, in input order
         self._device_key = None  # the (shape, dtype) of each device input of the last checked call
         self._device_rows: Optional[int] = None  # its rows, when fewer than a row-wise engine's batch
+        #: Input addresses -> (graph reading the arrays there, the memory it keeps); the last call's addresses.
+        self._bound: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+        self._last_addresses: Optional[tuple] = None
 
     def _setup(self, cupy, ledger, program) -> None:
         self.rc, self._charged = None, []
@@ -308,8 +317,10 @@ class Runner(base.Runner):
         this context's output buffers (overwritten by its next run), their first rows for a smaller batch.
 
         The inputs' shapes and dtypes are checked when they differ from the last call's (a call's usual case
-        costs no checks), and each input reaches its binding buffer by one device-to-device memcpy: on an idle GPU
-        the engine starts only once this host code has launched it."""
+        costs no checks). Inputs at the addresses of the call before are read where they are (_bound_graph): as with
+        TensorRT, work on another stream must not write them until the run is done (work after the call on the
+        caller's stream runs after it). Others reach their binding buffers by one device-to-device memcpy each
+        (ResNet-50's fp32 images at batch 128: 0.04 ms on an H200)."""
         cupy = _device.require()
         eng = self.engine
         with self.lock:
@@ -332,6 +343,10 @@ class Runner(base.Runner):
                 self._follow(stream)
                 if stream is not caller:  # the inputs come from the caller's stream
                     stream.wait_event(caller.record())
+                bound = self._bound_graph(cupy, arrays) if graph is not None and rows is None else None
+                if bound is not None:
+                    bound.launch(stream)
+                    return self._outputs(rows, stream, caller)
                 for slot, src in zip(self._input_slots, arrays):
                     dst = self.views[slot]
                     _copy_device(cupy, dst[:src.shape[0]] if src.shape != dst.shape else dst, src, stream)
@@ -339,16 +354,66 @@ class Runner(base.Runner):
                     graph.launch(stream)
                 else:
                     self._run(profiler)
-                result = {}
-                for binding, slot in self.program.outputs:
-                    result[binding] = self.views[slot][:rows] if rows is not None else self.views[slot]
-                if stream is caller:
-                    self.rc.stream.wait_event(caller.record(self._ran))
-                else:
-                    caller.wait_event(stream.record())
-                return result
+                return self._outputs(rows, stream, caller)
 
             return self._guarded(go)
+
+    def _outputs(self, rows: Optional[int], stream, caller) -> Dict[str, object]:
+        """The output buffers of a run just enqueued on `stream` (their first `rows`), the streams joined."""
+        result = {}
+        for binding, slot in self.program.outputs:
+            result[binding] = self.views[slot][:rows] if rows is not None else self.views[slot]
+        if stream is caller:
+            self.rc.stream.wait_event(caller.record(self._ran))
+        else:
+            caller.wait_event(stream.record())
+        return result
+
+    def _bound_graph(self, cupy, arrays):
+        """The engine's graph reading `arrays` where they are, or None (they are then copied). Captured for
+        addresses the call before passed too, unless an array is not a contiguous one of this device or overlaps
+        this context's memory (an output of its own fed back, which the run overwrites)."""
+        key = tuple(a.data.ptr if isinstance(a, cupy.ndarray) else None for a in arrays)
+        found = self._bound.get(key)
+        if found is not None:
+            self._bound.move_to_end(key)
+            return found[0]
+        last, self._last_addresses = self._last_addresses, key
+        if key != last or not all(self._readable_in_place(cupy, a) for a in arrays):
+            return None
+        steps = self._steps_reading(arrays)
+        if steps is None:
+            return None
+        try:
+            self._bound[key] = capture(self.rc.stream, lambda: [s.op.run(self.rc, i, o) for s, i, o in steps])
+        except Exception as exc:  # the copies serve; the next repeat of these addresses tries again
+            logger.info("capturing engine %r for its callers' input buffers failed: %s", self.engine.name, exc)
+            return None
+        if len(self._bound) > BOUND_GRAPHS:
+            self._bound.popitem(last=False)
+        return self._bound[key][0]
+
+    def _readable_in_place(self, cupy, a) -> bool:
+        if not (isinstance(a, cupy.ndarray) and a.flags.c_contiguous and a.data.device_id == self._arena.device_id):
+            return False
+        start, end = a.data.ptr, a.data.ptr + a.nbytes
+        own = [(self._arena.ptr, self.program.arena_bytes)] + [
+            (self.views[s.name].data.ptr, s.nbytes) for s in self.program.slots.values() if s.place == "output"]
+        return all(end <= ptr or start >= ptr + nbytes for ptr, nbytes in own)
+
+    def _steps_reading(self, arrays) -> Optional[list]:
+        """The steps with the input bindings (and views of them) replaced by `arrays`; None if a step writes one."""
+        slots, views = self.program.slots, dict(self.views)
+        views.update(zip(self._input_slots, arrays))
+
+        def view(name):
+            slot = slots[name]
+            return view(slot.base).reshape(slot.shape) if slot.place == "alias" else views[name]
+
+        inputs = set(self._input_slots)
+        if any(self.program.root(n).name in inputs for s in self.program.steps for n in s.outputs):
+            return None
+        return [(s, [view(n) for n in s.inputs], [view(n) for n in s.outputs]) for s in self.program.steps]
 
     def _check_device_inputs(self, arrays) -> Optional[int]:
         """Checks device inputs (engine input order) against the engine; the rows of a smaller batch of a
@@ -370,6 +435,7 @@ class Runner(base.Runner):
     def close(self) -> None:
         self.segments = None
         self._step_graphs.clear()
+        self._bound.clear()
         self._finalizer()
 
 
