@@ -104,3 +104,18 @@ def normal(*shapes, dtype="float32", low=None, high=None):
         return out
 
     return make
+
+
+def tanh_dense(rows: int, width: int, seed: int = 0) -> Callable[[], Network]:
+    """A network factory: y0 = tanh(x0 @ W), x0 float32 [rows, width], W a fixed random [width, width] (so an
+    output can be fed back as the next input)."""
+    w = (np.random.default_rng(seed).standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+
+    def build() -> Network:
+        net = Network("fc")
+        x = net.add_input("x0", "float32", (rows, width))
+        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w)], {"activation": {"type": "tanh"}}).outputs[0]
+        net.mark_output(y, name="y0")
+        return net
+
+    return build

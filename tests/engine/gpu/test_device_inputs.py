@@ -5,23 +5,15 @@ first. Every way answers for what the array holds when the run starts, as the nu
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Engine, Network
+from tftrt_py.engine import Engine
 from tftrt_py.engine.backends.cupy import runner as runner_module
 
-from gpu_helpers import GPU, cupy_engine, healthy_gpu  # noqa: F401 (autouse fixture)
+from gpu_helpers import GPU, cupy_engine, healthy_gpu, tanh_dense  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
 
 N, K = 64, 128
-W = (np.random.default_rng(0).standard_normal((K, K)) / np.sqrt(K)).astype(np.float32)
-
-
-def fc():
-    net = Network("fc")
-    x = net.add_input("x0", "float32", (N, K))
-    y = net.add_layer("MatrixMultiply", [x, net.add_constant(W)], {"activation": {"type": "tanh"}}).outputs[0]
-    net.mark_output(y, name="y0")
-    return net
+fc = tanh_dense(N, K)
 
 
 @pytest.fixture

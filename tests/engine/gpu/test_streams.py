@@ -5,9 +5,9 @@ waits for the last run and for what read its outputs until then. Inputs arrive l
 import numpy as np
 import pytest
 
-from tftrt_py.engine import Engine, Network
+from tftrt_py.engine import Engine
 
-from gpu_helpers import GPU, cupy_engine, healthy_gpu  # noqa: F401 (autouse fixture)
+from gpu_helpers import GPU, cupy_engine, healthy_gpu, tanh_dense  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
 
@@ -38,15 +38,7 @@ def model():
     """A captured FP32 engine (one CUDA graph), its numpy reference and a context that has replayed once."""
     import cupy
 
-    w = (np.random.default_rng(0).standard_normal((K, K)) / np.sqrt(K)).astype(np.float32)
-
-    def fc():
-        net = Network("fc")
-        x = net.add_input("x0", "float32", (N, K))
-        y = net.add_layer("MatrixMultiply", [x, net.add_constant(w)], {"activation": {"type": "tanh"}}).outputs[0]
-        net.mark_output(y, name="y0")
-        return net
-
+    fc = tanh_dense(N, K)
     ref = Engine(fc(), backend="numpy").create_execution_context()
     ctx = cupy_engine(fc()).create_execution_context()
     for _ in range(2):  # the first run captures, the second replays
