@@ -23,13 +23,16 @@ TOL = {"float16": 1e-2, "float32": 1e-4}
 
 
 def lt_run(plan, a, b, d, algo=0, graph=False):
-    """Run `plan` on cupy arrays on a fresh stream, eagerly or as a captured graph (replayed twice)."""
+    """Run `plan` on cupy arrays on a fresh stream, eagerly or as a captured graph (replayed twice), after the work
+    that made them (a non-blocking stream does not wait for cupy's default stream by itself: on a busy GPU the
+    product could read operands not yet copied)."""
     import cupy
 
     from tftrt_py.engine.backends.cupy.tactics import capture
 
     stream = cupy.cuda.Stream(non_blocking=True)
     ws = cupy.empty(max(plan.workspace(algo), 1), cupy.uint8)
+    stream.wait_event(cupy.cuda.get_current_stream().record())
 
     def go():
         plan.run(algo, a.data.ptr, b.data.ptr, d.data.ptr, ws.data.ptr, ws.nbytes, stream.ptr)
