@@ -56,6 +56,14 @@ def assert_close(got: np.ndarray, ref: np.ndarray, precision: str, what: str = "
                                err_msg=what)
 
 
+def assert_close_with_nonfinite(got: np.ndarray, ref: np.ndarray, precision: str, what: str = "") -> None:
+    """NaN and Inf exactly where `ref` has them, the finite values as assert_close."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=what)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref), err_msg=what)
+    finite = np.isfinite(ref)
+    assert_close(np.where(finite, got, 0).astype(ref.dtype), np.where(finite, ref, 0), precision, what)
+
+
 def compare(build: Callable[[], Network], make_inputs: Callable[[np.random.Generator], Dict[str, np.ndarray]],
             precision: str = "FP32", runs: int = 2, seed: int = 0) -> Engine:
     """Numpy (FP32) vs cupy (`precision`) on `runs` fresh input sets (the first run is eager and

@@ -11,7 +11,7 @@ from tftrt_py.engine import Engine, Network
 from tftrt_py.engine.backends.cupy.ops import FACTORIES
 from tftrt_py.engine.backends.cupy.ops.conv import conv_candidates
 
-from gpu_helpers import GPU, assert_close, cupy_engine, healthy_gpu  # noqa: F401 (autouse fixture)
+from gpu_helpers import GPU, assert_close_with_nonfinite, cupy_engine, healthy_gpu  # noqa: F401 (autouse fixture)
 
 pytestmark = GPU
 
@@ -53,13 +53,6 @@ def casts(engine):
     return [s.layer for s in engine.cupy_program.steps if s.layer.endswith("(cast)")]
 
 
-def assert_matches(got, ref, what):
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=what)
-    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref), err_msg=what)
-    finite = np.isfinite(ref)
-    assert_close(np.where(finite, got, 0).astype(ref.dtype), np.where(finite, ref, 0), "FP16", what)
-
-
 @pytest.mark.parametrize("cp", [4, 8])
 def test_a_padding_plan_reads_the_fp32_image_without_a_cast(cp, monkeypatch):
     padded_to(cp, monkeypatch)
@@ -71,7 +64,7 @@ def test_a_padding_plan_reads_the_fp32_image_without_a_cast(cp, monkeypatch):
     ctx = engine.create_execution_context()
     for seed in (1, 2):  # the first run eager, then the CUDA graph's replay
         x = image(seed)
-        assert_matches(ctx.execute(x)["y"], reference(stem, x)["y"], f"run {seed}")
+        assert_close_with_nonfinite(ctx.execute(x)["y"], reference(stem, x)["y"], "FP16", f"run {seed}")
 
 
 def test_nan_and_inf_pixels_reach_the_outputs_whose_windows_hold_them(monkeypatch):
@@ -83,7 +76,7 @@ def test_nan_and_inf_pixels_reach_the_outputs_whose_windows_hold_them(monkeypatc
     x["x"][1, 0, 31, 2] = -np.inf
     got, ref = engine.create_execution_context().execute(x)["y"], reference(stem, x)["y"]
     assert np.isnan(ref).any() and np.isinf(ref).any()
-    assert_matches(got, ref, "NaN and Inf pixels")
+    assert_close_with_nonfinite(got, ref, "FP16", "NaN and Inf pixels")
 
 
 def test_the_cast_stays_where_another_layer_reads_it(monkeypatch):
@@ -94,7 +87,7 @@ def test_the_cast_stays_where_another_layer_reads_it(monkeypatch):
     x = image(4)
     got, ref = engine.create_execution_context().execute(x), reference(lambda: stem(pooled_too=True), x)
     for name in ("y", "p"):
-        assert_matches(got[name], ref[name], name)
+        assert_close_with_nonfinite(got[name], ref[name], "FP16", name)
 
 
 def test_a_float16_image_is_padded_as_it_is(monkeypatch):
@@ -102,5 +95,5 @@ def test_a_float16_image_is_padded_as_it_is(monkeypatch):
     engine = cupy_engine(stem("float16"), "FP16")
     assert engine.tactics["stem"]["pad_c"] == 4 and not casts(engine)
     x = image(5, np.float16)
-    assert_matches(engine.create_execution_context().execute(x)["y"],
-                   reference(lambda: stem("float16"), x)["y"], "float16 image")
+    assert_close_with_nonfinite(engine.create_execution_context().execute(x)["y"],
+                                reference(lambda: stem("float16"), x)["y"], "FP16", "float16 image")
