@@ -1,6 +1,6 @@
 """Stride-2 convolutions of an RGB image run folded (cupy backend's ops/conv_fold.py), without a GPU: each 2x2 block
 (or pair along W) of pixels one pixel of four (two) times the channels, the filter regrouped to match, gives the
-same sums; what does not fold keeps its geometry; an INT8 stem on an engine input reads its image folded."""
+same sums; what does not fold keeps its geometry; an INT8 or FP8 stem on an engine input reads its image folded."""
 import dataclasses
 
 import numpy as np
@@ -75,19 +75,28 @@ def stem_layer(net, x, name="stem", cout=8):
     return net.add_layer("Convolution", [x], params, {"kernel": kernel}, name=name)
 
 
-def image_net():
+def image_net(channels=3):
     net = Network("stem")
-    x = net.add_input("x", "float32", (2, 32, 32, 3))
+    x = net.add_input("x", "float32", (2, 32, 32, channels))
     x.dynamic_range = 2.0
     first = stem_layer(net, x, cout=3)  # an image of 16x16 pixels, 3 channels, which a layer writes
     first.outputs[0].dynamic_range = 2.0
     return net, first, stem_layer(net, first.outputs[0], name="second")
 
 
-def test_an_int8_stem_on_an_engine_input_reads_it_folded_and_others_read_rows():
+@pytest.mark.parametrize("fmt", ["INT8", "FP8"])
+def test_a_quantized_stem_on_an_engine_input_reads_it_folded_and_others_read_rows(fmt):
     net, first, second = image_net()
-    operands, quant = quant_plan(first, "INT8")
+    operands, quant = quant_plan(first, fmt)
     assert [o[3] for o in operands] == [FOLDED] and quant["folded"]
-    for layer, fmt in ((first, "FP8"), (second, "INT8")):  # FP8 does not fold; a layer's output is not an image
-        operands, quant = quant_plan(layer, fmt)
-        assert [o[3] for o in operands] == [ROWS] and not quant["folded"]
+    operands, quant = quant_plan(second, fmt)  # a layer's output is not an image
+    assert [o[3] for o in operands] == [ROWS] and not quant["folded"]
+
+
+def test_an_fp8_stem_folds_only_an_image_with_a_padding_byte_for_its_nan_flags():
+    """E4M3 NaN times a folded filter's zero weight is NaN: NaN pixels are flagged in each pixel's padding byte
+    instead, which an image of 4 channels does not have. int8 holds no NaN, so its stem folds either way."""
+    first = image_net(channels=4)[1]
+    assert quant_plan(first, "INT8")[1]["folded"]
+    operands, quant = quant_plan(first, "FP8")
+    assert [o[3] for o in operands] == [ROWS] and not quant["folded"]

@@ -283,7 +283,8 @@ def e4m3_values(codes):
 @pytest.mark.parametrize("channels", [16, 12])  # sixteen channels a thread, or four
 def test_fp8_max_pool_takes_the_largest_e4m3_value_of_each_window(channels):
     """Pooling E4M3 bytes four channels a word: order by value (negative codes reversed, -0 below +0), NaN
-    skipped as the float kernel skips it."""
+    skipped as the float kernel skips it; a window of NaN alone gives E4M3's lowest value (the float kernel's
+    lowest, saturated)."""
     import types
 
     import cupy
@@ -295,14 +296,18 @@ def test_fp8_max_pool_takes_the_largest_e4m3_value_of_each_window(channels):
         type="max", window=[2, 2], strides=[2, 2], pre_padding=[0, 0], post_padding=[0, 0]))
     codes = np.random.default_rng(25).integers(0, 256, (3, 8, 8, channels), dtype=np.uint8)
     codes[0, 0, 0, :4], codes[0, 0, 1, :4], codes[0, 1, 0, :4], codes[0, 1, 1, :4] = 0x80, 0x00, 0xff, 0x7f
+    codes[1, :2, :2, :4] = np.array([0x7f, 0xff])[np.random.default_rng(26).integers(0, 2, (2, 2, 4))]
+    codes[2, :2, :2, :4] = np.array([0x7f, 0xff, 0xfe])[np.random.default_rng(27).integers(0, 3, (2, 2, 4))]
     op = PoolOp(Spec(layer, [codes.shape], ["uint8"], [(3, 4, 4, channels)], ["uint8"], "float16", None))
     y = cupy.zeros((3, 4, 4, channels), cupy.uint8)
     op.run(None, [cupy.asarray(codes)], [y])
     windows = e4m3_values(codes).reshape(3, 4, 2, 4, 2, channels).transpose(0, 1, 3, 5, 2, 4).reshape(
         3, 4, 4, channels, 4)
-    assert not np.isnan(windows).all(axis=-1).any()
+    empty = np.isnan(windows).all(axis=-1)
+    assert empty[1, 0, 0, :4].all() and empty.sum() <= 8
     got = e4m3_values(y.get())
-    np.testing.assert_array_equal(got, np.nanmax(windows, axis=-1))
+    np.testing.assert_array_equal(got, np.where(empty, -448.0, np.nanmax(np.where(empty[..., None], 0, windows),
+                                                                           axis=-1)))
     assert got[0, 0, 0, 0] == 0.0 and not np.signbit(got[0, 0, 0, 0])  # max(-0, +0, NaNs) is +0
 
 
@@ -328,29 +333,140 @@ def test_fp8_max_pool_between_fp8_convolutions_pools_e4m3_bytes(monkeypatch):
     assert not any("quantize" in s.layer for s in prog.steps[1:]), [s.layer for s in prog.steps]
 
 
-@pytest.mark.parametrize("variant", ["triton", "fused", "conv"])
-def test_fp8_convolution_of_an_rgb_image(variant, monkeypatch):
-    """A stem: the image's 3 channels padded to 4 (4 bytes a pixel), 7x7 stride 2, on each path this GPU has."""
+def fp8_stem(variant, monkeypatch, shape=(2, 32, 32, 3), kernel=7, pad=3, pooled=False):
+    """Strict FP8 engine of a stem on an RGB image (kernel x kernel, stride 2, padding `pad`, ReLU; where `pooled`
+    its output max-pooled 3x3/2 into a 1x1 convolution, so the stem and the pool write E4M3), on `variant`'s path;
+    skips where this GPU has none."""
     if not fp8_capable():
         pytest.skip("FP8 needs compute capability 8.9")
     monkeypatch.setenv("TFTRT_PY_FP8_CONV", variant)
     rng = np.random.default_rng(27)
     net = Network("fp8_stem")
-    x = net.add_input("x", "float32", (2, 32, 32, 3))
-    layer = net.add_layer("Convolution", [x], dict(strides=[2, 2], dilations=[1, 1], pre_padding=[3, 3],
-                                                   post_padding=[3, 3], groups=1, activation={"type": "relu"}),
-                          {"kernel": (rng.standard_normal((7, 7, 3, 64)) * 0.1).astype("float32"),
+    x = net.add_input("x", "float32", shape)
+    layer = net.add_layer("Convolution", [x], dict(strides=[2, 2], dilations=[1, 1], pre_padding=[pad, pad],
+                                                   post_padding=[pad, pad], groups=1, activation={"type": "relu"}),
+                          {"kernel": (rng.standard_normal((kernel, kernel, shape[-1], 64)) * 0.1).astype("float32"),
                            "bias": rng.standard_normal(64).astype("float32")}, name="conv")
-    net.mark_output(layer.outputs[0], name="y")
+    y = layer.outputs[0]
+    if pooled:
+        pool = net.add_layer("Pooling", [y], dict(type="max", window=[3, 3], strides=[2, 2], pre_padding=[1, 1],
+                                                  post_padding=[1, 1]), name="pool")
+        last = net.add_layer("Convolution", pool.outputs, dict(strides=[1, 1], dilations=[1, 1], pre_padding=[0, 0],
+                                                               post_padding=[0, 0], groups=1),
+                             {"kernel": (rng.standard_normal((1, 1, 64, 32)) * 0.1).astype("float32")}, name="c2")
+        y.dynamic_range = 8.0
+        y = last.outputs[0]
+    net.mark_output(y, name="y")
     x.dynamic_range = 4.0
     try:
-        engine = Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
+        return Builder(BuilderConfig(precision="FP8", backend="cupy", strict_types=True)).build_engine(net)
     except BuildError as exc:
         if "no GPU implementation" in str(exc):
             pytest.skip(f"no {variant} FP8 kernel for an RGB image on this GPU: {exc}")
         raise
-    assert engine.cupy_program.slots["x@fp8"].shape[-1] == 4
+
+
+@pytest.mark.parametrize("variant", ["triton", "fused", "conv"])
+def test_fp8_stem_reads_its_image_folded_by_2x2_pixel_blocks(variant, monkeypatch):
+    """A stem: the image's 3 channels padded to 4, folded by 2x2 pixel blocks (16 bytes a pixel) as it is quantized,
+    7x7 stride 2 run as 4x4 stride 1, on each path this GPU has, followed by the NaN-window step."""
+    engine = fp8_stem(variant, monkeypatch)
+    assert engine.cupy_program.slots["x@fp8F"].shape == (2, 16, 16, 16)
+    assert engine.tactics["conv"]["nan_windows"], engine.tactics["conv"]
+    rng = np.random.default_rng(28)
     against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 32, 32, 3)).astype("float32")})
+
+
+#: (batch, row, column, channel) of NaN pixels: corners, both parities of row and column (a folded filter's zero
+#: weights sit in its first row and column of pixels, which an output's window does not hold), the last row and
+#: column, a whole pixel.
+NAN_PIXELS = [(0, 0, 0, 0), (0, 10, 10, 1), (0, 11, 20, 2), (0, 20, 13, 0), (1, 31, 31, 2), (1, 0, 17, 1),
+              (1, 16, 0, 0), (1, 7, 8, slice(None))]
+
+
+@pytest.mark.parametrize("variant", ["triton", "fused", "conv"])
+@pytest.mark.parametrize("kernel, pad", [(7, 3), (3, 1), (4, 1)])
+def test_fp8_stem_nan_pixels_reach_the_outputs_whose_windows_hold_them(variant, kernel, pad, monkeypatch):
+    """NaN pixels of a folded stem's image give NaN in every channel of exactly the outputs whose windows (unfolded)
+    hold them, as the numpy backend's unfolded convolution computes; the other outputs its finite values. Inf
+    saturates to E4M3's largest value unfolded and folded alike."""
+    engine = fp8_stem(variant, monkeypatch, kernel=kernel, pad=pad)
+    assert engine.tactics["conv"]["nan_windows"], engine.tactics["conv"]
+    ctx = engine.create_execution_context()
+    on_cpu = deserialize(engine.serialize(), backend="numpy").create_execution_context()
+    rng = np.random.default_rng(29)
+    for run in range(2):  # eager, then the graph's replay
+        x = rng.uniform(-4, 4, (2, 32, 32, 3)).astype("float32")
+        for i in rng.permutation(len(NAN_PIXELS))[:6 + run * 2]:
+            x[NAN_PIXELS[i]] = np.nan
+        x[1, 3, 4, 0], x[0, 25, 2, 1] = np.inf, -np.inf
+        got, want = ctx.execute({"x": x})["y"], on_cpu.execute({"x": x})["y"]
+        assert np.isnan(want).any() and not np.isnan(want).all()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"run {run}")
+        finite = ~np.isnan(want)
+        assert rel_err(got[finite], want[finite]) < TOL, (run, rel_err(got[finite], want[finite]))
+
+
+def test_fp8_stem_of_an_image_of_nan_alone_is_nan_everywhere(monkeypatch):
+    engine = fp8_stem("triton", monkeypatch)
+    x = np.full((2, 32, 32, 3), np.nan, np.float32)
+    x[1, :, :16] = 1.0  # the second image's left half finite: only outputs whose windows reach past it are NaN
+    got = engine.create_execution_context().execute({"x": x})["y"]
+    want = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute({"x": x})["y"]
+    assert np.isnan(got[0]).all() and not np.isnan(want[1]).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_fp8_stem_nan_pixels_reach_its_max_pool_as_they_do_unfolded(monkeypatch):
+    """The stem writes E4M3 for its max pool: the NaN-window step writes E4M3 NaN, which the pool skips as the
+    numpy backend's does (a window of NaN alone gives the lowest value)."""
+    engine = fp8_stem("triton", monkeypatch, pooled=True)
+    prog = engine.cupy_program
+    assert prog.slots["conv:0"].dtype == "uint8" and prog.slots["pool:0"].dtype == "uint8", prog.slots
+    x = np.random.default_rng(30).uniform(-4, 4, (2, 32, 32, 3)).astype("float32")
+    x[0, 8:14, 8:14] = np.nan  # a block of the stem's outputs entirely NaN: pool windows of NaN alone
+    x[1, 20, 21, 0] = np.nan
+    got = engine.create_execution_context().execute({"x": x})["y"]
+    want = deserialize(engine.serialize(), backend="numpy").create_execution_context().execute({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert rel_err(got, want) < TOL
+
+
+def test_an_fp8_image_with_4_channels_is_read_unfolded(monkeypatch):
+    """No padding byte holds a NaN flag: the stem reads the image as it is, 4 bytes a pixel."""
+    engine = fp8_stem("triton", monkeypatch, shape=(2, 32, 32, 4))
+    assert engine.cupy_program.slots["x@fp8"].shape == (2, 32, 32, 4)
+    assert "nan_windows" not in engine.tactics["conv"]
+    rng = np.random.default_rng(31)
+    against_numpy(engine, lambda: {"x": rng.uniform(-4, 4, (2, 32, 32, 4)).astype("float32")})
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 6, 8, 3), "float32"), ((1, 4, 6, 3), "float32"),
+                                          ((2, 4, 6, 3), "float16"), ((1, 2, 4, 1), "float32")])
+def test_fp8_folded_image_flags_its_nan_pixels_in_their_padding_byte(shape, dtype):
+    """The quantize step of a folded FP8 stem (four pixels a thread where they lie in one row, else one): each
+    pixel's E4M3 bytes as the unfolded step writes them, folded by 2x2 blocks; a pixel holding NaN in any channel
+    written as zeros with its padding byte nonzero (others' padding 0)."""
+    if not fp8_capable():
+        pytest.skip("FP8 needs compute capability 8.9")
+    import cupy
+
+    from tftrt_py.engine.backends.cupy.ops.quant import E4M3_Q, FOLDED, QuantizeOp
+
+    scale = np.float32(0.5)
+    x = (np.random.default_rng(32).standard_normal(shape) * 40).astype(dtype)
+    x.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, 0.75]
+    x[-1, -1, -1, -1] = np.nan
+    n, h, w, c = shape
+    rows = cupy.zeros((n, h, w, 4), cupy.uint8)
+    QuantizeOp(shape, dtype, scale, 4, qfunc=E4M3_Q).run(None, [cupy.asarray(x)], [rows])
+    want = rows.get()
+    nan = np.isnan(x).any(axis=-1)
+    want[nan] = [0, 0, 0, 0x38]
+    want = want.reshape(n, h // 2, 2, w // 2, 2, 4).transpose(0, 1, 3, 2, 4, 5).reshape(n, h // 2, w // 2, 16)
+    q = cupy.full((n, h // 2, w // 2, 16), 99, cupy.uint8)
+    QuantizeOp(shape, dtype, scale, 4, FOLDED, E4M3_Q, flag_nan=True).run(None, [cupy.asarray(x)], [q])
+    np.testing.assert_array_equal(q.get(), want)
 
 
 def test_fp8_ffn_keeps_its_hidden_tensor_e4m3_between_our_gemms(monkeypatch):

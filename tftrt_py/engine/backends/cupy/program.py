@@ -24,7 +24,8 @@ from tftrt_py.engine.backends.cupy.ops import FACTORIES, POINTWISE_KINDS, BuildO
 from tftrt_py.engine.backends.cupy.ops.base import align
 from tftrt_py.engine.backends.cupy.ops.cast import CastOp
 from tftrt_py.engine.backends.cupy.ops.conv_chain import chain_candidates
-from tftrt_py.engine.backends.cupy.ops.quant import FOLDED, FORMATS, ROWS, TRANSPOSED, QuantizeOp, quantized_shape
+from tftrt_py.engine.backends.cupy.ops.quant import (FOLDED, FORMATS, ROWS, TRANSPOSED, operand_quantize,
+                                                     quantized_shape)
 from tftrt_py.engine.backends.cupy.quant_planning import QuantPlan, plan_quantization, quant_plan, quant_scale
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.backends.cupy.views import is_view
@@ -197,8 +198,8 @@ class _Builder:
         if key not in quantized:
             name = f"{tensor_name}@{fmt.lower()}{_LAYOUT_SUFFIX[layout]}"
             self.add_slot(name, quantized_shape(slot.shape, last, layout), f.storage, "arena")
-            op = QuantizeOp(slot.shape, self.dtypes[tensor_name],
-                            quant_scale(fmt, tensors[tensor_name].dynamic_range), last, layout, f.qfunc)
+            op = operand_quantize(slot.shape, self.dtypes[tensor_name],
+                                  quant_scale(fmt, tensors[tensor_name].dynamic_range), last, layout, f)
             prog.steps.append(Step(op, [tensor_name], [name], f"{layer_name} (quantize)"))
             quantized[key] = name
         return quantized[key]

@@ -20,8 +20,8 @@ from tftrt_py.engine.backends.cupy.ops import FACTORIES, BuildOptions, Spec
 from tftrt_py.engine.backends.cupy.ops import attention, conv_fold, fp8, int8, triton_conv
 from tftrt_py.engine.backends.cupy.ops.cast import CastOp
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
-from tftrt_py.engine.backends.cupy.ops.quant import (FOLDED, FORMATS, PAD, ROWS, TRANSPOSED, QuantizeOp, padded,
-                                                     quantized_shape)
+from tftrt_py.engine.backends.cupy.ops.quant import (FOLDED, FORMATS, PAD, ROWS, TRANSPOSED, QuantizeOp,
+                                                     operand_quantize, padded, quantized_shape)
 from tftrt_py.engine.backends.cupy.tactics import Tuner
 from tftrt_py.engine.backends.cupy.views import is_view
 from tftrt_py.engine.backends.numpy_precision import cached
@@ -130,10 +130,13 @@ def _quantized_constant(value: np.ndarray, fmt: str, role: str, transposed: bool
 
 
 def _folds(layer, fmt: str) -> bool:
-    """Whether an INT8 convolution reads its input folded by 2x2 pixel blocks (ops/conv_fold.py): a stride-2 stem on
-    an engine input of 4 channels or fewer (an image no layer writes quantized itself; FP8 does not fold)."""
+    """Whether a quantized convolution reads its input folded by 2x2 pixel blocks (ops/conv_fold.py): a stride-2
+    stem on an engine input (an image no layer writes quantized itself) of 4 channels or fewer, and for a format
+    whose bytes hold NaN (E4M3) fewer than 4: a padding byte in each pixel carries its NaN flag."""
     x, y = layer.inputs[0], layer.outputs[0]
-    if fmt != "INT8" or x.producer is not None or layer.weights["kernel"].ndim != 4 or len(x.shape) != 4:
+    if x.producer is not None or layer.weights["kernel"].ndim != 4 or len(x.shape) != 4:
+        return False
+    if FORMATS[fmt].keeps_nan and x.shape[-1] >= FORMATS[fmt].channels(x.shape[-1]):
         return False
     return conv_fold.foldable(ConvGeom.of(layer, tuple(x.shape[:-1]) + (FORMATS[fmt].channels(x.shape[-1]),),
                                           y.shape))
@@ -200,8 +203,8 @@ def _quantize_steps(layer, fmt: str, sole_reader: set) -> Dict[int, Tuple[Quanti
             continue
         stepped.add((layer.inputs[i].name, layout))
         src = "float32" if layer.inputs[i].name in sole_reader else "float16"
-        step = QuantizeOp(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, layout,
-                          FORMATS[fmt].qfunc)
+        step = operand_quantize(shape, src, quant_scale(fmt, layer.inputs[i].dynamic_range), last, layout,
+                                FORMATS[fmt])
         steps[i] = (step, shape, src, quantized_shape(shape, last, layout))
     return steps
 

@@ -9,6 +9,17 @@ __device__ __forceinline__ long long folded_word(long long p) {
 #endif
 }
 
+// A pixel's three channels quantized into the low bytes of a word, its fourth byte (padding) 0. With NAN_FLAG (an
+// E4M3 image folded for a stem, ops/conv_fold.py) a pixel holding NaN in any channel is written as NAN_PIXEL: its
+// channels 0, its padding byte E4M3 1.0 (a word no finite pixel gives), which the convolution multiplies by a zero
+// weight and its NaN-window step (nan_windows.cu) looks for (conv_fold.NAN_PIXEL).
+__device__ __forceinline__ int pixel_word(float a, float b, float c, float s) {
+#if NAN_FLAG
+  if (isnan(a) || isnan(b) || isnan(c)) return NAN_PIXEL;
+#endif
+  return (tt_q(a, s) & 0xff) | ((tt_q(b, s) & 0xff) << 8) | ((tt_q(c, s) & 0xff) << 16);
+}
+
 extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict__ q, float s, long long groups) {
   // one thread per 4 output bytes (VEC8: 8, RGB4: 16, folded 32): q is [OUTER, D1, D2P] (D2P % 4 == 0) read from
   // x [OUTER, D2, D1] (TRANSPOSE) or x [OUTER, D1, D2]; padding bytes are 0. FOLD_H: x is an image
@@ -38,9 +49,7 @@ extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict_
       int w[4];
 #endif
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        w[j] = (tt_q(v[3 * j], s) & 0xff) | ((tt_q(v[3 * j + 1], s) & 0xff) << 8) |
-               ((tt_q(v[3 * j + 2], s) & 0xff) << 16);
+      for (int j = 0; j < 4; ++j) w[j] = pixel_word(v[3 * j], v[3 * j + 1], v[3 * j + 2], s);
 #if !FOLD_H
       reinterpret_cast<int4*>(q)[i] = make_int4(w[0], w[1], w[2], w[3]);
 #endif
@@ -70,13 +79,21 @@ extern "C" __global__ void tt_quantize(const T* __restrict__ x, int* __restrict_
     long long e = i * 4;
     int c0 = e % D2P; long long r = e / D2P;
     int d1 = r % D1; long long o = r / D1;
+    bool nan = false;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       int c = c0 + j;
       int v = 0;
-      if (c < D2) v = tt_q(ld(TRANSPOSE ? x[(o * D2 + c) * D1 + d1] : x[(o * D1 + d1) * D2 + c]), s);
+      if (c < D2) {
+        float f = ld(TRANSPOSE ? x[(o * D2 + c) * D1 + d1] : x[(o * D1 + d1) * D2 + c]);
+        nan = nan || isnan(f);
+        v = tt_q(f, s);
+      }
       word |= ((unsigned int)(v & 0xff)) << (8 * j);
     }
+#if NAN_FLAG  // (folded: D2P is 4, so the word is one pixel)
+    if (nan) word = NAN_PIXEL;
+#endif
 #endif
     q[FOLD_H ? folded_word(i) : i] = (int)word;  // folded: D2P is 4, a word a pixel
 #endif

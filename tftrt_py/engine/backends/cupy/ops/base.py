@@ -7,8 +7,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Op", "Spec", "BuildOptions", "register", "FACTORIES", "QUANTIZED_FACTORIES", "quantized_candidates",
-           "align"]
+__all__ = ["Op", "FollowedOp", "Spec", "BuildOptions", "register", "FACTORIES", "QUANTIZED_FACTORIES",
+           "quantized_candidates", "align"]
 
 Factory = Callable[["Spec"], List["Op"]]
 
@@ -75,6 +75,16 @@ class Op:
         """Whether this op takes its first input in float `dtype` from now on, converting it where it copies it
         anyway (a convolution that pads the channels of its input first), so that a cast before it can go."""
         return False
+
+
+class FollowedOp(Op):
+    """An op followed by work of its own in the same step (a kernel after it): what the op needs from its context
+    (workspace, a cuDNN handle on its stream, capture) and holds are the inner op's."""
+
+    def __init__(self, inner: Op):
+        self.inner = inner
+        self.workspace, self.device_bytes = inner.workspace, inner.device_bytes
+        self.capturable, self.uses_cudnn = inner.capturable, inner.uses_cudnn
 
 
 @dataclasses.dataclass

@@ -7,7 +7,8 @@ reader of a tensor: quant.QuantizeOp with quant.E4M3_Q); constant weights per ou
 products summed in fp32, then ``act(sum * s_x * s_w[c] + bias + residual)`` in fp32, written as fp16.
 
 * Convolution: our Triton kernel (triton_conv.py, int8's with E4M3 operands and fp32 sums), which also reads
-  and writes E4M3 tensors between FP8 layers and quantized residuals; a cuDNN graph (E4M3 image and filter, fp32
+  and writes E4M3 tensors between FP8 layers and quantized residuals, and runs a stem on its image folded by 2x2
+  pixel blocks with NaN pixels flagged (conv_fold.py); a cuDNN graph (E4M3 image and filter, fp32
   accumulation) with the per-channel dequantize, bias, residual and activation fused on its output (int8's graph
   with FP8 operands); where neither serves (a quantized output or residual without Triton), cuDNN's graph
   writing fp32 sums and the epilogue kernel.
@@ -27,6 +28,7 @@ import numpy as np
 
 from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
+from tftrt_py.engine.backends.cupy.ops import conv_fold
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import CudnnInt8ConvOp, LtInt8MatMulOp, _cudnn_int8_graph
@@ -93,11 +95,20 @@ def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):
     return np.ascontiguousarray(q), s
 
 
+def _unfolded_geom(spec: Spec) -> ConvGeom:
+    """The geometry of an FP8 convolution as the network holds it (c: the padded channel count), its input folded
+    by 2x2 pixel blocks or not."""
+    x = spec.in_shapes[0]
+    return ConvGeom.of(spec.layer, conv_fold.unfolded_shape(x) if spec.quant.get("folded") else x,
+                       spec.out_shapes[0])
+
+
 def fp8_conv_operands(spec: Spec) -> Optional[ConvOperands]:
-    """The ConvOperands of an FP8 convolution; None for a grouped one or a residual broadcast over the batch."""
+    """The ConvOperands of an FP8 convolution (its input folded by 2x2 pixel blocks where the plan says so,
+    ops/conv_fold.py); None for a grouped one or a residual broadcast over the batch."""
     cupy = _device.require()
     layer, quant = spec.layer, spec.quant
-    geom = ConvGeom.of(layer, spec.in_shapes[0], spec.out_shapes[0])  # c is the padded channel count
+    geom = _unfolded_geom(spec)
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
     if geom.groups != 1 or (residual is not None and residual[0] != geom.n):
@@ -107,14 +118,16 @@ def fp8_conv_operands(spec: Spec) -> Optional[ConvOperands]:
     q, s_w = _per_channel(kernel, -1)
     if geom.c > kernel.shape[-2]:
         q = np.concatenate([q, np.zeros(q.shape[:-2] + (geom.c - q.shape[-2], q.shape[-1]), np.uint8)], axis=-2)
-    w = cupy.asarray(np.ascontiguousarray(np.moveaxis(q, -1, 0)))  # [Cout, *K, C]
+    w = np.ascontiguousarray(np.moveaxis(q, -1, 0))  # [Cout, *K, C]
+    if quant.get("folded"):
+        w, geom = conv_fold.fold_weights(w, geom), conv_fold.fold(geom)
     out_dtype, dual, res_scale = spec.out_dtypes[0], quant.get("dual_scale"), quant.get("res_scale")
     deq = Dequant(cupy.asarray(np.float32(quant["in_scale"]) * s_w),
                   cupy.asarray(bias.astype(np.float32)) if bias is not None else None, activation, out_dtype,
                   out_scale(spec, FP8), residual[1] if residual else None,
                   np.float32(dual) if dual is not None else None, "float32",
                   np.float32(res_scale) if has_residual and res_scale is not None else None, FP8)
-    return ConvOperands("FP8", geom, w, deq, residual)
+    return ConvOperands("FP8", geom, cupy.asarray(w), deq, residual)
 
 
 OPERANDS["FP8"] = fp8_conv_operands
@@ -124,7 +137,8 @@ OPERANDS["FP8"] = fp8_conv_operands
 def fp8_conv_candidates(spec: Spec) -> List[Op]:
     """Our Triton kernel's tiles, the plans of cuDNN's FP8 graph with dequantize, bias, residual and activation
     fused (float outputs and residuals), or else cuDNN's graph writing fp32 sums and the epilogue kernel; none
-    (the layer then runs in FP16) for grouped convolutions or where nothing serves."""
+    (the layer then runs in FP16) for grouped convolutions or where nothing serves. On a folded image each is
+    followed by the step that writes NaN where the image's flagged pixels reach (conv_fold.NanWindowsOp)."""
     operands = fp8_conv_operands(spec)
     if operands is None:
         return []
@@ -156,6 +170,8 @@ def fp8_conv_candidates(spec: Spec) -> List[Op]:
             quantize = QuantizeOp(spec.out_shapes[0], out_dtype, dual, geom.cout, qfunc=E4M3_Q)
             ops = [QuantizeAfterOp(op, quantize) for op in ops]
         cands += ops
+    if spec.quant.get("folded"):
+        cands = [conv_fold.NanWindowsOp(op, _unfolded_geom(spec), spec.out_dtypes) for op in cands]
     return cands
 
 

@@ -37,9 +37,10 @@ __device__ __forceinline__ int finish_word(int acc, bool padded) {
 """
 #: Max pooling of E4M3 bytes (stored as uint8) four channels a word: each byte's sign and magnitude mapped to an
 #: ordered signed byte (negative magnitudes reversed; an involution), the max taken as int8, mapped back. NaN
-#: (+NaN ordered highest, -NaN lowest) is skipped, as the float kernel skips it.
+#: (+NaN ordered highest, -NaN lowest) is skipped, as the float kernel skips it; a window of NaN alone gives E4M3's
+#: lowest value, -448 (TF's float lowest, saturated as the quantize step saturates).
 _E4M3_WORD = r"""
-#define WORD_INIT ((int)0x80808080)  // below every ordered byte but -NaN's
+#define WORD_INIT ((int)0x81818181)  // -448 in each byte, ordered: below it only -NaN's 0x80
 __device__ __forceinline__ int ordered(int v) { return v ^ (__vcmplts4(v, 0) & 0x7f7f7f7f); }
 __device__ __forceinline__ int take_word(int acc, int v) {
   int o = ordered(v);

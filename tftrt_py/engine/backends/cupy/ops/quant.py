@@ -21,13 +21,13 @@ import numpy as np
 
 from tftrt_py.engine import quantization
 from tftrt_py.engine.backends.cupy import _device, kernels
-from tftrt_py.engine.backends.cupy.ops.base import Op, Spec
-from tftrt_py.engine.backends.cupy.ops.conv_fold import folded_shape
+from tftrt_py.engine.backends.cupy.ops.base import FollowedOp, Op, Spec
+from tftrt_py.engine.backends.cupy.ops.conv_fold import NAN_PIXEL, folded_shape
 from tftrt_py.engine.backends.cupy.ops.pointwise import C_TYPE, PREAMBLE, activation_expr
 
 __all__ = ["PAD", "padded", "conv_channels", "INT8_Q", "E4M3_Q", "DeviceFormat", "INT8", "FP8", "FORMATS", "ROWS",
-           "TRANSPOSED", "FOLDED", "QuantizeOp", "QuantizeAfterOp", "quantized_shape", "quantized_epilogue", "Dequant",
-           "out_scale", "matmul_dequant"]
+           "TRANSPOSED", "FOLDED", "QuantizeOp", "operand_quantize", "QuantizeAfterOp", "quantized_shape",
+           "quantized_epilogue", "Dequant", "out_scale", "matmul_dequant"]
 
 #: Quantized operands have their reduction (channel) dim zero-padded to a multiple of this.
 PAD = 16
@@ -76,13 +76,15 @@ __device__ __forceinline__ float tt_v(int q) {
 class DeviceFormat:
     """How a quantized precision stores its operands here: its rules (engine/quantization.py's QuantFormat: the
     largest magnitude a tensor's range maps to), storage dtype, the device functions tt_q/tt_v that round to and
-    read its bytes, the padding of a convolution's input channels."""
+    read its bytes, the padding of a convolution's input channels, whether its bytes hold NaN (E4M3 keeps it;
+    int8 has none, its clamp takes NaN to -127)."""
 
     name: str
     storage: str
     rules: quantization.QuantFormat
     qfunc: str
     channels: Callable[[int], int]
+    keeps_nan: bool
 
     @property
     def qmax(self) -> float:
@@ -93,9 +95,9 @@ class DeviceFormat:
         return np.float32(quantization.scale(dynamic_range, self.qmax))
 
 
-INT8 = DeviceFormat("INT8", "int8", quantization.FORMATS["INT8"], INT8_Q, conv_channels)
+INT8 = DeviceFormat("INT8", "int8", quantization.FORMATS["INT8"], INT8_Q, conv_channels, keeps_nan=False)
 #: E4M3 bytes are stored as uint8 (cupy has no float8 type).
-FP8 = DeviceFormat("FP8", "uint8", quantization.FORMATS["FP8"], E4M3_Q, conv_channels)
+FP8 = DeviceFormat("FP8", "uint8", quantization.FORMATS["FP8"], E4M3_Q, conv_channels, keeps_nan=True)
 #: How each quantized precision stores its operands here, by precision name.
 FORMATS = {"INT8": INT8, "FP8": FP8}
 
@@ -117,13 +119,15 @@ def _vector(dtype: str, d2: int, d2p: int, transpose: bool, rows: int, d1: int, 
 
 
 def quantize_kernel(dtype: str, outer: int, d1: int, d2: int, d2p: int, transpose: bool, qfunc: str = INT8_Q,
-                    fold_h: int = 0):
+                    fold_h: int = 0, flag_nan: bool = False):
     """The quantize kernel of x [OUTER, D1, D2] (or [OUTER, D2, D1] transposed); `fold_h`: the image height H where
-    x [N * H, W, 4] is written folded by 2x2 pixel blocks (else 0)."""
+    x [N * H, W, 4] is written folded by 2x2 pixel blocks (else 0); `flag_nan`: pixels holding NaN are written as
+    a flag in their padding byte (quantize.cu's NAN_FLAG)."""
     vec = _vector(dtype, d2, d2p, transpose, outer * d1, d1, fold_h)
     head = (f"#define T {kernels.raw_type(dtype)}\n#define D1 {d1}\n#define D2 {d2}\n#define D2P {d2p}\n"
             f"#define TRANSPOSE {int(transpose)}\n#define VEC4 {int(vec == 4)}\n#define VEC8 {int(vec == 8)}\n"
-            f"#define RGB4 {int(vec >= 16)}\n#define FOLD_H {fold_h}\n")
+            f"#define RGB4 {int(vec >= 16)}\n#define FOLD_H {fold_h}\n#define NAN_FLAG {int(flag_nan)}\n"
+            f"#define NAN_PIXEL {NAN_PIXEL:#x}\n")
     return kernels.raw_kernel(head + qfunc + _QUANTIZE, "tt_quantize")
 
 
@@ -135,10 +139,12 @@ ROWS, TRANSPOSED, FOLDED = "rows", "transposed", "folded"
 
 class QuantizeOp(Op):
     """x (float) -> int8 with scale `s`; the last dim zero-padded to `last_padded`, laid out as `layout` says (ROWS,
-    TRANSPOSED or FOLDED). `qfunc`: the rounding (INT8_Q, or E4M3_Q: E4M3 bytes)."""
+    TRANSPOSED or FOLDED). `qfunc`: the rounding (INT8_Q, or E4M3_Q: E4M3 bytes). `flag_nan` (a FOLDED image of
+    fewer than 4 channels): each pixel holding NaN is written as a flag in its padding byte, its channels 0, for the
+    folded convolution's NaN-window step (ops/conv_fold.py says why)."""
 
     def __init__(self, shape, dtype: str, scale: float, last_padded: int, layout: str = ROWS,
-                 qfunc: str = INT8_Q):
+                 qfunc: str = INT8_Q, flag_nan: bool = False):
         shape = tuple(int(d) for d in shape)
         transpose = layout == TRANSPOSED
         if transpose:
@@ -150,14 +156,25 @@ class QuantizeOp(Op):
         fold_h = shape[1] if layout == FOLDED else 0
         if fold_h and (len(shape) != 4 or last_padded != 4 or shape[1] % 2 or shape[2] % 2):
             raise ValueError(f"only NHWC images of even height and width padded to 4 channels fold, not {shape}")
+        if flag_nan and not (fold_h and d2 < last_padded):
+            raise ValueError(f"NaN pixels are flagged in the padding byte of a folded image: {shape} has none")
         self.scale = np.float32(scale)
         vec = _vector(dtype, d2, last_padded, transpose, outer * d1, d1, fold_h)
         self.groups = outer * d1 * last_padded // max(4, vec)
-        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc, fold_h)
+        self.kernel = quantize_kernel(dtype, outer, d1, d2, last_padded, transpose, qfunc, fold_h, flag_nan)
         self.tactic = {"op": "quantize", "scale": float(self.scale), "layout": layout}
+        if flag_nan:
+            self.tactic["nan_flags"] = True
 
     def run(self, rc, ins, outs):
         kernels.launch(self.kernel, self.groups, (ins[0], outs[0], self.scale, kernels.i64(self.groups)))
+
+
+def operand_quantize(shape, dtype: str, scale: float, last_padded: int, layout: str, fmt: DeviceFormat
+                     ) -> QuantizeOp:
+    """The quantize step of a layer's operand in format `fmt` laid out as `layout` (a folded E4M3 image flags its NaN
+    pixels for the convolution's NaN-window step, ops/conv_fold.py)."""
+    return QuantizeOp(shape, dtype, scale, last_padded, layout, fmt.qfunc, flag_nan=layout == FOLDED and fmt.keeps_nan)
 
 
 def quantized_shape(shape, last_padded: int, layout: str = ROWS) -> Tuple[int, ...]:
@@ -169,12 +186,12 @@ def quantized_shape(shape, last_padded: int, layout: str = ROWS) -> Tuple[int, .
     return shape[:-1] + (last_padded,)
 
 
-class QuantizeAfterOp(Op):
+class QuantizeAfterOp(FollowedOp):
     """A single-output convolution, then its output quantized into the second output (dual layers)."""
 
     def __init__(self, inner: Op, quantize: QuantizeOp):
-        self.inner, self.quantize = inner, quantize
-        self.workspace, self.device_bytes = inner.workspace, inner.device_bytes
+        super().__init__(inner)
+        self.quantize = quantize
         self.tactic = dict(inner.tactic, dual="kernel")
 
     def run(self, rc, ins, outs):
