@@ -81,7 +81,8 @@ def quantized_spec(layer, shape, out, residual, fmt, opts, prefer=None, residual
 
     s = fmt.scale(RANGE)
     qshape = shape[:3] + (fmt.channels(shape[3]),)
-    folded = fmt.name == "INT8" and conv_fold.foldable(ConvGeom.of(layer, qshape, out))  # as the engine's stem
+    folded = ((not fmt.keeps_nan or shape[3] < qshape[3])  # as the engine's stem (quant_planning._folds)
+              and conv_fold.foldable(ConvGeom.of(layer, qshape, out)))
     if folded:
         qshape = conv_fold.folded_shape(qshape)
     return Spec(layer, [qshape] + ([out] if residual else []),
