@@ -229,7 +229,7 @@ def test_an_attention_block_pays_one_quantize_step_for_its_chain_and_one_for_q_k
     from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
     attention_kernel_available(monkeypatch)
-    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: None)
+    monkeypatch.setattr(program, "operand_quantize", lambda *args, **kwargs: None)
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
     layers = program.quantized_layers(built, "INT8")
     kept, choice = program.keep_faster_quantized(built, layers, "INT8", FlatTuner(0.7, 0.5), BuildOptions(), {})
@@ -244,7 +244,7 @@ def test_the_specs_each_layer_is_timed_with_are_handed_to_the_tuner_to_build_tog
     from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
     attention_kernel_available(monkeypatch)
-    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: None)
+    monkeypatch.setattr(program, "operand_quantize", lambda *args, **kwargs: None)
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
     tuner = FlatTuner(0.7, 0.5)
     program.keep_faster_quantized(built, program.quantized_layers(built, "INT8"), "INT8", tuner, BuildOptions(), {})
@@ -261,7 +261,7 @@ def test_every_quantize_step_is_made_before_the_first_timing(monkeypatch):
 
     attention_kernel_available(monkeypatch)
     events = []
-    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: events.append("step made"))
+    monkeypatch.setattr(program, "operand_quantize", lambda *args, **kwargs: events.append("step made"))
 
     class Recording(FlatTuner):
         def fastest_ms(self, spec, factory):
@@ -382,7 +382,7 @@ def test_anticipating_a_build_warms_the_specs_the_build_will_time_each_quantized
     from tftrt_py.engine.backends.cupy.ops import BuildOptions
 
     attention_kernel_available(monkeypatch)
-    monkeypatch.setattr(program, "QuantizeOp", lambda *args, **kwargs: None)
+    monkeypatch.setattr(program, "operand_quantize", lambda *args, **kwargs: None)
     monkeypatch.setattr(program.triton, "prefetch", lambda requests: None)
     built = Builder(BuilderConfig(precision="INT8")).build_engine(attention_block_net()).network
     tuner = KnownTactics(set())
