@@ -22,11 +22,11 @@ from typing import Tuple
 import numpy as np
 
 from tftrt_py.engine.backends.cupy import kernels
-from tftrt_py.engine.backends.cupy.ops.base import FollowedOp, Op
+from tftrt_py.engine.backends.cupy.ops.base import FollowedOp, Op, Spec
 from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 
-__all__ = ["BOTH", "WIDTH", "foldable", "fold", "fold_weights", "folded_shape", "unfolded_shape", "NAN_PIXEL",
-           "NanWindowsOp"]
+__all__ = ["BOTH", "WIDTH", "foldable", "fold", "fold_weights", "folded_shape", "unfolded_shape", "network_geom",
+           "NAN_PIXEL", "NanWindowsOp"]
 
 #: Blocks folded along (H, W): both axes (the quantize step writes the folded layout), or W alone (a view).
 BOTH, WIDTH = (2, 2), (1, 2)
@@ -85,6 +85,13 @@ def unfolded_shape(shape) -> Tuple[int, ...]:
     """The NHWC shape a 2x2-folded image of `shape` was folded from."""
     n, h, w, c = shape
     return n, 2 * h, 2 * w, c // 4
+
+
+def network_geom(spec: Spec) -> ConvGeom:
+    """The geometry of a quantized convolution as the network holds it (c: the padded channel count), whether its
+    plan reads the input folded by 2x2 pixel blocks (``quant["folded"]``) or not."""
+    x = spec.in_shapes[0]
+    return ConvGeom.of(spec.layer, unfolded_shape(x) if spec.quant.get("folded") else x, spec.out_shapes[0])
 
 
 #: The word a folded E4M3 image holds for a pixel holding NaN (the quantize step's ``flag_nan``): its three channels

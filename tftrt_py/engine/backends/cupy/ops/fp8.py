@@ -30,7 +30,6 @@ from tftrt_py import settings
 from tftrt_py.engine.backends.cupy import _device
 from tftrt_py.engine.backends.cupy.ops import conv_fold
 from tftrt_py.engine.backends.cupy.ops.base import Op, Spec, register
-from tftrt_py.engine.backends.cupy.ops.conv import ConvGeom
 from tftrt_py.engine.backends.cupy.ops.int8 import CudnnInt8ConvOp, LtInt8MatMulOp, _cudnn_int8_graph
 from tftrt_py.engine.backends.cupy.ops.quant import (E4M3_Q, FP8, Dequant, QuantizeAfterOp, QuantizeOp,
                                                      matmul_dequant, out_scale)
@@ -95,20 +94,12 @@ def matmul_constant(value: np.ndarray, role: str, transposed: bool, kp: int):
     return np.ascontiguousarray(q), s
 
 
-def _unfolded_geom(spec: Spec) -> ConvGeom:
-    """The geometry of an FP8 convolution as the network holds it (c: the padded channel count), its input folded
-    by 2x2 pixel blocks or not."""
-    x = spec.in_shapes[0]
-    return ConvGeom.of(spec.layer, conv_fold.unfolded_shape(x) if spec.quant.get("folded") else x,
-                       spec.out_shapes[0])
-
-
 def fp8_conv_operands(spec: Spec) -> Optional[ConvOperands]:
     """The ConvOperands of an FP8 convolution (its input folded by 2x2 pixel blocks where the plan says so,
     ops/conv_fold.py); None for a grouped one or a residual broadcast over the batch."""
     cupy = _device.require()
     layer, quant = spec.layer, spec.quant
-    geom = _unfolded_geom(spec)
+    geom = conv_fold.network_geom(spec)
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
     if geom.groups != 1 or (residual is not None and residual[0] != geom.n):
@@ -171,7 +162,7 @@ def fp8_conv_candidates(spec: Spec) -> List[Op]:
             ops = [QuantizeAfterOp(op, quantize) for op in ops]
         cands += ops
     if spec.quant.get("folded"):
-        cands = [conv_fold.NanWindowsOp(op, _unfolded_geom(spec), spec.out_dtypes) for op in cands]
+        cands = [conv_fold.NanWindowsOp(op, conv_fold.network_geom(spec), spec.out_dtypes) for op in cands]
     return cands
 
 

@@ -226,15 +226,13 @@ def int8_conv_operands(spec: Spec) -> Optional[ConvOperands]:
     ops/conv_fold.py); None for a grouped one."""
     cupy = _device.require()
     layer, quant = spec.layer, spec.quant
-    folded = quant.get("folded", False)
-    geom = ConvGeom.of(layer, conv_fold.unfolded_shape(spec.in_shapes[0]) if folded else spec.in_shapes[0],
-                       spec.out_shapes[0])  # c is the padded channel count
+    geom = conv_fold.network_geom(spec)
     if geom.groups != 1:
         return None
     has_residual = len(spec.in_shapes) > 1
     residual = (spec.in_shapes[1][0], spec.in_dtypes[1]) if has_residual else None
     w_q, s_w = _conv_weights(layer.weights["kernel"], geom.c)
-    if folded:
+    if quant.get("folded"):
         w_q, geom = conv_fold.fold_weights(w_q, geom), conv_fold.fold(geom)
     dq = cupy.asarray((np.float32(quant["in_scale"]) * s_w).astype(np.float32))
     bias = layer.weights.get("bias")
